@@ -1,0 +1,121 @@
+"""Safe extraction of zip and tar archives: no absolute paths, no `..`, no links out of the tree,
+no device files, bounded total size. A refused archive leaves nothing behind in dest."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import tarfile
+import zipfile
+from pathlib import Path, PurePosixPath
+
+from .errors import LlamaBundleError, VerifyError
+
+MAX_TOTAL_BYTES = 16 * 1024**3
+MAX_MEMBERS = 200_000
+
+
+class UnsafeArchive(VerifyError):
+    pass
+
+
+def _safe_name(name: str, archive: Path) -> PurePosixPath:
+    p = PurePosixPath(name.replace("\\", "/"))
+    drive = bool(p.parts) and ":" in p.parts[0]
+    if p.is_absolute() or name.startswith(("/", "\\")) or drive:
+        raise UnsafeArchive(f"{archive.name}: member '{name}' has an absolute path",
+                            why="an archive member may only write inside the destination", fix="do not use this archive")
+    if any(part == ".." for part in p.parts):
+        raise UnsafeArchive(f"{archive.name}: member '{name}' escapes the destination with '..'",
+                            why="an archive member may only write inside the destination", fix="do not use this archive")
+    return p
+
+
+def extract_zip(archive: Path, dest: Path, *, max_total: int = MAX_TOTAL_BYTES) -> list[str]:
+    """Extract a zip into dest (which must not exist yet). Returns the member names (files only)."""
+    try:
+        zf = zipfile.ZipFile(archive)
+    except (zipfile.BadZipFile, OSError) as e:
+        raise VerifyError(f"{archive.name} is not a readable zip", why=str(e),
+                          fix="download it again; if it persists the published file is damaged") from None
+    with zf:
+        infos = zf.infolist()
+        if len(infos) > MAX_MEMBERS:
+            raise UnsafeArchive(f"{archive.name}: {len(infos)} members, more than {MAX_MEMBERS}")
+        total = 0
+        for info in infos:
+            _safe_name(info.filename, archive)
+            mode = info.external_attr >> 16
+            if stat.S_ISLNK(mode):
+                raise UnsafeArchive(f"{archive.name}: member '{info.filename}' is a symbolic link",
+                                    why="bundles hold regular files only", fix="do not use this archive")
+            total += info.file_size
+            if total > max_total:
+                raise UnsafeArchive(f"{archive.name}: expands to more than {max_total} bytes",
+                                    why="a zip bomb or a damaged archive", fix="do not use this archive")
+        tmp = _tmp_beside(dest)
+        names = []
+        try:
+            for info in infos:
+                target = tmp / _safe_name(info.filename, archive)
+                if info.is_dir():
+                    target.mkdir(parents=True, exist_ok=True)
+                    continue
+                target.parent.mkdir(parents=True, exist_ok=True)
+                written = 0
+                with zf.open(info) as src, open(target, "wb") as out:
+                    while chunk := src.read(1 << 20):
+                        written += len(chunk)
+                        if written > info.file_size:
+                            raise UnsafeArchive(f"{archive.name}: member '{info.filename}' is larger than its header says")
+                        out.write(chunk)
+                mode = (info.external_attr >> 16) & 0o777
+                os.chmod(target, 0o755 if mode & 0o111 else 0o644)
+                names.append(info.filename)
+            os.replace(tmp, dest)
+        except (zipfile.BadZipFile, OSError, EOFError) as e:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise VerifyError(f"{archive.name} is damaged", why=str(e), fix="download it again") from None
+        except LlamaBundleError:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return names
+
+
+def extract_tar(archive: Path, dest: Path, *, select: str | None = None) -> None:
+    """Extract a (compressed) tar into dest (which must not exist), with tarfile's 'data' filter:
+    no absolute paths, no `..`, no links leaving dest, no devices. `select` keeps one subtree prefix."""
+    tmp = _tmp_beside(dest)
+    try:
+        with tarfile.open(archive) as tf:
+            members = []
+            total = 0
+            for m in tf:
+                if select is not None and not (m.name == select.rstrip("/") or m.name.startswith(select)):
+                    continue
+                total += m.size
+                if total > MAX_TOTAL_BYTES or len(members) >= MAX_MEMBERS:
+                    raise UnsafeArchive(f"{archive.name}: expands beyond the limits ({MAX_TOTAL_BYTES} bytes, {MAX_MEMBERS} members)")
+                members.append(m)
+            tf.extractall(tmp, members=members, filter="data")
+        os.replace(tmp, dest)
+    except tarfile.FilterError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise UnsafeArchive(f"{archive.name}: refused an unsafe member", why=str(e), fix="do not use this archive") from None
+    except (tarfile.TarError, OSError, EOFError) as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise VerifyError(f"{archive.name} is not a readable tar archive", why=str(e), fix="download it again") from None
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _tmp_beside(dest: Path) -> Path:
+    if dest.exists():
+        raise FileExistsError(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.parent / f".{dest.name}.partial-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    return tmp

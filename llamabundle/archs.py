@@ -1,0 +1,54 @@
+"""CUDA architecture lists: parse `NN[a|f][-real|-virtual]` and check them against a toolkit."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+_ARCH = re.compile(r"^(?P<num>[0-9]{2,3})(?P<suffix>[af]?)(?:-(?P<kind>real|virtual))?$")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Arch:
+    name: str  # "86", "120a"
+    sass: bool  # real: machine code for this arch
+    ptx: bool  # virtual: PTX that the driver can JIT for newer GPUs
+
+
+def parse_arch(text: str) -> Arch:
+    m = _ARCH.fullmatch(text)
+    if not m:
+        raise ValueError(f"'{text}' is not a CUDA architecture (NN[a|f][-real|-virtual], e.g. 86-real)")
+    kind = m["kind"]
+    return Arch(name=m["num"] + m["suffix"], sass=kind in (None, "real"), ptx=kind in (None, "virtual"))
+
+
+def split_archs(archs: Sequence[str]) -> dict[str, list[str]]:
+    """{'sass': [...], 'ptx': [...]} in numeric order, as bundle.json records them."""
+    parsed = [parse_arch(a) for a in archs]
+    order = lambda n: (int(re.sub(r"\D", "", n)), n)  # noqa: E731
+    return {
+        "sass": sorted({a.name for a in parsed if a.sass}, key=order),
+        "ptx": sorted({a.name for a in parsed if a.ptx}, key=order),
+    }
+
+
+def check_archs(archs: Sequence[str], supported: Sequence[str], *, toolkit: str,
+                fail: Callable[[int, str, str], Exception]) -> None:
+    if not archs:
+        raise fail(0, "the arch list is empty", "list at least one architecture, e.g. 86-real")
+    seen: set[str] = set()
+    lowest = min(int(re.sub(r"\D", "", s)) for s in supported)
+    for i, text in enumerate(archs):
+        try:
+            arch = parse_arch(text)
+        except ValueError as e:
+            raise fail(i, str(e), "use e.g. 75-virtual, 86-real or 120a-real; 'native' and 'all' are not reproducible") from None
+        if text in seen:
+            raise fail(i, f"'{text}' is listed twice", "remove one")
+        seen.add(text)
+        if arch.name not in supported:
+            num = int(re.sub(r"\D", "", arch.name))
+            why = f"CUDA {toolkit} dropped architectures below {lowest}" if num < lowest else f"CUDA {toolkit} does not know sm_{arch.name}"
+            raise fail(i, f"'{text}': {why}", "supported: " + ", ".join(supported))

@@ -1,0 +1,206 @@
+"""BuildPlan (pure: recipe + paths + tools → argv) and the thin executor that runs cmake and ninja."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import sysconfig
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from packaging.version import InvalidVersion, Version
+
+from . import data, proc
+from .errors import BuildError, ToolchainError
+from .log import Log
+from .recipe import Recipe
+
+STAMP = "llamabundle-configure.json"
+LOG_NAME = "llamabundle-build.log"
+_NINJA_PROGRESS = re.compile(r"^\[(\d+)/(\d+)\]")
+
+
+@dataclass(frozen=True, kw_only=True)
+class BuildTools:
+    cmake: str
+    ninja: str
+    ccache: str | None = None
+    cmake_version: str = ""
+    ninja_version: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class BuildPlan:
+    source_dir: Path
+    build_dir: Path
+    configure: tuple[str, ...]
+    build: tuple[str, ...]
+    targets: tuple[str, ...]
+    programs: tuple[str, ...]  # file names of the recipe's programs in the output dir
+    backends: tuple[str, ...]  # file names of the backend modules (loaded at run time, not linked)
+    output_dir: Path
+
+    def to_json(self) -> dict[str, object]:
+        d = asdict(self)
+        return {k: (str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v) for k, v in d.items()}
+
+
+def cpu_variants(recipe: Recipe) -> tuple[str, ...]:
+    variants = data.build_knowledge()["cpu_variants"]
+    key = "x86_64-msvc" if recipe.toolchain.compiler == "msvc" else "x86_64"
+    return tuple(variants[key])
+
+
+def backend_targets(recipe: Recipe) -> tuple[str, ...]:
+    opts = recipe.cmake_options
+    targets: list[str] = []
+    if opts.get("GGML_CPU_ALL_VARIANTS") == "ON":
+        targets += [f"ggml-cpu-{v}" for v in cpu_variants(recipe)]
+    else:
+        targets.append("ggml-cpu")
+    if "cuda" in recipe.backends:
+        targets.append("ggml-cuda")
+    return tuple(targets)
+
+
+def library_file(recipe: Recipe, target: str) -> str:
+    return f"{target}.dll" if recipe.platform.startswith("windows") else f"lib{target}.so"
+
+
+def program_file(recipe: Recipe, target: str) -> str:
+    return f"{target}.exe" if recipe.platform.startswith("windows") else target
+
+
+_COMPILERS = {"gcc": ("gcc", "g++"), "clang": ("clang", "clang++"), "msvc": ("cl", "cl"), "mingw": ("x86_64-w64-mingw32-gcc-posix", "x86_64-w64-mingw32-g++-posix")}
+
+
+def plan_build(recipe: Recipe, *, source_dir: Path, build_dir: Path, tools: BuildTools, jobs: int | None = None) -> BuildPlan:
+    """Pure: the exact commands that build this recipe. Shown by `llamabundle show`."""
+    cc, cxx = _COMPILERS[recipe.toolchain.compiler]
+    defs: dict[str, str] = {
+        "CMAKE_BUILD_TYPE": "Release",
+        "CMAKE_C_COMPILER": cc,
+        "CMAKE_CXX_COMPILER": cxx,
+        "LLAMA_BUILD_COMMIT": recipe.llama_cpp.commit[:8],
+        **recipe.cmake_options,
+        "GGML_CUDA": "ON" if "cuda" in recipe.backends else "OFF",
+    }
+    if recipe.cuda is not None:
+        defs["CMAKE_CUDA_ARCHITECTURES"] = ";".join(recipe.cuda.archs)
+    if tools.ccache:
+        for lang in ("C", "CXX") + (("CUDA",) if recipe.cuda else ()):
+            defs[f"CMAKE_{lang}_COMPILER_LAUNCHER"] = tools.ccache
+    configure = (tools.cmake, "-S", str(source_dir), "-B", str(build_dir), "-G", "Ninja",
+                 f"-DCMAKE_MAKE_PROGRAM={tools.ninja}", *(f"-D{k}={v}" for k, v in defs.items()))
+    backends = backend_targets(recipe)
+    targets = tuple(recipe.targets) + backends
+    build = (tools.cmake, "--build", str(build_dir), "--target", *targets)
+    if jobs:
+        build += ("--parallel", str(jobs))
+    return BuildPlan(
+        source_dir=source_dir, build_dir=build_dir, configure=configure, build=build, targets=targets,
+        programs=tuple(program_file(recipe, t) for t in recipe.targets),
+        backends=tuple(library_file(recipe, t) for t in backends),
+        output_dir=build_dir / "bin",
+    )
+
+
+# ------------------------------------------------------------------------------------- tools
+
+
+def resolve_tools(*, path: str | None, use_ccache: bool = True) -> BuildTools:
+    """Find cmake and ninja: the system ones when new enough, else those of the PyPI packages."""
+    min_cmake = data.build_knowledge()["min_cmake"]
+    cmake = _pick("cmake", path, min_cmake, "cmake")
+    ninja = _pick("ninja", path, "1.10", "ninja")
+    ccache = shutil.which("ccache", path=path) if use_ccache else None
+    return BuildTools(cmake=cmake[0], cmake_version=cmake[1], ninja=ninja[0], ninja_version=ninja[1], ccache=ccache)
+
+
+def _pick(program: str, path: str | None, minimum: str, pypi: str) -> tuple[str, str]:
+    candidates = [shutil.which(program, path=path)]
+    try:  # the PyPI package's binary (pip install cmake / ninja)
+        mod = __import__(pypi)
+        candidates.append(str(Path(getattr(mod, "CMAKE_BIN_DIR", getattr(mod, "BIN_DIR", ""))) / program))
+    except ImportError:
+        pass
+    candidates.append(str(Path(sysconfig.get_path("scripts")) / program))
+    seen = []
+    for exe in candidates:
+        if not exe or not Path(exe).is_file():
+            continue
+        version = _version_of(exe)
+        seen.append(f"{exe} ({version or 'unknown version'})")
+        try:
+            if version and Version(version) >= Version(minimum):
+                return exe, version
+        except InvalidVersion:
+            continue
+    raise ToolchainError(f"no usable {program} (>= {minimum}) found",
+                         why="found: " + ", ".join(seen) if seen else f"{program} is not on PATH",
+                         fix=f"pip install '{pypi}>={minimum}' (or install {program} from your package manager)")
+
+
+def _version_of(exe: str) -> str:
+    try:
+        out = proc.capture([exe, "--version"], timeout=30).stdout
+    except OSError:
+        return ""
+    m = re.search(r"(\d+\.\d+(?:\.\d+)?)", out)
+    return m.group(1) if m else ""
+
+
+# ---------------------------------------------------------------------------------- executor
+
+
+@dataclass(frozen=True, kw_only=True)
+class BuildResult:
+    plan: BuildPlan
+    log_path: Path
+    compiler: str
+    compiled: int  # ninja edges run (0 = everything was up to date)
+
+
+def run_build(plan: BuildPlan, *, log: Log, env: Mapping[str, str], clean: bool = False) -> BuildResult:
+    bd = plan.build_dir
+    stamp = bd / STAMP
+    configured = stamp.is_file() and (bd / "build.ninja").is_file() and json.loads(stamp.read_text()) == list(plan.configure)
+    if clean or (bd.exists() and not configured):
+        shutil.rmtree(bd, ignore_errors=True)
+    bd.mkdir(parents=True, exist_ok=True)
+    log_path = bd / LOG_NAME
+    log_path.write_text("")
+    fix = f"read the full log at {log_path}; fix the toolchain or the recipe's cmake: options"
+    if not configured:
+        with log.step("configure (cmake)"):
+            proc.run(plan.configure, log=log, error=BuildError, what="cmake configure failed", fix=fix,
+                     env=env, log_path=log_path)
+        stamp.write_text(json.dumps(list(plan.configure)))
+    compiled = 0
+    with log.step(f"build {len(plan.targets)} targets (ninja)"), log.progress("compile") as bar:
+        def on_line(line: str) -> None:
+            nonlocal compiled
+            m = _NINJA_PROGRESS.match(line)
+            if m:
+                compiled = int(m.group(1))
+                bar.update(compiled, int(m.group(2)))
+        proc.run(plan.build, log=log, error=BuildError, what="the build failed", fix=fix, env=env,
+                 log_path=log_path, on_line=on_line)
+    for name in plan.programs + plan.backends:
+        if not (plan.output_dir / name).is_file():
+            raise BuildError(f"the build did not produce {name}", why=f"expected it in {plan.output_dir}",
+                             fix="check that the recipe's targets and cmake options build it")
+    return BuildResult(plan=plan, log_path=log_path, compiler=compiler_of(bd), compiled=compiled)
+
+
+def compiler_of(build_dir: Path) -> str:
+    """'GNU 12.2.0' from CMake's own record of the C++ compiler it used."""
+    for f in sorted(build_dir.glob("CMakeFiles/*/CMakeCXXCompiler.cmake")):
+        text = f.read_text()
+        cid = re.search(r'set\(CMAKE_CXX_COMPILER_ID "([^"]*)"\)', text)
+        ver = re.search(r'set\(CMAKE_CXX_COMPILER_VERSION "([^"]*)"\)', text)
+        if cid and ver:
+            return f"{cid.group(1)} {ver.group(1)}"
+    return "unknown"

@@ -1,0 +1,260 @@
+"""click commands only: parse arguments, call one function, print, return an exit code (DESIGN §8)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import Any, NoReturn
+
+import click
+
+from . import __version__, pipeline
+from .build import resolve_tools
+from .errors import LlamaBundleError, ToolchainError, UsageError
+from .log import Log
+from .recipe import Recipe, Settings, canonical_json, json_schema, load_recipe
+from .store.base import Store, open_store
+from .verify import Level, verify_bundle
+
+
+class Ctx:
+    def __init__(self, *, debug: bool, quiet: bool) -> None:
+        self.env = dict(os.environ)
+        self.settings = Settings.from_env(self.env)
+        self.log = Log(quiet=quiet, github_actions=self.settings.github_actions)
+        self.debug = debug
+
+    def store(self, url: str | None) -> Store:
+        return open_store(url or self.env.get("LLAMABUNDLE_STORE") or str(self.settings.cache_dir / "store"))
+
+
+pass_ctx = click.make_pass_decorator(Ctx)
+STORE_OPT = click.option("--store", "store_url", metavar="URL",
+                         help="Bundle store: a directory (default: $LLAMABUNDLE_STORE or <cache>/store).")
+JSON_OPT = click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON (schema 1) on stdout.")
+RECIPE_ARG = click.argument("recipe_path", metavar="RECIPE", type=click.Path(dir_okay=False, path_type=Path))
+
+
+def _emit(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, sort_keys=True))
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="llamabundle")
+@click.option("--debug", is_flag=True, help="Show tracebacks on errors.")
+@click.option("--quiet", "-q", is_flag=True, help="Only errors and results.")
+@click.pass_context
+def cli(ctx: click.Context, debug: bool, quiet: bool) -> None:
+    """Build, verify, cache and publish llama.cpp binary bundles from YAML recipes."""
+    ctx.obj = Ctx(debug=debug, quiet=quiet)
+
+
+@cli.group()
+def recipe() -> None:
+    """Recipe tools."""
+
+
+@recipe.command("lint")
+@click.argument("paths", metavar="RECIPE...", nargs=-1, required=True, type=click.Path(path_type=Path))
+@pass_ctx
+def recipe_lint(c: Ctx, paths: tuple[Path, ...]) -> None:
+    """Check recipes against schema 1; exit 2 on the first problem of any file."""
+    failed: list[LlamaBundleError] = []
+    for p in paths:
+        try:
+            r = load_recipe(p)
+        except LlamaBundleError as e:
+            c.log.error(e.render())
+            failed.append(e)
+            continue
+        click.echo(f"ok  {p}  ({r.name}, key {r.key()[:12]})")
+    if failed:
+        raise SystemExit(failed[0].exit_code)
+
+
+@recipe.command("schema")
+def recipe_schema() -> None:
+    """Print the recipe's JSON schema."""
+    _emit(json_schema())
+
+
+@cli.command()
+@RECIPE_ARG
+@JSON_OPT
+@pass_ctx
+def show(c: Ctx, recipe_path: Path, as_json: bool) -> None:
+    """Show a recipe, its key and its build plan (nothing is run)."""
+    r = load_recipe(recipe_path)
+    try:
+        tools = resolve_tools(path=c.env.get("PATH"), use_ccache=True)
+    except ToolchainError as e:
+        c.log.warn(f"{e.what}; the plan shows bare program names")
+        from .build import BuildTools
+
+        tools = BuildTools(cmake="cmake", ninja="ninja")
+    plan = pipeline.show_plan(r, c.settings, tools)
+    data = {"schema": 1, "name": r.name, "key": r.key(), "tag": r.tag(), "platform": r.platform,
+            "commit": r.llama_cpp.commit, "backends": list(r.backends), "driver_floor": r.driver_floor,
+            "sources": [pipeline.source_mod.describe(s) for s in r.llama_cpp.sources], "plan": plan.to_json()}
+    if as_json:
+        _emit(data)
+        return
+    click.echo(f"recipe    {recipe_path} ({r.name})")
+    click.echo(f"platform  {r.platform}   backends {', '.join(r.backends)}   compiler {r.toolchain.compiler}")
+    click.echo(f"llama.cpp {r.llama_cpp.commit}  from {' | '.join(data['sources'])}")
+    if r.cuda:
+        click.echo(f"cuda      {r.cuda.toolkit} ({r.cuda.source}); archs {' '.join(r.cuda.archs)}; driver >= {r.driver_floor}")
+    click.echo(f"key       {data['key']}")
+    click.echo(f"tag       {data['tag']}")
+    click.echo("configure " + " ".join(plan.configure))
+    click.echo("build     " + " ".join(plan.build))
+    click.echo("bundle    " + ", ".join(plan.programs + plan.backends))
+
+
+@cli.command()
+@RECIPE_ARG
+@click.option("--explain", is_flag=True, help="Print the canonical JSON the key is the sha256 of.")
+@JSON_OPT
+def key(recipe_path: Path, explain: bool, as_json: bool) -> None:
+    """Print the recipe's cache key."""
+    r = load_recipe(recipe_path)
+    if as_json:
+        _emit({"schema": 1, "key": r.key(), "inputs": r.key_inputs()})
+    elif explain:
+        click.echo(canonical_json(r.key_inputs()))
+        click.echo(f"sha256 = {r.key()}")
+    else:
+        click.echo(r.key())
+
+
+@cli.command()
+@RECIPE_ARG
+@STORE_OPT
+@JSON_OPT
+@pass_ctx
+def check(c: Ctx, recipe_path: Path, store_url: str | None, as_json: bool) -> None:
+    """Is a bundle for this recipe's inputs in the store? Exit 0 on a hit, 1 on a miss."""
+    r = load_recipe(recipe_path)
+    store = c.store(store_url)
+    entry = store.lookup(r.key())
+    if as_json:
+        _emit({"schema": 1, "key": r.key(), "hit": entry is not None, "store": store.url,
+               "location": entry.location if entry else None})
+    elif entry:
+        click.echo(f"hit   {r.key()}  {entry.location}")
+    else:
+        click.echo(f"miss  {r.key()}  not in {store.url}")
+    raise SystemExit(0 if entry else 1)
+
+
+@cli.command()
+@RECIPE_ARG
+@STORE_OPT
+@click.option("--force", is_flag=True, help="Build even when the store has this key.")
+@click.option("--publish/--no-publish", default=None,
+              help="Store the result (default: yes for a local directory store).")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), help="Leave the unpacked bundle in this new directory.")
+@click.option("--jobs", "-j", type=click.IntRange(1), help="Parallel compile jobs (default: ninja's).")
+@click.option("--clean", is_flag=True, help="Remove the cached build directory first.")
+@JSON_OPT
+@pass_ctx
+def build(c: Ctx, recipe_path: Path, store_url: str | None, force: bool, publish: bool | None, out: Path | None,
+          jobs: int | None, clean: bool, as_json: bool) -> None:
+    """Build the recipe's bundle, or fetch and verify it when the store already has it."""
+    r = load_recipe(recipe_path)
+    outcome = pipeline.build(r, settings=c.settings, store=c.store(store_url), log=c.log, env=c.env, force=force,
+                             publish=True if publish is None else publish, out=out, jobs=jobs, clean=clean)
+    if as_json:
+        _emit(outcome.to_json())
+        return
+    what = "cache hit, verified" if outcome.cache_hit else "built and verified"
+    click.echo(f"{what}: {outcome.zip_path}")
+    if outcome.published and not outcome.cache_hit:
+        click.echo(f"stored: {outcome.published}")
+
+
+@cli.command()
+@click.argument("what", metavar="RECIPE|KEY")
+@STORE_OPT
+@click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path), help="New directory to unpack into.")
+@pass_ctx
+def fetch(c: Ctx, what: str, store_url: str | None, out: Path) -> None:
+    """Fetch a bundle from the store, verify it and unpack it."""
+    key_ = what if len(what) == 64 and not os.path.exists(what) else load_recipe(Path(what)).key()
+    outcome = pipeline.fetch(key_, store=c.store(store_url), settings=c.settings, log=c.log, out=out)
+    click.echo(f"fetched and verified: {outcome.out_dir}")
+
+
+@cli.command()
+@click.argument("path", metavar="BUNDLE", type=click.Path(path_type=Path))
+@click.option("--level", type=click.Choice([lv.value for lv in Level]), default=Level.STATIC.value, show_default=True,
+              help="static: manifest and imports; load: also run llama-server --list-devices from a copy.")
+@JSON_OPT
+@pass_ctx
+def verify(c: Ctx, path: Path, level: str, as_json: bool) -> None:
+    """Verify a bundle zip or directory."""
+    report = verify_bundle(path, level=Level(level))
+    if as_json:
+        _emit(report.to_json())
+        return
+    click.echo(f"verified {path}: {report.files} files, {report.bytes / 1e6:.1f} MB, key {report.key[:12]}")
+    for lv, result in report.levels.items():
+        click.echo(f"  {lv}: {result}")
+    for name, where in report.backends_loaded.items():
+        click.echo(f"  {name} backend: {where}")
+    for dev in report.devices:
+        click.echo(f"  device {dev}")
+
+
+@cli.command()
+@click.argument("path", metavar="BUNDLE.zip", type=click.Path(dir_okay=False, exists=True, path_type=Path))
+@STORE_OPT
+@pass_ctx
+def publish(c: Ctx, path: Path, store_url: str | None) -> None:
+    """Verify a bundle zip and publish it to the store."""
+    report = verify_bundle(path, level=Level.STATIC)
+    from .bundle import unpack  # the manifest as stored inside the verified zip
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        manifest = unpack(path, Path(tmp) / "b")
+    done = c.store(store_url).publish(path, manifest)
+    state = "published" if done.created else "already published"
+    click.echo(f"{state}: {report.key} -> {done.entry.location}")
+
+
+def main(argv: list[str] | None = None) -> NoReturn:
+    args = sys.argv[1:] if argv is None else argv
+    debug = "--debug" in args or os.environ.get("LLAMABUNDLE_DEBUG") == "1"
+    try:
+        cli.main(args=args, prog_name="llamabundle", standalone_mode=False)
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 0
+    except click.exceptions.Abort:
+        click.echo("interrupted", err=True)
+        code = 130
+    except KeyboardInterrupt:
+        click.echo("interrupted", err=True)
+        code = 130
+    except click.ClickException as e:
+        e.show()
+        code = 2 if isinstance(e, click.UsageError) else e.exit_code
+    except LlamaBundleError as e:
+        Log(github_actions=os.environ.get("GITHUB_ACTIONS") == "true").error(e.render())
+        if debug:
+            traceback.print_exc()
+        code = e.exit_code
+    except Exception as e:  # a bug in llamabundle: say so plainly
+        click.echo(f"internal error: {type(e).__name__}: {e}", err=True)
+        click.echo("  this is a bug in llamabundle; rerun with --debug and report the traceback", err=True)
+        if debug:
+            traceback.print_exc()
+        code = 70
+    sys.exit(code)
+
+
+__all__ = ["main", "cli", "Recipe", "UsageError"]

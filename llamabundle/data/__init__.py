@@ -1,0 +1,43 @@
+"""Knowledge as data: JSON files beside this module, loaded once into plain values with invariant checks."""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from importlib import resources
+from typing import Any
+
+
+def _load(name: str) -> Any:
+    return json.loads(resources.files(__name__).joinpath(name).read_text(encoding="utf-8"))
+
+
+@cache
+def cuda_toolkits() -> dict[str, Any]:
+    toolkits: dict[str, Any] = _load("cuda.json")["toolkits"]
+    for version, info in toolkits.items():
+        assert set(info) >= {"manifest", "archs", "driver_floor"}, version
+        assert set(info["driver_floor"]) == {"linux", "windows"}, version
+    return toolkits
+
+
+@cache
+def cuda_manifest(version: str) -> dict[str, Any]:
+    manifest: dict[str, Any] = _load("cuda/" + cuda_toolkits()[version]["manifest"])
+    assert manifest.get("release_label") == version, f"manifest for {version} is labelled {manifest.get('release_label')}"
+    return {k: v for k, v in manifest.items() if isinstance(v, dict)}
+
+
+@cache
+def build_knowledge() -> dict[str, Any]:
+    info: dict[str, Any] = _load("build.json")
+    assert "x64" in info["cpu_variants"]["x86_64"]
+    return info
+
+
+@cache
+def elf_policy() -> dict[str, Any]:
+    policy: dict[str, Any] = _load("elf_policy.json")
+    overlap = set(policy["system"]) & set(policy["driver"])
+    assert not overlap, f"libraries both system and driver: {overlap}"
+    return policy

@@ -1,0 +1,202 @@
+"""The pipeline of DESIGN §2, one function per user job. Each step is a module; this only wires them."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import bundle as bundle_mod
+from . import source as source_mod
+from .build import BuildPlan, BuildTools, plan_build, resolve_tools, run_build
+from .deps import elf
+from .deps.policy import linux_policy
+from .errors import UsageError, VerifyError
+from .log import Log
+from .recipe import Recipe, Settings
+from .store.base import Entry, Store
+from .verify import Level, VerifyReport, host_platform_name, verify_bundle
+
+LICENSE_FILES = {"LICENSE": "LICENSE", "licenses/LICENSE-jsonhpp": "LICENSE-jsonhpp"}
+
+
+@dataclass(kw_only=True)
+class BuildOutcome:
+    key: str
+    cache_hit: bool
+    zip_path: Path
+    manifest: dict[str, Any]
+    verify: VerifyReport
+    published: str | None = None  # where the result was stored, if it was
+    out_dir: Path | None = None
+    bundled_libs: dict[str, str] = field(default_factory=dict)
+    compiled: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema": 1, "key": self.key, "cache_hit": self.cache_hit, "zip": str(self.zip_path),
+                "published": self.published, "out": str(self.out_dir) if self.out_dir else None,
+                "verify": self.verify.to_json(), "bundled_libs": self.bundled_libs, "compiled": self.compiled}
+
+
+def build_dir_for(recipe: Recipe, settings: Settings) -> Path:
+    return settings.cache_dir / "build" / recipe.key()[:16]
+
+
+def source_dir_for(recipe: Recipe, settings: Settings) -> Path:
+    return settings.cache_dir / "src" / recipe.llama_cpp.commit
+
+
+def show_plan(recipe: Recipe, settings: Settings, tools: BuildTools) -> BuildPlan:
+    return plan_build(recipe, source_dir=source_dir_for(recipe, settings), build_dir=build_dir_for(recipe, settings), tools=tools)
+
+
+def zip_name(recipe: Recipe) -> str:
+    return f"{recipe.name}-{recipe.key()[:12]}.zip"
+
+
+def verify_level_for(platform: str) -> Level:
+    return Level.LOAD if platform == host_platform_name() else Level.STATIC
+
+
+def build(recipe: Recipe, *, settings: Settings, store: Store, log: Log, env: Mapping[str, str], force: bool = False,
+          publish: bool = True, out: Path | None = None, jobs: int | None = None, clean: bool = False) -> BuildOutcome:
+    key = recipe.key()
+    if out is not None and out.exists() and any(out.iterdir()):
+        raise UsageError(f"--out {out} exists and is not empty", fix="pass a new or empty directory")
+    if not force:
+        entry = store.lookup(key)
+        if entry is not None:
+            log.info(f"cache hit: {key[:12]} in {store.url}")
+            return _from_store(entry, store=store, settings=settings, log=log, out=out)
+        log.info(f"cache miss: {key[:12]} not in {store.url}; building")
+    if not recipe.platform == host_platform_name():
+        raise UsageError(f"{recipe.platform} bundles cannot be built on {host_platform_name()} by this version",
+                         fix=f"run the build on a {recipe.platform} machine")
+    with log.step(f"source llama.cpp {recipe.llama_cpp.commit[:12]}"):
+        src = source_mod.fetch_source(recipe, settings, log)
+    tools = resolve_tools(path=env.get("PATH"))
+    plan = plan_build(recipe, source_dir=src.path, build_dir=build_dir_for(recipe, settings), tools=tools, jobs=jobs)
+    result = run_build(plan, log=log, env=env, clean=clean)
+    work = settings.cache_dir / "tmp"
+    work.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=work, prefix="stage-") as tmp:
+        stage = Path(tmp) / "bundle"
+        stage.mkdir()
+        with log.step("collect runtime libraries"):
+            closure, roles = collect_linux(plan, stage, log=log, source_dir=src.path)
+        manifest_fields = {
+            "name": recipe.name,
+            "key": key,
+            "inputs": recipe.key_inputs(),
+            "llama_cpp": {"commit": recipe.llama_cpp.commit, "version": llama_version(plan.build_dir), "source": src.origin},
+            "platform": recipe.platform,
+            "backends": sorted(recipe.backends),
+            "cuda": None,
+            "toolchain": {"cmake": tools.cmake_version, "ninja": tools.ninja_version, "compiler": result.compiler},
+            "system_deps": closure.system_deps,
+            "glibc_floor": closure.glibc_floor,
+            "files": bundle_mod.file_entries(stage, roles),
+            "built_at": bundle_mod.built_at(settings.source_date_epoch),
+        }
+        manifest = bundle_mod.write_manifest(stage, manifest_fields)
+        out_zip = settings.cache_dir / "out" / zip_name(recipe)
+        with log.step("pack"):
+            bundle_mod.pack(stage, out_zip, source_date_epoch=settings.source_date_epoch)
+            log.info(f"    {out_zip} ({out_zip.stat().st_size / 1e6:.1f} MB, {len(manifest['files'])} files)")
+    with log.step(f"verify ({verify_level_for(recipe.platform)})"):
+        report = verify_bundle(out_zip, level=verify_level_for(recipe.platform))
+        _log_report(report, log)
+    outcome = BuildOutcome(key=key, cache_hit=False, zip_path=out_zip, manifest=manifest, verify=report,
+                           bundled_libs={k: str(v) for k, v in closure.bundled.items()}, compiled=result.compiled)
+    if publish:
+        with log.step(f"store in {store.url}"):
+            published = store.publish(out_zip, manifest)
+            outcome.published = published.entry.location
+            if not published.created:
+                log.info("    an identical key was already stored by another run; kept that one")
+    if out is not None:
+        outcome.out_dir = _unpack_to(out_zip, out)
+        log.info(f"bundle unpacked in {out}")
+    return outcome
+
+
+def collect_linux(plan: BuildPlan, stage: Path, *, log: Log, source_dir: Path) -> tuple[elf.Closure, dict[str, str]]:
+    policy = linux_policy()
+    roots = [plan.output_dir / n for n in plan.programs + plan.backends]
+    closure = elf.resolve_closure(roots, products=[plan.output_dir], policy=policy,
+                                  system_dirs=elf.system_library_dirs(policy, ldconfig_output=elf.ldconfig_cache()))
+    products = {p.name for p in plan.output_dir.iterdir()}
+    copied_in = sorted(n for n, p in closure.bundled.items() if n not in products)
+    log.info(f"    bundled from the build: {len(closure.bundled) - len(copied_in)}; "
+             f"copied from the system: {', '.join(copied_in) or 'none'}")
+    log.info(f"    system: {', '.join(closure.system) or 'none'}; driver: {', '.join(closure.driver) or 'none'}")
+    if closure.missing:
+        lines = [f"{name} (needed by {', '.join(by)})" for name, by in closure.missing.items()]
+        raise VerifyError(f"{len(closure.missing)} libraries needed by the bundle were not found",
+                          why="missing: " + "; ".join(lines),
+                          fix="install them on the build machine (they are then copied into the bundle)")
+    elf.apply_closure(closure, stage, log=log)
+    roles = {n: "exe" for n in plan.programs} | {n: "backend" for n in plan.backends}
+    roles |= {n: "runtime" for n in closure.bundled if n not in roles}
+    for src_rel, name in LICENSE_FILES.items():
+        if (source_dir / src_rel).is_file():
+            shutil.copyfile(source_dir / src_rel, stage / name)
+            roles[name] = "license"
+    if "LICENSE" not in roles:
+        raise VerifyError("llama.cpp's LICENSE file is missing from the source tree", fix="check the source")
+    return closure, roles
+
+
+def llama_version(build_dir: Path) -> str | None:
+    """'b<N>' from the build's generated build-info, when llama.cpp knew its build number."""
+    for f in build_dir.glob("common/build-info.cpp"):
+        m = re.search(r"LLAMA_BUILD_NUMBER\s*=\s*(\d+)", f.read_text())
+        if m and int(m.group(1)) > 0:
+            return f"b{m.group(1)}"
+    return None
+
+
+def _from_store(entry: Entry, *, store: Store, settings: Settings, log: Log, out: Path | None) -> BuildOutcome:
+    dest = settings.cache_dir / "fetched" / entry.key
+    with log.step("fetch from the store"):
+        zip_path = store.fetch(entry, dest)
+    level = verify_level_for(entry.manifest.get("platform", ""))
+    with log.step(f"verify ({level})"):
+        report = verify_bundle(zip_path, level=level)
+        _log_report(report, log)
+    outcome = BuildOutcome(key=entry.key, cache_hit=True, zip_path=zip_path, manifest=entry.manifest, verify=report,
+                           published=entry.location)
+    if out is not None:
+        outcome.out_dir = _unpack_to(zip_path, out)
+        log.info(f"bundle unpacked in {out}")
+    return outcome
+
+
+def fetch(key: str, *, store: Store, settings: Settings, log: Log, out: Path, level: Level | None = None) -> BuildOutcome:
+    entry = store.lookup(key)
+    if entry is None:
+        raise UsageError(f"no bundle with key {key[:12]} in {store.url}", fix="build it first: llamabundle build RECIPE")
+    if out.exists() and any(out.iterdir()):
+        raise UsageError(f"--out {out} exists and is not empty", fix="pass a new or empty directory")
+    return _from_store(entry, store=store, settings=settings, log=log, out=out)
+
+
+def _unpack_to(zip_path: Path, out: Path) -> Path:
+    if out.exists():
+        out.rmdir()  # empty (checked before any work)
+    bundle_mod.unpack(zip_path, out)
+    return out
+
+
+def _log_report(report: VerifyReport, log: Log) -> None:
+    for level, result in report.levels.items():
+        log.info(f"    {level}: {result}")
+    for name, where in report.backends_loaded.items():
+        log.info(f"    loaded {name} backend from {os.path.basename(where)}")
+    for dev in report.devices:
+        log.info(f"    device {dev}")

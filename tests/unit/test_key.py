@@ -1,0 +1,266 @@
+"""The cache key (DESIGN §4): sha256 of the canonical JSON of every input that changes the bundle's files."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from llamabundle.recipe import BUNDLE_FORMAT, Recipe, canonical_json, load_recipe, parse_recipe
+
+ROOT = Path(__file__).resolve().parents[2]
+LINUX_PATH = ROOT / "recipes" / "linux-x86_64-cpu.yaml"
+WINDOWS_PATH = ROOT / "recipes" / "windows-x86_64-cuda12.8.yaml"
+LINUX = LINUX_PATH.read_text(encoding="utf-8")
+WINDOWS = WINDOWS_PATH.read_text(encoding="utf-8")
+BASES = {"L": LINUX, "W": WINDOWS}
+
+COMMIT = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"
+W_COMPONENTS = "components: [cuda_nvcc, cuda_cudart, libcublas, libnvjitlink, cuda_nvrtc, libnvfatbin, cuda_cccl]"
+W_ARCHS = "archs: [50-virtual, 61-virtual, 70-virtual, 75-virtual, 80-virtual, 86-real, 89-real, 120a-real]"
+W_FLOOR = 'driver_floor: {windows: "572.61", linux: "570.124.06"}'
+W_CMAKE = "cmake: {GGML_BACKEND_DL: ON, GGML_CPU_ALL_VARIANTS: ON, GGML_NATIVE: OFF}"
+W_TOOLCHAIN = 'toolchain: {compiler: msvc, msvc_version: "[17.0,18.0)"}'
+L_SOURCES = """    - github: ggml-org/llama.cpp    # archive tarball; commit read from its pax header
+    - pypi: {package: llama-cpp-python, version: 0.3.36,
+             sha256: 832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e}"""
+
+Edits = tuple[tuple[str, str], ...]
+
+
+def edit(text: str, *edits: tuple[str, str]) -> str:
+    for old, new in edits:
+        assert text.count(old) == 1, f"{old!r} occurs {text.count(old)} times"
+        text = text.replace(old, new)
+    return text
+
+
+def load(base: str, *edits: tuple[str, str], file: str = "r.yaml") -> Recipe:
+    return parse_recipe(edit(BASES[base], *edits), file=file)
+
+
+def key(base: str, *edits: tuple[str, str]) -> str:
+    return load(base, *edits).key()
+
+
+# ---------------------------------------------------------------------------------- basics
+
+
+@pytest.mark.parametrize("path", [LINUX_PATH, WINDOWS_PATH], ids=["linux", "windows"])
+def test_key_is_64_hex_and_stable(path: Path) -> None:
+    k = load_recipe(path).key()
+    assert re.fullmatch(r"[0-9a-f]{64}", k)
+    assert load_recipe(path).key() == k
+    assert parse_recipe(path.read_text(encoding="utf-8"), file="other/place.yaml").key() == k
+
+
+def test_key_is_sha256_of_canonical_key_inputs() -> None:
+    r = load_recipe(WINDOWS_PATH)
+    text = canonical_json(r.key_inputs())
+    assert r.key() == hashlib.sha256(text.encode()).hexdigest()
+    assert json.loads(text) == r.key_inputs()
+    assert text == json.dumps(r.key_inputs(), sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+
+
+def test_linux_and_windows_keys_differ() -> None:
+    assert load_recipe(LINUX_PATH).key() != load_recipe(WINDOWS_PATH).key()
+
+
+def test_key_inputs_are_exactly_design_4() -> None:
+    for path in (LINUX_PATH, WINDOWS_PATH):
+        inputs = load_recipe(path).key_inputs()
+        assert set(inputs) == {"recipe", "platform", "commit", "backends", "toolchain", "cuda", "cmake",
+                               "targets", "runtime", "bundle_format"}
+        assert inputs["recipe"] == 1 and inputs["bundle_format"] == BUNDLE_FORMAT
+        assert inputs["commit"] == COMMIT
+        assert not {"sources", "publish", "name", "origin", "llama_cpp"} & set(inputs)
+        blob = canonical_json(inputs)
+        for not_in_key in ("ggml-org", "llama-cpp-python", "832db0699007", "{key12}", load_recipe(path).name, str(path)):
+            assert not_in_key not in blob, not_in_key
+
+
+def test_key_inputs_windows_values() -> None:
+    inputs = load_recipe(WINDOWS_PATH).key_inputs()
+    assert inputs["platform"] == "windows-x86_64"
+    assert inputs["backends"] == ["cpu", "cuda"]
+    assert inputs["toolchain"] == {"compiler": "msvc", "msvc_version": "[17.0,18.0)"}
+    cuda = inputs["cuda"]
+    assert {"toolkit", "components", "archs", "driver_floor"} <= set(cuda)
+    assert cuda["toolkit"] == "12.8.1"
+    assert cuda["components"] == sorted(["cuda_nvcc", "cuda_cudart", "libcublas", "libnvjitlink", "cuda_nvrtc", "libnvfatbin", "cuda_cccl"])
+    assert sorted(cuda["archs"]) == sorted(["50-virtual", "61-virtual", "70-virtual", "75-virtual", "80-virtual", "86-real", "89-real", "120a-real"])
+    assert cuda["driver_floor"] == "572.61"
+    assert inputs["cmake"] == {"GGML_BACKEND_DL": "ON", "GGML_CPU_ALL_VARIANTS": "ON", "GGML_NATIVE": "OFF"}
+    assert inputs["targets"] == ["llama-server"]
+    assert inputs["runtime"] == {"openmp": "auto"}
+
+
+def test_key_inputs_linux_values() -> None:
+    inputs = load_recipe(LINUX_PATH).key_inputs()
+    assert inputs["platform"] == "linux-x86_64"
+    assert inputs["backends"] == ["cpu"]
+    assert inputs["toolchain"] == {"compiler": "gcc"}
+    assert inputs["cuda"] is None
+    assert inputs["cmake"]["LLAMA_USE_PREBUILT_UI"] == "OFF"
+
+
+# ------------------------------------------------------------------- order and style don't matter
+
+TWO_TARGETS = ("targets: [llama-server]", "targets: [llama-server, llama-cli]")
+
+
+@pytest.mark.parametrize(("base", "setup", "reordered"), [
+    ("W", (), (("backends: [cpu, cuda]", "backends: [cuda, cpu]"),)),
+    ("W", (TWO_TARGETS,), (("targets: [llama-server, llama-cli]", "targets: [llama-cli, llama-server]"),)),
+    ("W", (), ((W_CMAKE, "cmake: {GGML_NATIVE: OFF, GGML_CPU_ALL_VARIANTS: ON, GGML_BACKEND_DL: ON}"),)),
+    ("W", (), ((W_COMPONENTS, "components: [cuda_cccl, libnvfatbin, cuda_nvrtc, libnvjitlink, libcublas, cuda_cudart, cuda_nvcc]"),)),
+    ("W", (), ((W_ARCHS, "archs: [120a-real, 89-real, 86-real, 80-virtual, 75-virtual, 70-virtual, 61-virtual, 50-virtual]"),)),
+    ("W", (), ((W_FLOOR, 'driver_floor: {linux: "570.124.06", windows: "572.61"}'),)),
+    ("W", (), ((W_TOOLCHAIN, 'toolchain: {msvc_version: "[17.0,18.0)", compiler: msvc}'),)),
+    ("L", (), (("  GGML_BACKEND_DL: ON\n", ""), ("  LLAMA_USE_PREBUILT_UI: OFF", "  LLAMA_USE_PREBUILT_UI: OFF\n  GGML_BACKEND_DL: ON"))),
+    ("L", (), (("recipe: 1\n", ""), ('publish: {tag: "{name}-{key12}"}', 'publish: {tag: "{name}-{key12}"}\nrecipe: 1'))),
+    ("L", (), (("targets: [llama-server]\n", ""), ("backends: [cpu]", "targets: [llama-server]\nbackends: [cpu]"))),
+], ids=["backends", "targets", "cmake-keys", "components", "archs", "floor-keys", "toolchain-keys", "cmake-block", "top-level-keys", "targets-first"])
+def test_key_ignores_order(base: str, setup: Edits, reordered: Edits) -> None:
+    before = load(base, *setup)
+    after = load(base, *setup, *reordered)
+    assert after.key() == before.key()
+
+
+@pytest.mark.parametrize(("base", "restyled"), [
+    ("L", (("cmake:\n  GGML_BACKEND_DL: ON\n  GGML_CPU_ALL_VARIANTS: ON\n  GGML_NATIVE: OFF\n  LLAMA_BUILD_TESTS: OFF\n"
+            "  LLAMA_BUILD_EXAMPLES: OFF\n  LLAMA_USE_PREBUILT_UI: OFF        # no download of web UI assets at build time\n",
+            "cmake: {GGML_BACKEND_DL: true, GGML_CPU_ALL_VARIANTS: on, GGML_NATIVE: false, LLAMA_BUILD_TESTS: \"OFF\",\n"
+            "        LLAMA_BUILD_EXAMPLES: no, LLAMA_USE_PREBUILT_UI: 'OFF'}\n"),)),
+    ("L", (("backends: [cpu]", "backends:\n  - cpu"), ("toolchain: {compiler: gcc}", "toolchain:\n  compiler: \"gcc\""))),
+    ("L", ((f"commit: {COMMIT}", f"commit: '{COMMIT}'"),)),
+    ("W", (("toolkit: 12.8.1", 'toolkit: "12.8.1"'),)),
+    ("W", ((W_FLOOR, "driver_floor:\n    windows: '572.61'\n    linux: '570.124.06'"),)),
+], ids=["cmake-bool-spellings", "block-vs-flow", "quoted-commit", "quoted-toolkit", "block-floor"])
+def test_key_ignores_yaml_style(base: str, restyled: Edits) -> None:
+    assert key(base, *restyled) == key(base)
+
+
+# ----------------------------------------------------------------------- every input changes it
+
+CLANG = ("toolchain: {compiler: gcc}", "toolchain: {compiler: clang}")
+W_CLANG = (W_TOOLCHAIN, "toolchain: {compiler: clang}")
+W_SM75_UP = (W_ARCHS, "archs: [75-virtual, 86-real, 89-real, 120a-real]")
+L_CUDA = (("backends: [cpu]", "backends: [cpu, cuda]"),
+          ("targets: [llama-server]", "cuda:\n  toolkit: 12.8.1\n  components: [cuda_nvcc, cuda_cudart]\n  archs: [86-real]\n"
+                                      "targets: [llama-server]"))
+
+
+@pytest.mark.parametrize(("base", "setup", "change"), [
+    ("L", (), ((COMMIT, "a" * 40),)),
+    ("L", (), ((COMMIT, COMMIT[:-1] + "e"),)),
+    ("L", (CLANG,), (("platform: linux-x86_64", "platform: windows-x86_64"),)),
+    ("W", (W_CLANG,), (("platform: windows-x86_64", "platform: linux-x86_64"),)),
+    ("L", (), L_CUDA),
+    ("L", (), (CLANG,)),
+    ("W", (), ((W_TOOLCHAIN, "toolchain: {compiler: clang}"),)),
+    ("W", (), ((W_TOOLCHAIN, "toolchain: {compiler: mingw}"),)),
+    ("W", (), ((W_TOOLCHAIN, 'toolchain: {compiler: msvc, msvc_version: "[17.0,19.0)"}'),)),
+    ("W", (), ((W_TOOLCHAIN, "toolchain: {compiler: msvc}"),)),
+    ("W", (W_SM75_UP,), (("toolkit: 12.8.1", "toolkit: 13.0.1"),)),
+    ("W", (W_SM75_UP,), (("toolkit: 12.8.1", "toolkit: 13.0.2"),)),
+    ("W", (), (("source: redist ", "source: installer "),)),
+    ("W", (), (("cuda_nvrtc, libnvfatbin,", "cuda_nvrtc,"),)),
+    ("W", (), (("cuda_cccl]", "cuda_cccl, cuda_nvml_dev]"),)),
+    ("W", (), (("120a-real]", "120-real]"),)),
+    ("W", (), (("86-real,", "86-virtual,"),)),
+    ("W", (), (("50-virtual, ", ""),)),
+    ("W", (), (("89-real,", "89-real, 90-real,"),)),
+    ("W", (), (('windows: "572.61"', 'windows: "580.00"'),)),
+    ("W", (), ((W_FLOOR, 'driver_floor: {windows: "590.1"}'),)),
+    ("L", (), (("  GGML_NATIVE: OFF", "  GGML_NATIVE: ON"),)),
+    ("L", (), (("  GGML_NATIVE: OFF\n", ""),)),
+    ("L", (), (("  GGML_NATIVE: OFF", "  GGML_NATIVE: OFF\n  GGML_AVX512: OFF"),)),
+    ("W", (), (("GGML_BACKEND_DL: ON", "GGML_BACKEND_DL: OFF"),)),
+    ("L", (), (("targets: [llama-server]", "targets: [llama-cli]"),)),
+    ("L", (), ((TWO_TARGETS),)),
+    ("L", (), (("runtime: {openmp: auto}", "runtime: {openmp: none}"),)),
+    ("W", (), (("runtime: {openmp: auto}", "runtime: {openmp: vcomp}"),)),
+], ids=["commit", "commit-last-digit", "platform-to-windows", "platform-to-linux", "backends", "compiler", "compiler-win-clang",
+        "compiler-mingw", "msvc-version", "msvc-version-dropped", "toolkit-13.0.1", "toolkit-13.0.2", "cuda-source",
+        "component-removed", "component-added", "arch-changed", "arch-real-to-virtual", "arch-removed", "arch-added",
+        "driver-floor", "driver-floor-only-windows", "cmake-value", "cmake-removed", "cmake-added", "cmake-value-windows",
+        "target-changed", "target-added", "openmp", "openmp-windows"])
+def test_key_changes_with_every_input(base: str, setup: Edits, change: Edits) -> None:
+    before = load(base, *setup)
+    after = load(base, *setup, *change)
+    assert after.key() != before.key()
+    changed = {k for k in before.key_inputs() if before.key_inputs()[k] != after.key_inputs()[k]}
+    assert changed and changed <= {"platform", "commit", "backends", "toolchain", "cuda", "cmake", "targets", "runtime"}
+
+
+def test_platform_alone_changes_key_inputs_only_in_platform() -> None:
+    before = load("L", CLANG)
+    after = load("L", CLANG, ("platform: linux-x86_64", "platform: windows-x86_64"))
+    diff = {k for k in before.key_inputs() if before.key_inputs()[k] != after.key_inputs()[k]}
+    assert diff == {"platform"}
+
+
+def test_toolkit_alone_changes_key_inputs_only_in_cuda_toolkit() -> None:
+    before = load("W", W_SM75_UP).key_inputs()
+    after = load("W", W_SM75_UP, ("toolkit: 12.8.1", "toolkit: 13.0.1")).key_inputs()
+    assert {k for k in before if before[k] != after[k]} == {"cuda"}
+    assert {k for k in before["cuda"] if before["cuda"][k] != after["cuda"][k]} == {"toolkit"}
+
+
+def test_bundle_format_and_schema_version_are_inputs(monkeypatch: pytest.MonkeyPatch) -> None:
+    import llamabundle.recipe as recipe_mod
+
+    r = load_recipe(LINUX_PATH)
+    k = r.key()
+    monkeypatch.setattr(recipe_mod, "BUNDLE_FORMAT", BUNDLE_FORMAT + 1)
+    assert r.key_inputs()["bundle_format"] == BUNDLE_FORMAT + 1
+    assert r.key() != k
+
+
+# --------------------------------------------------------------------- what is not in the key
+
+
+@pytest.mark.parametrize(("base", "change"), [
+    ("L", (("- github: ggml-org/llama.cpp", "- github: someone/llama.cpp-mirror"),)),
+    ("L", ((L_SOURCES, "    - git: https://example.invalid/llama.cpp.git"),)),
+    ("L", ((L_SOURCES, "    - path: ../llama.cpp"),)),
+    ("L", (("- github: ggml-org/llama.cpp    # archive tarball; commit read from its pax header\n", ""),)),
+    ("W", (("version: 0.3.36", "version: 0.3.37"),)),
+    ("L", (('publish: {tag: "{name}-{key12}"}', 'publish: {tag: "llama-{commit12}-{platform}"}'),)),
+    ("L", (('publish: {tag: "{name}-{key12}"}\n', ""),)),
+    ("L", (("name: linux-x86_64-cpu", "name: something-else"),)),
+    ("W", (("name: windows-x86_64-cuda12.8", "name: w"),)),
+    ("L", (("# llama.cpp for Linux x86-64, CPU backend only", "# a different comment"),)),
+    ("W", (("# windows-x86_64 | linux-x86_64", ""), ("# msvc | gcc | clang | mingw", "# a new comment"))),
+    ("L", (("recipe: 1", "# leading comment\nrecipe: 1   # trailing comment"),)),
+    ("W", ((W_FLOOR, 'driver_floor: {windows: "572.61", linux: "999.99"}'),)),
+    ("W", (("  " + W_FLOOR + "   # optional: derived from toolkit + archs\n", ""),)),
+    ("W", ((W_FLOOR, 'driver_floor: {windows: "572.61"}'),)),
+    ("L", (("runtime: {openmp: auto}\n", ""),)),
+    ("W", (("  source: redist                    # redist | installer | pypi | system\n", ""),)),
+], ids=["github-repo", "git-source", "path-source", "fewer-sources", "pypi-version", "publish-tag", "publish-default",
+        "name", "name-windows", "comment", "comments-windows", "more-comments", "other-os-floor", "floor-equals-default",
+        "floor-only-own-os", "openmp-default", "cuda-source-default"])
+def test_key_ignores_non_inputs(base: str, change: Edits) -> None:
+    assert key(base, *change) == key(base)
+
+
+def test_key_ignores_file_path(tmp_path: Path) -> None:
+    a = tmp_path / "a" / "one.yaml"
+    b = tmp_path / "b" / "two.yml"
+    for p in (a, b):
+        p.parent.mkdir()
+        p.write_text(WINDOWS, encoding="utf-8")
+    ra, rb = load_recipe(a), load_recipe(b)
+    assert ra.origin != rb.origin
+    assert ra == rb  # origin is not compared
+    assert ra.key() == rb.key() == load_recipe(WINDOWS_PATH).key()
+
+
+def test_tag_uses_the_key() -> None:
+    r = load("L", ('publish: {tag: "{name}-{key12}"}', 'publish: {tag: "{name}-{key}-{commit12}-{platform}"}'))
+    assert r.tag() == f"linux-x86_64-cpu-{r.key()}-{COMMIT[:12]}-linux-x86_64"
