@@ -13,9 +13,9 @@ import click
 
 from . import __version__, pipeline
 from .build import resolve_tools
-from .errors import LlamaBundleError, ToolchainError, UsageError
+from .errors import LlamaBundleError, ToolchainError
 from .log import Log
-from .recipe import Recipe, Settings, canonical_json, json_schema, load_recipe
+from .recipe import Settings, canonical_json, json_schema, load_recipe
 from .store.base import Store, open_store
 from .verify import Level, verify_bundle
 
@@ -215,13 +215,7 @@ def verify(c: Ctx, path: Path, level: str, as_json: bool) -> None:
 @pass_ctx
 def publish(c: Ctx, path: Path, store_url: str | None) -> None:
     """Verify a bundle zip and publish it to the store."""
-    report = verify_bundle(path, level=Level.STATIC)
-    from .bundle import unpack  # the manifest as stored inside the verified zip
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as tmp:
-        manifest = unpack(path, Path(tmp) / "b")
-    done = c.store(store_url).publish(path, manifest)
+    report, done = pipeline.publish_zip(path, store=c.store(store_url))
     state = "published" if done.created else "already published"
     click.echo(f"{state}: {report.key} -> {done.entry.location}")
 
@@ -257,4 +251,3 @@ def main(argv: list[str] | None = None) -> NoReturn:
     sys.exit(code)
 
 
-__all__ = ["main", "cli", "Recipe", "UsageError"]

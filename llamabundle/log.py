@@ -22,13 +22,13 @@ class Log:
 
     def info(self, msg: str) -> None:
         if not self.quiet:
-            self.console.print(msg, markup=False)
+            self.console.print(msg, markup=False, soft_wrap=True)
 
     def warn(self, msg: str) -> None:
         if self.github_actions:
             self.console.print(f"::warning::{msg}", markup=False)
         else:
-            self.console.print(f"warning: {msg}", style="yellow", markup=False)
+            self.console.print(f"warning: {msg}", style="yellow", markup=False, soft_wrap=True)
 
     def error(self, text: str) -> None:
         first, _, rest = text.partition("\n")

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
+import zipfile
 import shutil
 import tempfile
 from collections.abc import Mapping
@@ -19,7 +22,7 @@ from .deps.policy import linux_policy
 from .errors import UsageError, VerifyError
 from .log import Log
 from .recipe import Recipe, Settings
-from .store.base import Entry, Store
+from .store.base import Entry, Published, Store
 from .verify import Level, VerifyReport, host_platform_name, verify_bundle
 
 LICENSE_FILES = {"LICENSE": "LICENSE", "licenses/LICENSE-jsonhpp": "LICENSE-jsonhpp"}
@@ -43,8 +46,11 @@ class BuildOutcome:
                 "verify": self.verify.to_json(), "bundled_libs": self.bundled_libs, "compiled": self.compiled}
 
 
-def build_dir_for(recipe: Recipe, settings: Settings) -> Path:
-    return settings.cache_dir / "build" / recipe.key()[:16]
+def build_dir_for(recipe: Recipe, settings: Settings, tools: BuildTools) -> Path:
+    """One incremental build tree per key and set of build tools (a venv's cmake and the system's
+    each keep their own, instead of wiping each other's)."""
+    tools_id = hashlib.sha256(f"{tools.cmake}|{tools.ninja}|{tools.ccache}".encode()).hexdigest()[:8]
+    return settings.cache_dir / "build" / f"{recipe.key()[:16]}-{tools_id}"
 
 
 def source_dir_for(recipe: Recipe, settings: Settings) -> Path:
@@ -52,7 +58,8 @@ def source_dir_for(recipe: Recipe, settings: Settings) -> Path:
 
 
 def show_plan(recipe: Recipe, settings: Settings, tools: BuildTools) -> BuildPlan:
-    return plan_build(recipe, source_dir=source_dir_for(recipe, settings), build_dir=build_dir_for(recipe, settings), tools=tools)
+    return plan_build(recipe, source_dir=source_dir_for(recipe, settings), build_dir=build_dir_for(recipe, settings, tools),
+                      tools=tools)
 
 
 def zip_name(recipe: Recipe) -> str:
@@ -80,7 +87,7 @@ def build(recipe: Recipe, *, settings: Settings, store: Store, log: Log, env: Ma
     with log.step(f"source llama.cpp {recipe.llama_cpp.commit[:12]}"):
         src = source_mod.fetch_source(recipe, settings, log)
     tools = resolve_tools(path=env.get("PATH"))
-    plan = plan_build(recipe, source_dir=src.path, build_dir=build_dir_for(recipe, settings), tools=tools, jobs=jobs)
+    plan = plan_build(recipe, source_dir=src.path, build_dir=build_dir_for(recipe, settings, tools), tools=tools, jobs=jobs)
     result = run_build(plan, log=log, env=env, clean=clean)
     work = settings.cache_dir / "tmp"
     work.mkdir(parents=True, exist_ok=True)
@@ -184,6 +191,14 @@ def fetch(key: str, *, store: Store, settings: Settings, log: Log, out: Path, le
     if out.exists() and any(out.iterdir()):
         raise UsageError(f"--out {out} exists and is not empty", fix="pass a new or empty directory")
     return _from_store(entry, store=store, settings=settings, log=log, out=out)
+
+
+def publish_zip(zip_path: Path, *, store: Store) -> tuple[VerifyReport, Published]:
+    """Verify a bundle zip (static) and put it in the store under the key its manifest names."""
+    report = verify_bundle(zip_path, level=Level.STATIC)
+    with zipfile.ZipFile(zip_path) as zf:  # verified above against every file it lists
+        manifest = json.loads(zf.read(bundle_mod.MANIFEST))
+    return report, store.publish(zip_path, manifest)
 
 
 def _unpack_to(zip_path: Path, out: Path) -> Path:

@@ -1,0 +1,75 @@
+"""Tool overhead: a cold `llamabundle build` against plain `cmake -G Ninja … && cmake --build …` with
+the same flags and targets, both measured in this one run (target ratio <= 1.05).
+
+Both start from the same proven source tree (copied into a fresh cache for the tool), with no
+compiler cache. The tool's time includes configure, compile, runtime closure, pack, load
+verification and storing; the plain time is configure + compile only.
+
+    python bench/build_overhead.py [--recipe recipes/linux-x86_64-cpu.yaml] [--jobs N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from llamabundle.build import plan_build, resolve_tools  # noqa: E402
+from llamabundle.log import Log  # noqa: E402
+from llamabundle.recipe import Settings, load_recipe  # noqa: E402
+from llamabundle.source import fetch_source  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--recipe", default=str(REPO / "recipes" / "linux-x86_64-cpu.yaml"))
+    ap.add_argument("--jobs", type=int, default=None)
+    ap.add_argument("--workdir", default=None, help="where to build (default: a temporary directory)")
+    a = ap.parse_args()
+    recipe = load_recipe(a.recipe)
+    settings = Settings.from_env(os.environ)
+    src = fetch_source(recipe, settings, Log())  # from the user cache; not timed
+    work = Path(a.workdir or tempfile.mkdtemp(prefix="lb-bench-"))
+    env = {k: v for k, v in os.environ.items() if k not in ("CCACHE_DIR",)}
+    # Plain cmake: the same configure and build commands, a fresh build directory.
+    tools = resolve_tools(path=env.get("PATH"), use_ccache=False)
+    plain = plan_build(recipe, source_dir=src.path, build_dir=work / "plain-build", tools=tools, jobs=a.jobs)
+    t0 = time.monotonic()
+    subprocess.run(plain.configure, check=True, stdout=subprocess.DEVNULL, env=env)
+    subprocess.run(plain.build, check=True, stdout=subprocess.DEVNULL, env=env)
+    t_plain = time.monotonic() - t0
+    shutil.rmtree(work / "plain-build")
+    # llamabundle: a fresh cache holding only the proven source tree.
+    cache = work / "cache"
+    shutil.copytree(src.path, cache / "src" / recipe.llama_cpp.commit, symlinks=True)
+    tool_env = {**env, "LLAMABUNDLE_CACHE_DIR": str(cache), "PATH": _without_ccache(env["PATH"])}
+    cmd = [sys.executable, "-m", "llamabundle", "--quiet", "build", a.recipe, "--store", str(work / "store"), "--json"]
+    if a.jobs:
+        cmd += ["--jobs", str(a.jobs)]
+    t0 = time.monotonic()
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=tool_env)
+    t_tool = time.monotonic() - t0
+    result = json.loads(out.stdout)
+    assert result["cache_hit"] is False and result["compiled"] > 0, result
+    shutil.rmtree(work, ignore_errors=True)
+    print(f"plain cmake + ninja : {t_plain:8.1f} s")
+    print(f"llamabundle build   : {t_tool:8.1f} s  (configure, compile, collect, pack, verify --level load, store)")
+    print(f"ratio tool/plain    : {t_tool / t_plain:8.3f}  (target <= 1.05)")
+    print(f"tool overhead       : {t_tool - t_plain:8.1f} s")
+
+
+def _without_ccache(path: str) -> str:
+    return os.pathsep.join(p for p in path.split(os.pathsep) if "ccache" not in p)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,74 @@
+"""End-to-end tests: one real build of the pinned llama.cpp through `llamabundle build`, reused.
+
+The build tree lives in the llamabundle cache (LLAMABUNDLE_E2E_CACHE_DIR, else the user cache dir),
+so a second test run recompiles nothing; the store is new for every run, so the first `check` is
+always a miss and the first `build` always runs the whole pipeline (source, cmake, collect, pack,
+verify, store)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import platformdirs
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+RECIPE = REPO / "recipes" / "linux-x86_64-cpu.yaml"
+BUILD_TIMEOUT = 75 * 60
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "tests/e2e/" in str(item.fspath).replace(os.sep, "/"):
+            item.add_marker(pytest.mark.e2e)
+
+
+def run_cli(*args: object, env: dict[str, str], timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "llamabundle", *map(str, args)], env=env, capture_output=True,
+                          text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+@pytest.fixture(scope="session")
+def e2e_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["LLAMABUNDLE_CACHE_DIR"] = env.get("LLAMABUNDLE_E2E_CACHE_DIR") or platformdirs.user_cache_dir("llamabundle", appauthor=False)
+    env.pop("LLAMABUNDLE_STORE", None)
+    env.pop("GITHUB_ACTIONS", None)
+    return env
+
+
+@pytest.fixture(scope="session")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("store")
+
+
+@pytest.fixture(scope="session")
+def recipe_key(e2e_env: dict[str, str]) -> str:
+    out = run_cli("key", RECIPE, env=e2e_env)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+@pytest.fixture(scope="session")
+def first_build(e2e_env: dict[str, str], store: Path) -> dict[str, Any]:
+    """check (miss) → build (the real pipeline) → check (hit), recorded for the tests below."""
+    miss = run_cli("check", RECIPE, "--store", store, env=e2e_env)
+    build = run_cli("build", RECIPE, "--store", store, "--json", env=e2e_env, timeout=BUILD_TIMEOUT)
+    if build.returncode != 0:
+        pytest.fail(f"llamabundle build failed ({build.returncode}):\n{build.stderr[-6000:]}")
+    hit = run_cli("check", RECIPE, "--store", store, "--json", env=e2e_env)
+    return {"miss": miss, "build": build, "result": json.loads(build.stdout), "hit": hit}
+
+
+@pytest.fixture(scope="session")
+def unpacked(first_build: dict[str, Any], e2e_env: dict[str, str], store: Path, recipe_key: str,
+             tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("fetched") / "bundle"
+    res = run_cli("fetch", recipe_key, "--store", store, "--out", out, env=e2e_env)
+    assert res.returncode == 0, res.stderr
+    return out

@@ -1,0 +1,173 @@
+"""The core pipeline, end to end on Linux: recipe → pinned source → CPU build → runtime closure →
+bundle.json → verify → local store → cache hit."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import time
+import urllib.request
+import zipfile
+from pathlib import Path
+from typing import Any
+
+from tests.e2e.conftest import RECIPE, run_cli
+from tests.e2e.tinymodel import write_tiny_qwen2
+
+COMMIT = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"
+
+
+def test_check_misses_then_build_stores_then_check_hits(first_build: dict[str, Any], store: Path, recipe_key: str) -> None:
+    assert first_build["miss"].returncode == 1
+    assert "miss" in first_build["miss"].stdout
+    result = first_build["result"]
+    assert result["cache_hit"] is False
+    assert result["key"] == recipe_key
+    assert Path(result["published"]).is_file()
+    assert Path(result["published"]).parent == store / recipe_key
+    assert first_build["hit"].returncode == 0
+    hit = json.loads(first_build["hit"].stdout)
+    assert hit["hit"] is True and hit["key"] == recipe_key
+    # The build ran the real pipeline and said so.
+    err = first_build["build"].stderr
+    assert "cache miss" in err
+    assert "loaded CPU backend" in err or "load: passed" in err
+
+
+def test_second_build_is_a_cache_hit_that_compiles_nothing(first_build: dict[str, Any], e2e_env: dict[str, str],
+                                                          store: Path, recipe_key: str) -> None:
+    trees = (Path(e2e_env["LLAMABUNDLE_CACHE_DIR"]) / "build").glob(f"{recipe_key[:16]}-*/.ninja_log")
+    ninja_log = max(trees, key=lambda p: p.stat().st_mtime_ns)  # the tree the first build used
+    before = ninja_log.stat().st_mtime_ns
+    # No cmake, ninja or compiler can be found: a hit must not need them.
+    env = {**e2e_env, "PATH": "/nonexistent"}
+    res = run_cli("build", RECIPE, "--store", store, "--json", env=env)
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert out["cache_hit"] is True
+    assert out["compiled"] == 0
+    assert out["verify"]["levels"]["load"] == "passed"
+    assert "cache hit" in res.stderr and "cmake" not in res.stderr
+    assert ninja_log.stat().st_mtime_ns == before
+
+
+def test_bundle_json_contract(unpacked: Path, recipe_key: str) -> None:
+    manifest = json.loads((unpacked / "bundle.json").read_text())
+    assert manifest["format"] == 1
+    assert manifest["key"] == recipe_key
+    assert manifest["platform"] == "linux-x86_64"
+    assert manifest["llama_cpp"]["commit"] == COMMIT
+    assert manifest["llama_cpp"]["source"] in ("pypi:llama-cpp-python==0.3.36", "github:ggml-org/llama.cpp")
+    assert manifest["inputs"]["commit"] == COMMIT and manifest["inputs"]["cmake"]["GGML_CPU_ALL_VARIANTS"] == "ON"
+    assert manifest["toolchain"]["compiler"].startswith("GNU ")
+    assert manifest["toolchain"]["cmake"] and manifest["toolchain"]["ninja"]
+    roles = {f["path"]: f["role"] for f in manifest["files"]}
+    assert roles["llama-server"] == "exe"
+    assert roles["LICENSE"] == "license"
+    backends = sorted(p for p, r in roles.items() if r == "backend")
+    assert len(backends) == 14 and all(p.startswith("libggml-cpu-") for p in backends)
+    for lib in ("libllama.so.0", "libggml.so.0", "libggml-base.so.0"):
+        assert roles[lib] == "runtime"
+    assert "libc.so.6" in manifest["system_deps"]
+    assert not any(d.startswith(("libcuda", "libnvidia")) for d in roles)
+    major, minor = map(int, manifest["glibc_floor"].split("."))
+    assert (major, minor) >= (2, 17)
+    on_disk = sorted(p.name for p in unpacked.iterdir())
+    assert on_disk == sorted([*roles, "bundle.json"])
+
+
+def test_verify_load_runs_llama_server_from_a_copy(first_build: dict[str, Any], e2e_env: dict[str, str]) -> None:
+    zip_path = first_build["result"]["published"]
+    res = run_cli("verify", zip_path, "--level", "load", "--json", env=e2e_env)
+    assert res.returncode == 0, res.stderr
+    report = json.loads(res.stdout)
+    assert report["levels"] == {"manifest": "passed", "static": "passed", "load": "passed"}
+    cpu = report["backends_loaded"]["CPU"]
+    assert os.path.basename(cpu).startswith("libggml-cpu-")
+    assert "llamabundle-verify-" in cpu  # loaded from the temporary copy, not from the build tree
+    assert not os.path.exists(cpu)  # … which is gone again
+
+
+def test_one_changed_byte_in_a_library_fails_verify(unpacked: Path, e2e_env: dict[str, str], tmp_path: Path) -> None:
+    copy = tmp_path / "bundle"
+    shutil.copytree(unpacked, copy)
+    lib = copy / "libggml-base.so.0"
+    data = bytearray(lib.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    lib.write_bytes(bytes(data))
+    res = run_cli("verify", copy, env=e2e_env)
+    assert res.returncode == 5
+    assert "libggml-base.so.0" in res.stderr
+    assert "Traceback" not in res.stderr
+    assert run_cli("verify", unpacked, env=e2e_env).returncode == 0
+
+
+def test_a_damaged_zip_fails_verify(first_build: dict[str, Any], e2e_env: dict[str, str], tmp_path: Path) -> None:
+    bad = tmp_path / "bad.zip"
+    shutil.copyfile(first_build["result"]["published"], bad)
+    with zipfile.ZipFile(bad) as zf:
+        info = zf.getinfo("libllama.so.0")
+    data = bytearray(bad.read_bytes())
+    data[info.header_offset + 200] ^= 0xFF  # inside the compressed data of one member
+    bad.write_bytes(bytes(data))
+    res = run_cli("verify", bad, env=e2e_env)
+    assert res.returncode == 5, res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_llama_server_from_the_bundle_serves_a_model(unpacked: Path, e2e_env: dict[str, str], tmp_path: Path) -> None:
+    version = subprocess.run([unpacked / "llama-server", "--version"], env={"PATH": "/usr/bin:/bin"},
+                             capture_output=True, text=True, timeout=60)
+    assert COMMIT[:8] in version.stdout + version.stderr
+    src = Path(e2e_env["LLAMABUNDLE_CACHE_DIR"]) / "src" / COMMIT
+    model = write_tiny_qwen2(src, tmp_path / "tiny.gguf")
+    port = _free_port()
+    server = subprocess.Popen([unpacked / "llama-server", "-m", model, "--host", "127.0.0.1", "--port", str(port),
+                               "-c", "256", "-t", "2"], env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
+                    if json.load(r).get("status") == "ok":
+                        break
+            except OSError:
+                pass
+            assert server.poll() is None, server.stderr.read() if server.stderr else ""
+            assert time.monotonic() < deadline, "llama-server did not become healthy in 120 s"
+            time.sleep(0.5)
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/completion", method="POST",
+                                     data=json.dumps({"prompt": "Hello", "n_predict": 4}).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=120) as r:
+            body = json.load(r)
+        assert body["tokens_predicted"] == 4
+        assert isinstance(body["content"], str)
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+
+
+def test_a_failing_configure_exits_4_with_the_tail_and_the_log(first_build: dict[str, Any], e2e_env: dict[str, str],
+                                                              tmp_path: Path) -> None:
+    broken = tmp_path / "broken.yaml"
+    broken.write_text(RECIPE.read_text().replace("GGML_BACKEND_DL: ON", "GGML_BACKEND_DL: OFF"))
+    store = tmp_path / "store"
+    res = run_cli("build", broken, "--store", store, env=e2e_env, timeout=900)
+    assert res.returncode == 4, res.stderr[-2000:]
+    assert "GGML_CPU_ALL_VARIANTS requires GGML_BACKEND_DL" in res.stderr
+    assert "llamabundle-build.log" in res.stderr and "Traceback" not in res.stderr
+    assert not store.exists() or not any(store.iterdir())

@@ -1,0 +1,48 @@
+"""Unit tests are hermetic: no network beyond loopback, and no build can be started by accident."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+
+import pytest
+
+_BLOCKED_PROGRAMS = {"cmake", "ninja", "nvcc", "pip"}
+
+
+@pytest.fixture(autouse=True)
+def _hermetic(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> None:
+    real_connect = socket.socket.connect
+
+    def guarded_connect(self: socket.socket, address: object) -> object:
+        host = address[0] if isinstance(address, tuple) else address
+        if isinstance(host, str) and not (host.startswith("127.") or host in ("localhost", "::1")) and self.family != socket.AF_UNIX:
+            raise OSError(f"unit tests may not reach the network ({host})")
+        return real_connect(self, address)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(socket.socket, "connect", guarded_connect)
+    monkeypatch.setattr(socket, "getaddrinfo", _loopback_only(socket.getaddrinfo))
+
+    real_popen_init = subprocess.Popen.__init__
+
+    def guarded_popen(self: subprocess.Popen, args: object, *a: object, **kw: object) -> None:  # type: ignore[type-arg]
+        argv = [args] if isinstance(args, (str, bytes)) else list(args)  # type: ignore[call-overload]
+        prog = str(argv[0]).rsplit("/", 1)[-1] if argv else ""
+        if prog in _BLOCKED_PROGRAMS or (len(argv) > 2 and str(argv[1]) == "-m" and str(argv[2]) == "pip"):
+            raise RuntimeError(f"unit tests may not run {prog} {' '.join(map(str, argv[1:3]))}: that is for e2e tests")
+        real_popen_init(self, args, *a, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", guarded_popen)
+    # Never touch the user's real cache from a unit test.
+    monkeypatch.setenv("LLAMABUNDLE_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+    monkeypatch.delenv("LLAMABUNDLE_STORE", raising=False)
+    monkeypatch.delenv("GITHUB_ACTIONS", raising=False)
+
+
+def _loopback_only(real):  # type: ignore[no-untyped-def]
+    def getaddrinfo(host, *a, **kw):  # type: ignore[no-untyped-def]
+        if host not in (None, "localhost", "::1") and not str(host).startswith("127."):
+            raise socket.gaierror(f"unit tests may not resolve {host}")
+        return real(host, *a, **kw)
+
+    return getaddrinfo
