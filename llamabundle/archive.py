@@ -8,9 +8,10 @@ import shutil
 import stat
 import tarfile
 import zipfile
+import zlib
 from pathlib import Path, PurePosixPath
 
-from .errors import LlamaBundleError, VerifyError
+from .errors import VerifyError
 
 MAX_TOTAL_BYTES = 16 * 1024**3
 MAX_MEMBERS = 200_000
@@ -74,10 +75,10 @@ def extract_zip(archive: Path, dest: Path, *, max_total: int = MAX_TOTAL_BYTES) 
                 os.chmod(target, 0o755 if mode & 0o111 else 0o644)
                 names.append(info.filename)
             os.replace(tmp, dest)
-        except (zipfile.BadZipFile, OSError, EOFError) as e:
+        except (zipfile.BadZipFile, OSError, EOFError, zlib.error) as e:
             shutil.rmtree(tmp, ignore_errors=True)
             raise VerifyError(f"{archive.name} is damaged", why=str(e), fix="download it again") from None
-        except LlamaBundleError:
+        except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
     return names
@@ -92,18 +93,21 @@ def extract_tar(archive: Path, dest: Path, *, select: str | None = None) -> None
             members = []
             total = 0
             for m in tf:
-                if select is not None and not (m.name == select.rstrip("/") or m.name.startswith(select)):
+                if select is not None and not (m.name == select.rstrip("/") or m.name.startswith(select.rstrip("/") + "/")):
                     continue
+                _safe_name(m.name, archive)
                 total += m.size
                 if total > MAX_TOTAL_BYTES or len(members) >= MAX_MEMBERS:
                     raise UnsafeArchive(f"{archive.name}: expands beyond the limits ({MAX_TOTAL_BYTES} bytes, {MAX_MEMBERS} members)")
                 members.append(m)
             tf.extractall(tmp, members=members, filter="data")
+            while tf.fileobj.read(1 << 20):  # to the end: a compressed stream checks its CRC only there
+                pass
         os.replace(tmp, dest)
     except tarfile.FilterError as e:
         shutil.rmtree(tmp, ignore_errors=True)
         raise UnsafeArchive(f"{archive.name}: refused an unsafe member", why=str(e), fix="do not use this archive") from None
-    except (tarfile.TarError, OSError, EOFError) as e:
+    except (tarfile.TarError, OSError, EOFError, zlib.error) as e:
         shutil.rmtree(tmp, ignore_errors=True)
         raise VerifyError(f"{archive.name} is not a readable tar archive", why=str(e), fix="download it again") from None
     except BaseException:

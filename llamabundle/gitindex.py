@@ -21,6 +21,15 @@ class IndexFormatError(ValueError):
 
 
 def read_index(data: bytes) -> list[IndexEntry]:
+    try:
+        return _read_index(data)
+    except (ValueError, IndexError, struct.error, UnicodeDecodeError) as e:
+        if isinstance(e, IndexFormatError):
+            raise
+        raise IndexFormatError(f"git index is malformed: {e}") from None
+
+
+def _read_index(data: bytes) -> list[IndexEntry]:
     if len(data) < 32 or data[:4] != b"DIRC":
         raise IndexFormatError("not a git index (no DIRC signature)")
     version, count = struct.unpack(">II", data[4:12])
