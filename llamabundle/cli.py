@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import traceback
 from pathlib import Path
@@ -183,7 +184,8 @@ def build(c: Ctx, recipe_path: Path, store_url: str | None, force: bool, publish
 @pass_ctx
 def fetch(c: Ctx, what: str, store_url: str | None, out: Path) -> None:
     """Fetch a bundle from the store, verify it and unpack it."""
-    key_ = what if len(what) == 64 and not os.path.exists(what) else load_recipe(Path(what)).key()
+    is_key = re.fullmatch(r"[0-9a-f]{64}", what) is not None and not os.path.exists(what)
+    key_ = what if is_key else load_recipe(Path(what)).key()  # anything else is a recipe path (exit 2 if not)
     outcome = pipeline.fetch(key_, store=c.store(store_url), settings=c.settings, log=c.log, out=out)
     click.echo(f"fetched and verified: {outcome.out_dir}")
 

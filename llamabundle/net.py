@@ -37,7 +37,7 @@ def download(url: str, dest: Path, *, http: requests.Session, log: Log, sha256: 
             total = int(r.headers.get("Content-Length") or 0) or None
             done = 0
             with log.progress(f"download {dest.name}", total) as bar, open(part, "wb") as out:
-                for chunk in r.iter_content(1 << 20):
+                for chunk in r.raw.stream(1 << 20, decode_content=False):  # the bytes as served, never decoded
                     out.write(chunk)
                     digest.update(chunk)
                     done += len(chunk)

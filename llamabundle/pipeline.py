@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from filelock import FileLock, Timeout
+
 from . import bundle as bundle_mod
 from . import source as source_mod
 from .build import BuildPlan, BuildTools, plan_build, resolve_tools, run_build
@@ -84,6 +86,28 @@ def build(recipe: Recipe, *, settings: Settings, store: Store, log: Log, env: Ma
     if not recipe.platform == host_platform_name():
         raise UsageError(f"{recipe.platform} bundles cannot be built on {host_platform_name()} by this version",
                          fix=f"run the build on a {recipe.platform} machine")
+    locks = settings.cache_dir / "locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(locks / f"build-{key[:16]}.lock"))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        log.info(f"another llamabundle process is building {key[:12]} with this cache; waiting for it")
+        lock.acquire()
+    try:  # one build per key and cache at a time
+        if not force:
+            entry = store.lookup(key)
+            if entry is not None:  # the process we waited for stored it
+                log.info(f"cache hit: {key[:12]} in {store.url} (stored while we waited)")
+                return _from_store(entry, store=store, settings=settings, log=log, out=out)
+        return _build_locked(recipe, key=key, settings=settings, store=store, log=log, env=env, publish=publish,
+                             out=out, jobs=jobs, clean=clean)
+    finally:
+        lock.release()
+
+
+def _build_locked(recipe: Recipe, *, key: str, settings: Settings, store: Store, log: Log, env: Mapping[str, str],
+                  publish: bool, out: Path | None, jobs: int | None, clean: bool) -> BuildOutcome:
     with log.step(f"source llama.cpp {recipe.llama_cpp.commit[:12]}"):
         src = source_mod.fetch_source(recipe, settings, log)
     tools = resolve_tools(path=env.get("PATH"))

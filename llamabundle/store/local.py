@@ -58,14 +58,20 @@ class LocalStore:
 
     def fetch(self, entry: Entry, dest: Path) -> Path:
         src = self._entry_dir(entry.key) / entry.zip_name
-        dest.mkdir(parents=True, exist_ok=True)
         out = dest / entry.zip_name
         tmp = out.with_name(out.name + ".part")
-        shutil.copyfile(src, tmp)
-        if sha256_file(tmp) != entry.zip_sha256:
-            tmp.unlink()
-            raise VerifyError(f"{src} changed while it was copied", fix="retry")
-        os.replace(tmp, out)
+        try:
+            dest.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, tmp)
+            if sha256_file(tmp) != entry.zip_sha256:
+                tmp.unlink()
+                raise VerifyError(f"{src} changed while it was copied", fix="retry")
+            os.replace(tmp, out)
+        except OSError as e:
+            if tmp.parent.is_dir():
+                tmp.unlink(missing_ok=True)
+            raise StoreError(f"cannot copy {src} to {dest}", why=str(e),
+                             fix="check that the store entry still exists and the destination is writable") from None
         return out
 
     def publish(self, zip_path: Path, manifest: dict[str, Any]) -> Published:

@@ -1,0 +1,329 @@
+"""The command line (DESIGN §8): exit codes, one message per failure, no tracebacks, real stores and bundles."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from llamabundle import bundle
+from llamabundle.cli import cli, main
+from llamabundle.recipe import canonical_json, load_recipe
+
+ROOT = Path(__file__).resolve().parents[2]
+LINUX = ROOT / "recipes" / "linux-x86_64-cpu.yaml"
+WINDOWS = ROOT / "recipes" / "windows-x86_64-cuda12.8.yaml"
+LINUX_KEY = load_recipe(LINUX).key()
+# llama-server is a shell script (not an ELF, so the static check passes) that answers the load check
+# like the real one: a CPU backend loaded from inside the bundle, then the device list.
+SERVER = b"""#!/bin/sh
+echo "load_backend: loaded CPU backend from $(dirname "$0")/libggml-cpu.so" >&2
+echo "Available devices:"
+exit 0
+"""
+FILES = {"llama-server": SERVER, "LICENSE": b"MIT License\n"}
+ROLES = {"llama-server": "exe", "LICENSE": "license"}
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """llamabundle.cli.main in this process; returns (exit code, stdout, stderr)."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return e.value.code, out, err
+
+
+def make_bundle_dir(tmp: Path, key: str = LINUX_KEY) -> tuple[Path, dict]:
+    stage = tmp / "stage"
+    stage.mkdir(parents=True)
+    for rel, data in FILES.items():
+        (stage / rel).write_bytes(data)
+    (stage / "llama-server").chmod(0o755)
+    manifest = bundle.write_manifest(stage, {
+        "name": "linux-x86_64-cpu", "key": key, "platform": "linux-x86_64",
+        "llama_cpp": {"commit": "0c1e57098bba43ac29e6e3b677cdceebdd22334f"},
+        "files": bundle.file_entries(stage, ROLES),
+    })
+    return stage, manifest
+
+
+def make_bundle_zip(tmp: Path, key: str = LINUX_KEY) -> Path:
+    stage, _ = make_bundle_dir(tmp, key)
+    return bundle.pack(stage, tmp / "linux-x86_64-cpu.zip", source_date_epoch=0)
+
+
+# --------------------------------------------------------------------------------- recipes / key
+
+
+def test_recipe_lint_of_the_shipped_recipes(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "recipe", "lint", LINUX, WINDOWS)
+    assert code == 0, err
+    lines = out.splitlines()
+    assert len(lines) == 2
+    assert lines[0].startswith(f"ok  {LINUX}  (linux-x86_64-cpu, key {LINUX_KEY[:12]})")
+    assert lines[1].startswith(f"ok  {WINDOWS}  (windows-x86_64-cuda12.8, key ")
+
+
+def test_recipe_lint_of_a_malformed_recipe_names_file_and_line(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    text = LINUX.read_text().replace("backends: [cpu]", "backend: [cpu]")
+    bad.write_text(text)
+    line = next(i for i, ln in enumerate(text.splitlines(), 1) if ln.startswith("backend:"))
+    p = subprocess.run([sys.executable, "-m", "llamabundle", "recipe", "lint", str(bad)], capture_output=True, text=True,
+                       env={**os.environ, "NO_COLOR": "1"}, timeout=60)
+    assert p.returncode == 2
+    assert f"{bad}:{line}:1: backend: unknown key 'backend'" in p.stderr
+    assert "did you mean 'backends'?" in p.stderr
+    assert "Traceback" not in p.stderr + p.stdout
+    assert p.stdout == ""
+
+
+def test_recipe_lint_reports_every_file_and_fails(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = tmp_path / "nope.yaml"
+    code, out, err = run(capsys, "recipe", "lint", LINUX, missing)
+    assert code == 2
+    assert out.startswith(f"ok  {LINUX}")
+    assert f"{missing}: no such recipe file" in err
+
+
+def test_key_and_explain(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "key", LINUX)
+    assert code == 0
+    assert re.fullmatch(r"[0-9a-f]{64}\n", out)
+    assert out.strip() == LINUX_KEY
+
+    code, out, _ = run(capsys, "key", LINUX, "--explain")
+    assert code == 0
+    canonical, last = out.splitlines()
+    assert canonical == canonical_json(load_recipe(LINUX).key_inputs())
+    assert hashlib.sha256(canonical.encode()).hexdigest() == LINUX_KEY
+    assert last == f"sha256 = {LINUX_KEY}"
+    inputs = json.loads(canonical)
+    assert inputs["platform"] == "linux-x86_64"
+    assert inputs["commit"] == "0c1e57098bba43ac29e6e3b677cdceebdd22334f"
+    assert inputs["backends"] == ["cpu"]
+    assert "name" not in inputs and "publish" not in inputs and "sources" not in inputs  # not key inputs (§4)
+
+
+def test_show_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # no cmake/ninja to query: the plan shows bare names
+    code, out, err = run(capsys, "show", LINUX, "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["key"] == LINUX_KEY
+    assert data["name"] == "linux-x86_64-cpu"
+    assert data["platform"] == "linux-x86_64"
+    assert data["sources"] == ["github:ggml-org/llama.cpp", "pypi:llama-cpp-python==0.3.36"]
+    assert data["tag"] == f"linux-x86_64-cpu-{LINUX_KEY[:12]}"
+    plan = data["plan"]
+    assert plan["configure"][0] == "cmake"
+    assert "-DGGML_BACKEND_DL=ON" in plan["configure"]
+    assert "no usable cmake" in err
+
+
+# --------------------------------------------------------------------------------- store commands
+
+
+def test_check_publish_check_fetch(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    store = tmp_path / "store"
+    code, out, _ = run(capsys, "check", LINUX, "--store", store)
+    assert code == 1
+    assert out == f"miss  {LINUX_KEY}  not in {store.resolve()}\n"
+
+    code, out, _ = run(capsys, "check", LINUX, "--store", store, "--json")
+    assert code == 1
+    assert json.loads(out)["hit"] is False
+
+    zip_path = make_bundle_zip(tmp_path)
+    code, out, err = run(capsys, "publish", zip_path, "--store", store)
+    assert code == 0, err
+    stored = store.resolve() / LINUX_KEY / zip_path.name
+    assert out == f"published: {LINUX_KEY} -> {stored}\n"
+
+    code, out, err = run(capsys, "publish", zip_path, "--store", store)
+    assert code == 0, err
+    assert out == f"already published: {LINUX_KEY} -> {stored}\n"
+
+    code, out, _ = run(capsys, "check", LINUX, "--store", store)
+    assert code == 0
+    assert out == f"hit   {LINUX_KEY}  {stored}\n"
+
+    code, out, _ = run(capsys, "check", LINUX, "--store", f"file://{store}", "--json")
+    assert code == 0
+    data = json.loads(out)
+    assert data == {"schema": 1, "key": LINUX_KEY, "hit": True, "store": str(store.resolve()), "location": str(stored)}
+
+    dest = tmp_path / "new" / "bundle"
+    code, out, err = run(capsys, "fetch", LINUX_KEY, "--store", store, "--out", dest)
+    assert code == 0, err
+    assert out == f"fetched and verified: {dest}\n"
+    assert "load: passed" in err
+    assert "loaded CPU backend from libggml-cpu.so" in err
+    assert sorted(p.name for p in dest.iterdir()) == ["LICENSE", "bundle.json", "llama-server"]
+    for rel, data_ in FILES.items():
+        assert (dest / rel).read_bytes() == data_
+    assert os.access(dest / "llama-server", os.X_OK)
+
+    # by recipe path, into an existing empty directory
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    code, out, err = run(capsys, "fetch", LINUX, "--store", store, "--out", empty)
+    assert code == 0, err
+    assert (empty / "LICENSE").read_bytes() == FILES["LICENSE"]
+
+    # an existing non-empty --out is refused and left alone
+    code, out, err = run(capsys, "fetch", LINUX_KEY, "--store", store, "--out", dest)
+    assert code == 2
+    assert f"--out {dest} exists and is not empty" in err
+    assert sorted(p.name for p in dest.iterdir()) == ["LICENSE", "bundle.json", "llama-server"]
+
+
+def test_fetch_of_a_missing_key_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "fetch", "ef" * 32, "--store", tmp_path / "store", "--out", tmp_path / "o")
+    assert code == 2
+    assert f"no bundle with key {'ef' * 6}" in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_fetch_of_something_neither_key_nor_recipe_is_a_usage_error(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    not_a_key = "z" * 64
+    code, _, err = run(capsys, "fetch", not_a_key, "--store", tmp_path / "store", "--out", tmp_path / "o")
+    assert code == 2
+    assert f"{not_a_key}: no such recipe file" in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_check_reports_a_damaged_store_entry(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    store = tmp_path / "store"
+    zip_path = make_bundle_zip(tmp_path)
+    assert run(capsys, "publish", zip_path, "--store", store)[0] == 0
+    stored = store / LINUX_KEY / zip_path.name
+    data = bytearray(stored.read_bytes())
+    data[-30] ^= 0xFF
+    stored.write_bytes(bytes(data))
+    code, out, err = run(capsys, "check", LINUX, "--store", store)
+    assert code == 5
+    assert "does not match its SHA256SUMS" in err
+    assert "Traceback" not in err
+
+
+def test_publish_refuses_a_bundle_that_does_not_verify(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    stage, _ = make_bundle_dir(tmp_path)
+    (stage / "LICENSE").write_bytes(b"MIT Licensf\n")  # same size, other bytes
+    zip_path = bundle.pack(stage, tmp_path / "bad.zip")
+    code, out, err = run(capsys, "publish", zip_path, "--store", tmp_path / "store")
+    assert code == 5
+    assert "LICENSE does not match its sha256 in bundle.json" in err
+    assert not (tmp_path / "store" / LINUX_KEY).exists()
+
+
+# --------------------------------------------------------------------------------- verify / build
+
+
+def test_verify_a_good_zip(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    zip_path = make_bundle_zip(tmp_path)
+    code, out, err = run(capsys, "verify", zip_path)
+    assert code == 0, err
+    total = sum(len(v) for v in FILES.values())
+    assert out.splitlines()[0] == f"verified {zip_path}: 2 files, {total / 1e6:.1f} MB, key {LINUX_KEY[:12]}"
+    assert "  static: passed" in out.splitlines()
+
+    code, out, _ = run(capsys, "verify", zip_path, "--json")
+    assert code == 0
+    data = json.loads(out)
+    assert (data["files"], data["bytes"], data["key"]) == (2, total, LINUX_KEY)
+    assert data["levels"] == {"manifest": "passed", "static": "passed"}
+
+
+def test_verify_a_directory_with_one_changed_byte(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    stage, _ = make_bundle_dir(tmp_path)
+    assert run(capsys, "verify", stage)[0] == 0
+    data = bytearray((stage / "llama-server").read_bytes())
+    data[3] ^= 0x20
+    (stage / "llama-server").write_bytes(bytes(data))
+    code, out, err = run(capsys, "verify", stage)
+    assert code == 5
+    assert out == ""
+    assert "error: llama-server does not match its sha256 in bundle.json" in err
+    assert "Traceback" not in err
+
+
+def test_verify_a_missing_path(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, "verify", tmp_path / "nothing.zip")
+    assert code == 5
+    assert f"{tmp_path / 'nothing.zip'} does not exist" in err
+
+
+def test_build_windows_recipe_on_linux_with_an_empty_store(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "build", WINDOWS, "--store", tmp_path / "store")
+    assert code == 2
+    assert "windows-x86_64 bundles cannot be built on linux-x86_64" in err
+    assert "run the build on a windows-x86_64 machine" in err
+    assert "Traceback" not in err
+    assert out == ""
+
+
+def test_build_with_a_non_empty_out_is_refused_first(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    (out_dir / "keep").write_text("x")
+    code, _, err = run(capsys, "build", LINUX, "--store", tmp_path / "store", "--out", out_dir)
+    assert code == 2
+    assert f"--out {out_dir} exists and is not empty" in err
+
+
+def test_unknown_store_scheme_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, "check", LINUX, "--store", "s3://bucket")
+    assert code == 2
+    assert "unknown scheme" in err
+
+
+# --------------------------------------------------------------------------------- usage
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["frobnicate"], "No such command 'frobnicate'"),
+    (["key", LINUX, "--frob"], "No such option"),
+    (["check"], "Missing argument 'RECIPE'"),
+    (["verify", "x.zip", "--level", "gpu"], "Invalid value for '--level'"),
+])
+def test_usage_errors_exit_2(argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, *argv)
+    assert code == 2
+    assert needle in err
+    assert "Usage: llamabundle" in err
+    assert "Traceback" not in err
+
+
+def _all_commands() -> list[list[str]]:
+    out: list[list[str]] = [[]]
+
+    def walk(group, prefix: list[str]) -> None:  # type: ignore[no-untyped-def]
+        for name, cmd in group.commands.items():
+            out.append([*prefix, name])
+            if hasattr(cmd, "commands"):
+                walk(cmd, [*prefix, name])
+
+    walk(cli, [])
+    return out
+
+
+def test_every_command_is_covered_by_the_help_test() -> None:
+    names = {" ".join(c) for c in _all_commands()}
+    assert {"", "recipe", "recipe lint", "recipe schema", "show", "key", "check", "build", "fetch", "verify",
+            "publish"} <= names
+
+
+@pytest.mark.parametrize("cmd", _all_commands(), ids=lambda c: " ".join(c) or "top")
+def test_help_of_every_command(cmd: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, *cmd, "--help")
+    assert code == 0
+    assert out.startswith(f"Usage: llamabundle {' '.join(cmd)}".rstrip())

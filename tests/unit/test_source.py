@@ -1,0 +1,477 @@
+"""Fetching llama.cpp at the pinned commit (DESIGN §4 sources): real git repos, real `git archive`
+tarballs served over HTTP on 127.0.0.1, real sdists with a real git index."""
+
+from __future__ import annotations
+
+import hashlib
+import http.server
+import io
+import json
+import os
+import shutil
+import socket
+import subprocess
+import tarfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from llamabundle.errors import SourceError, VerifyError
+from llamabundle.log import Log
+from llamabundle.recipe import Recipe, Settings, load_recipe
+from llamabundle.source import MARKER, SourceMismatch, archive_commit, cached_source, fetch_source
+
+GIT_ENV = {
+    **os.environ,
+    "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1",
+    "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.invalid",
+    "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.invalid",
+    "GIT_AUTHOR_DATE": "2024-01-01T00:00:00Z", "GIT_COMMITTER_DATE": "2024-01-01T00:00:00Z",
+}
+FILES = {
+    "CMakeLists.txt": b"cmake_minimum_required(VERSION 3.14)\nproject(llama.cpp)\n",
+    "LICENSE": b"MIT License\n",
+    "src/llama.cpp": b"int llama(void) { return 1; }\n",
+    "ggml/include/ggml.h": b"#pragma once\n",
+}
+
+
+# ------------------------------------------------------------------------------------ helpers
+
+
+def git(*args: str, cwd: Path) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, env=GIT_ENV, check=True, capture_output=True, text=True).stdout.strip()
+
+
+def write_files(root: Path, files: dict[str, bytes]) -> None:
+    for rel, data in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+
+
+def commit_all(repo: Path, message: str) -> str:
+    git("add", "-A", cwd=repo)
+    git("commit", "-q", "-m", message, cwd=repo)
+    return git("rev-parse", "HEAD", cwd=repo)
+
+
+def make_repo(path: Path, files: dict[str, bytes] = FILES) -> str:
+    path.mkdir(parents=True)
+    git("init", "-q", cwd=path)
+    write_files(path, files)
+    return commit_all(path, "first")
+
+
+def git_archive(repo: Path, sha: str) -> bytes:
+    return subprocess.run(["git", "archive", "--format=tar.gz", f"--prefix=llama.cpp-{sha}/", sha], cwd=repo,
+                          env=GIT_ENV, check=True, capture_output=True).stdout
+
+
+def tree_files(root: Path) -> dict[str, bytes]:
+    out = {}
+    for dirpath, _dirs, names in os.walk(root):
+        for n in names:
+            p = Path(dirpath) / n
+            out[p.relative_to(root).as_posix()] = p.read_bytes()
+    return out
+
+
+class Server:
+    """http.server on 127.0.0.1 in a thread; serves `routes` and records every path asked for."""
+
+    def __init__(self) -> None:
+        self.routes: dict[str, bytes] = {}
+        self.requests: list[str] = []
+        self.truncated: set[str] = set()
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802
+                outer.requests.append(self.path)
+                body = outer.routes.get(self.path)
+                if self.path in outer.truncated:  # promise more bytes than are sent, then hang up
+                    self.send_response(200)
+                    self.send_header("Content-Length", str(len(body) + 1000))
+                    self.end_headers()
+                    self.wfile.write(body[: len(body) // 2])
+                    self.close_connection = True
+                    return
+                if body is None:
+                    self.send_error(404, "Not Found")
+                    return
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-gzip")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def server() -> Iterator[Server]:
+    s = Server()
+    yield s
+    s.close()
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def settings_for(tmp: Path, archive_url: str) -> Settings:
+    return Settings(cache_dir=tmp / "cache", github_archive_url=archive_url, connect_timeout=2)
+
+
+def quiet_log() -> tuple[Log, io.StringIO]:
+    buf = io.StringIO()
+    return Log(console=Console(file=buf, width=400, highlight=False, color_system=None)), buf
+
+
+def write_recipe(path: Path, commit: str, sources: list[str]) -> Recipe:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = ["recipe: 1", "name: test-cpu", "platform: linux-x86_64", "llama_cpp:", f"  commit: {commit}", "  sources:"]
+    lines += [f"    - {s}" for s in sources]
+    lines += ["backends: [cpu]", "toolchain: {compiler: gcc}", "targets: [llama-server]", ""]
+    path.write_text("\n".join(lines), encoding="utf-8")
+    return load_recipe(str(path))
+
+
+def assert_nothing_cached(settings: Settings, commit: str) -> None:
+    assert not (settings.cache_dir / "src" / commit).exists()
+    assert cached_source_dir_leftovers(settings) == []
+
+
+def cached_source_dir_leftovers(settings: Settings) -> list[str]:
+    tmp = settings.cache_dir / "tmp"
+    return sorted(p.name for p in tmp.iterdir()) if tmp.is_dir() else []
+
+
+# ------------------------------------------------------------------------------------- github
+
+
+def test_github_archive_is_proven_by_its_pax_header_and_cached(tmp_path: Path, server: Server) -> None:
+    repo = tmp_path / "upstream"
+    sha = make_repo(repo)
+    archive = git_archive(repo, sha)
+    (tmp_path / "a.tar.gz").write_bytes(archive)
+    assert archive_commit(tmp_path / "a.tar.gz") == sha  # git wrote the commit into the pax global header
+    server.routes[f"/ggml-org/llama.cpp/tar.gz/{sha}"] = archive
+
+    settings = settings_for(tmp_path, server.url)
+    recipe = write_recipe(tmp_path / "r.yaml", sha, ["github: ggml-org/llama.cpp"])
+    log, out = quiet_log()
+    tree = fetch_source(recipe, settings, log)
+
+    assert tree.commit == sha
+    assert tree.origin == "github:ggml-org/llama.cpp"
+    assert tree.path == settings.cache_dir / "src" / sha
+    assert json.loads((tree.path / MARKER).read_text()) == {"commit": sha, "origin": "github:ggml-org/llama.cpp"}
+    got = tree_files(tree.path)
+    got.pop(MARKER)
+    assert got == FILES
+    assert server.requests == [f"/ggml-org/llama.cpp/tar.gz/{sha}"]
+    assert f"{sha[:12]} proven from github:ggml-org/llama.cpp" in out.getvalue()
+    assert cached_source_dir_leftovers(settings) == []
+
+    again = fetch_source(recipe, settings, log)
+    assert again == tree
+    assert server.requests == [f"/ggml-org/llama.cpp/tar.gz/{sha}"]  # a cache hit asks nobody
+    assert "from the cache (github:ggml-org/llama.cpp)" in out.getvalue()
+    assert cached_source(recipe, settings) == tree
+
+
+def test_github_archive_of_another_commit_is_a_mismatch_and_stops(tmp_path: Path, server: Server) -> None:
+    repo = tmp_path / "upstream"
+    pinned = make_repo(repo)
+    write_files(repo, {"src/llama.cpp": b"int llama(void) { return 2; }\n"})
+    other = commit_all(repo, "second")
+    server.routes[f"/o/r/tar.gz/{pinned}"] = git_archive(repo, other)  # the server lies
+    # a path: source that WOULD prove the pinned commit: it must not be tried after a mismatch
+    checkout = tmp_path / "checkout"
+    subprocess.run(["git", "clone", "-q", str(repo), str(checkout)], env=GIT_ENV, check=True)
+    git("checkout", "-q", pinned, cwd=checkout)
+
+    settings = settings_for(tmp_path, server.url)
+    recipe = write_recipe(tmp_path / "r.yaml", pinned, ["github: o/r", f"path: {checkout}"])
+    log, out = quiet_log()
+    with pytest.raises(SourceMismatch) as e:
+        fetch_source(recipe, settings, log)
+    assert isinstance(e.value, VerifyError) and e.value.exit_code == 5
+    assert e.value.what == f"github:o/r delivered commit {other}, not {pinned}"
+    assert server.requests == [f"/o/r/tar.gz/{pinned}"]
+    assert "path:" not in out.getvalue()
+    assert_nothing_cached(settings, pinned)
+
+
+@pytest.mark.parametrize("how", ["closed-port", "http-404", "truncated"])
+def test_unreachable_github_falls_back_to_the_next_source(tmp_path: Path, server: Server, how: str) -> None:
+    checkout = tmp_path / "checkout"
+    sha = make_repo(checkout)
+    url = f"http://127.0.0.1:{closed_port()}" if how == "closed-port" else server.url  # no routes: 404
+    if how == "truncated":
+        server.routes[f"/o/r/tar.gz/{sha}"] = git_archive(checkout, sha)
+        server.truncated.add(f"/o/r/tar.gz/{sha}")
+    settings = settings_for(tmp_path, url)
+    recipe = write_recipe(tmp_path / "r.yaml", sha, ["github: o/r", f"path: {checkout}"])
+    log, out = quiet_log()
+    tree = fetch_source(recipe, settings, log)
+
+    assert tree.origin == f"path:{checkout}"
+    assert tree.path == settings.cache_dir / "src" / sha
+    text = out.getvalue()
+    assert "warning: source github:o/r unavailable" in text
+    assert "trying the next source" in text
+    assert {"closed-port": "connection refused", "http-404": "HTTP 404",
+            "truncated": f"cannot download {server.url}/o/r/tar.gz/{sha}"}[how] in text
+    assert not list((settings.cache_dir / "tmp").iterdir())  # no partial download left
+    assert server.requests == ([] if how == "closed-port" else [f"/o/r/tar.gz/{sha}"])
+    got = tree_files(tree.path)
+    got.pop(MARKER)
+    assert got == FILES
+
+
+# --------------------------------------------------------------------------------------- path
+
+
+def test_path_source_at_the_pinned_commit_copies_tracked_files_only(tmp_path: Path) -> None:
+    checkout = tmp_path / "checkout"
+    sha = make_repo(checkout)
+    (checkout / "untracked.txt").write_text("not in git\n")
+    (checkout / "build").mkdir()
+    (checkout / "build" / "x.o").write_bytes(b"\x7fELF")
+    settings = settings_for(tmp_path, "http://127.0.0.1:9")
+    recipe = write_recipe(tmp_path / "r.yaml", sha, [f"path: {checkout}"])
+    tree = fetch_source(recipe, settings, quiet_log()[0])
+    got = tree_files(tree.path)
+    assert json.loads(got.pop(MARKER)) == {"commit": sha, "origin": f"path:{checkout}"}
+    assert got == FILES  # no .git, no untracked files, no build output
+    assert tree.origin == f"path:{checkout}"
+
+
+def test_path_source_at_another_commit_is_a_mismatch(tmp_path: Path) -> None:
+    checkout = tmp_path / "checkout"
+    pinned = make_repo(checkout)
+    write_files(checkout, {"LICENSE": b"changed\n"})
+    head = commit_all(checkout, "second")
+    settings = settings_for(tmp_path, "http://127.0.0.1:9")
+    recipe = write_recipe(tmp_path / "r.yaml", pinned, [f"path: {checkout}"])
+    with pytest.raises(SourceMismatch) as e:
+        fetch_source(recipe, settings, quiet_log()[0])
+    assert e.value.exit_code == 5
+    assert e.value.what == f"path:{checkout} is at commit {head}, not {pinned}"
+    assert f"checkout {pinned}" in e.value.fix
+    assert_nothing_cached(settings, pinned)
+
+
+def test_path_source_with_local_changes_is_a_mismatch(tmp_path: Path) -> None:
+    checkout = tmp_path / "checkout"
+    sha = make_repo(checkout)
+    (checkout / "src" / "llama.cpp").write_bytes(b"int llama(void) { return 42; }\n")
+    settings = settings_for(tmp_path, "http://127.0.0.1:9")
+    recipe = write_recipe(tmp_path / "r.yaml", sha, [f"path: {checkout}"])
+    with pytest.raises(SourceMismatch) as e:
+        fetch_source(recipe, settings, quiet_log()[0])
+    assert e.value.exit_code == 5
+    assert e.value.what == f"path:{checkout} has local changes"
+    assert e.value.why == "M src/llama.cpp"
+    assert_nothing_cached(settings, sha)
+
+
+def test_path_source_that_is_not_a_git_checkout_is_a_mismatch(tmp_path: Path) -> None:
+    plain = tmp_path / "plain"
+    write_files(plain, FILES)
+    sha = "a1" * 20
+    settings = settings_for(tmp_path, "http://127.0.0.1:9")
+    recipe = write_recipe(tmp_path / "r.yaml", sha, [f"path: {plain}"])
+    with pytest.raises(SourceMismatch) as e:
+        fetch_source(recipe, settings, quiet_log()[0])
+    assert e.value.what == f"path:{plain} is not a git checkout"
+
+
+def test_relative_path_is_resolved_against_the_recipe_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    checkout = tmp_path / "work" / "llama.cpp"
+    sha = make_repo(checkout)
+    recipe = write_recipe(tmp_path / "work" / "recipes" / "r.yaml", sha, ["path: ../llama.cpp"])
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "llama.cpp").mkdir()  # a decoy relative to the working directory
+    monkeypatch.chdir(elsewhere)
+    tree = fetch_source(recipe, settings_for(tmp_path, "http://127.0.0.1:9"), quiet_log()[0])
+    assert tree.origin == "path:../llama.cpp"
+    assert (tree.path / "src" / "llama.cpp").read_bytes() == FILES["src/llama.cpp"]
+
+
+# ---------------------------------------------------------------------------------------- git
+
+
+def test_git_source_fetches_the_exact_commit(tmp_path: Path) -> None:
+    upstream = tmp_path / "upstream"
+    pinned = make_repo(upstream)
+    git("config", "uploadpack.allowAnySHA1InWant", "true", cwd=upstream)
+    write_files(upstream, {"LICENSE": b"a later license\n", "new.txt": b"later\n"})
+    tip = commit_all(upstream, "second")
+    assert tip != pinned
+    url = upstream.as_uri()
+    settings = settings_for(tmp_path, "http://127.0.0.1:9")
+    recipe = write_recipe(tmp_path / "r.yaml", pinned, [f"git: {url}"])
+    tree = fetch_source(recipe, settings, quiet_log()[0])
+    assert tree.origin == f"git:{url}"
+    got = tree_files(tree.path)
+    got.pop(MARKER)
+    assert got == FILES  # the pinned commit, not the tip; no .git
+    assert not (tree.path / ".git").exists()
+
+
+def test_git_source_without_the_commit_is_unavailable(tmp_path: Path) -> None:
+    upstream = tmp_path / "upstream"
+    make_repo(upstream)
+    missing = "b2" * 20
+    url = upstream.as_uri()
+    settings = settings_for(tmp_path, "http://127.0.0.1:9")
+    recipe = write_recipe(tmp_path / "r.yaml", missing, [f"git: {url}"])
+    log, out = quiet_log()
+    with pytest.raises(SourceError) as e:
+        fetch_source(recipe, settings, log)
+    assert type(e.value) is SourceError and e.value.exit_code == 6
+    assert f"git:{url}: git fetch {url} {missing[:12]}" in e.value.why
+    assert f"source git:{url} unavailable" in out.getvalue()
+    assert_nothing_cached(settings, missing)
+
+
+# --------------------------------------------------------------------------------------- pypi
+
+
+def make_sdist(tmp: Path, *, head: str | None = None, tamper: dict[str, bytes] | None = None) -> tuple[bytes, str]:
+    """A synthetic llama-cpp-python-like sdist: pkg-1.0/vendor/llama.cpp/... plus the submodule's
+    git HEAD and index, taken from a real repository whose work tree has the same files."""
+    repo = tmp / "vendored-repo"
+    sha = make_repo(repo) if not repo.exists() else git("rev-parse", "HEAD", cwd=repo)
+    top = tmp / "sdist-build" / "pkg-1.0"
+    shutil.rmtree(top.parent, ignore_errors=True)
+    vendored = top / "vendor" / "llama.cpp"
+    write_files(vendored, FILES)
+    write_files(vendored, tamper or {})
+    (vendored / ".git").write_text("gitdir: ../../.git/modules/vendor/llama.cpp\n")
+    gitdir = top / ".git" / "modules" / "vendor" / "llama.cpp"
+    gitdir.mkdir(parents=True)
+    shutil.copyfile(repo / ".git" / "index", gitdir / "index")
+    (gitdir / "HEAD").write_text((head or sha) + "\n")
+    (top / "pyproject.toml").write_text("[project]\nname = 'pkg'\nversion = '1.0'\n")
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tf:
+        tf.add(top, arcname="pkg-1.0")
+    return buf.getvalue(), sha
+
+
+def seed_download(settings: Settings, sha256: str, data: bytes) -> Path:
+    d = settings.cache_dir / "downloads" / sha256
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "pkg-1.0.tar.gz").write_bytes(data)
+    return d / "pkg-1.0.tar.gz"
+
+
+def pypi_recipe(tmp: Path, commit: str, sha256: str) -> Recipe:
+    return write_recipe(tmp / "r.yaml", commit, [f"pypi: {{package: pkg, version: '1.0', sha256: {sha256}}}"])
+
+
+def test_pypi_sdist_with_a_matching_git_index_is_proven(tmp_path: Path) -> None:
+    data, sha = make_sdist(tmp_path)
+    digest = hashlib.sha256(data).hexdigest()
+    settings = settings_for(tmp_path, "http://127.0.0.1:9")
+    seed_download(settings, digest, data)
+    log, out = quiet_log()
+    tree = fetch_source(pypi_recipe(tmp_path, sha, digest), settings, log)
+    assert tree.origin == "pypi:pkg==1.0"
+    assert tree.path == settings.cache_dir / "src" / sha
+    got = tree_files(tree.path)
+    got.pop(MARKER)
+    assert got == FILES  # the dangling .git pointer file is gone
+    assert f"pypi:pkg==1.0: {len(FILES)} files match the git index of {sha[:12]}" in out.getvalue()
+
+
+def test_pypi_sdist_with_a_modified_vendored_file_is_a_mismatch(tmp_path: Path) -> None:
+    data, sha = make_sdist(tmp_path, tamper={"src/llama.cpp": b"int llama(void) { return 666; }\n"})
+    digest = hashlib.sha256(data).hexdigest()
+    settings = settings_for(tmp_path, "http://127.0.0.1:9")
+    seed_download(settings, digest, data)
+    with pytest.raises(SourceMismatch) as e:
+        fetch_source(pypi_recipe(tmp_path, sha, digest), settings, quiet_log()[0])
+    assert e.value.exit_code == 5
+    assert e.value.what == f"pypi:pkg==1.0: vendored tree differs from commit {sha[:12]}"
+    assert e.value.why == "0 missing, 1 modified, 0 extra: modified src/llama.cpp"
+    assert_nothing_cached(settings, sha)
+
+
+def test_pypi_sdist_with_an_extra_vendored_file_is_a_mismatch(tmp_path: Path) -> None:
+    data, sha = make_sdist(tmp_path, tamper={"src/evil.c": b"/* not in the commit */\n"})
+    digest = hashlib.sha256(data).hexdigest()
+    settings = settings_for(tmp_path, "http://127.0.0.1:9")
+    seed_download(settings, digest, data)
+    with pytest.raises(SourceMismatch) as e:
+        fetch_source(pypi_recipe(tmp_path, sha, digest), settings, quiet_log()[0])
+    assert e.value.why == "0 missing, 0 modified, 1 extra: extra src/evil.c"
+
+
+def test_pypi_sdist_vendoring_another_commit_is_a_mismatch(tmp_path: Path) -> None:
+    other = "c3" * 20
+    data, sha = make_sdist(tmp_path, head=other)
+    digest = hashlib.sha256(data).hexdigest()
+    settings = settings_for(tmp_path, "http://127.0.0.1:9")
+    seed_download(settings, digest, data)
+    with pytest.raises(SourceMismatch) as e:
+        fetch_source(pypi_recipe(tmp_path, sha, digest), settings, quiet_log()[0])
+    assert e.value.what == f"pypi:pkg==1.0 vendors llama.cpp {other}, not {sha}"
+    assert_nothing_cached(settings, sha)
+
+
+def test_pypi_cached_sdist_with_a_wrong_sha256_is_not_used(tmp_path: Path) -> None:
+    data, sha = make_sdist(tmp_path)
+    pinned = hashlib.sha256(data + b"-the pinned file differs").hexdigest()
+    settings = settings_for(tmp_path, "http://127.0.0.1:9")
+    seed_download(settings, pinned, data)  # filed under the pinned digest, but its bytes hash differently
+    # The cached file is skipped, so the source falls through to `pip download`, which unit tests
+    # forbid (conftest): reaching pip at all proves the cached file was refused.
+    with pytest.raises(RuntimeError, match=r"unit tests may not run .* -m pip"):
+        fetch_source(pypi_recipe(tmp_path, sha, pinned), settings, quiet_log()[0])
+    assert_nothing_cached(settings, sha)
+
+
+# ----------------------------------------------------------------------------------- all fail
+
+
+def test_every_source_failing_is_a_source_error_listing_each(tmp_path: Path, server: Server) -> None:
+    sha = "d4" * 20
+    missing_repo = (tmp_path / "no-such-repo").as_uri()
+    settings = settings_for(tmp_path, server.url)  # no routes: 404
+    recipe = write_recipe(tmp_path / "r.yaml", sha, ["github: o/r", f"git: {missing_repo}", "path: ./nowhere"])
+    log, out = quiet_log()
+    with pytest.raises(SourceError) as e:
+        fetch_source(recipe, settings, log)
+    err = e.value
+    assert type(err) is SourceError and err.exit_code == 6
+    assert err.what == f"no source delivered llama.cpp {sha[:12]}"
+    lines = err.why.splitlines()
+    assert lines[0] == "every source in llama_cpp.sources failed:"
+    assert [ln.strip().split(": ", 1)[0] for ln in lines[1:]] == ["github:o/r", f"git:{missing_repo}", "path:./nowhere"]
+    assert f"GET {server.url}/o/r/tar.gz/{sha} answered HTTP 404" in lines[1]
+    assert f"git fetch {missing_repo} {sha[:12]}" in lines[2]
+    assert f"{(tmp_path / 'nowhere').resolve()} is not a directory" in lines[3]
+    assert out.getvalue().count("trying the next source") == 3
+    assert "error:" in err.render() and "fix:" in err.render()
+    assert_nothing_cached(settings, sha)

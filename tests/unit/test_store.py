@@ -1,0 +1,305 @@
+"""The local directory store (DESIGN §6): lookup / fetch / publish with real zips, real files and real
+concurrent processes."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from llamabundle import bundle
+from llamabundle.errors import StoreError, UsageError, VerifyError
+from llamabundle.store.base import Entry, open_store
+from llamabundle.store.local import SUMS, LocalStore
+
+KEY = "ab" * 32
+OTHER_KEY = "cd" * 32
+FILES = {"llama-server": b"#!/bin/sh\necho not an ELF\n", "LICENSE": b"MIT License\n"}
+ROLES = {"llama-server": "exe", "LICENSE": "license"}
+
+
+def make_bundle(tmp: Path, key: str = KEY, *, name: str = "bundle.zip") -> tuple[Path, dict]:
+    """A small valid bundle zip (non-ELF files) whose manifest has `key`."""
+    stage = tmp / f"stage-{name}"
+    stage.mkdir(parents=True)
+    for rel, data in FILES.items():
+        (stage / rel).write_bytes(data)
+    manifest = bundle.write_manifest(stage, {
+        "name": "test-bundle", "key": key, "platform": "linux-x86_64",
+        "llama_cpp": {"commit": "0c1e57098bba43ac29e6e3b677cdceebdd22334f"},
+        "files": bundle.file_entries(stage, ROLES),
+    })
+    zip_path = tmp / name
+    bundle.pack(stage, zip_path, source_date_epoch=0)
+    return zip_path, manifest
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+# ------------------------------------------------------------------------------ lookup / publish
+
+
+def test_lookup_miss_is_none(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "store")  # the root does not even exist yet
+    assert store.lookup(KEY) is None
+    (tmp_path / "store").mkdir()
+    assert store.lookup(KEY) is None
+
+
+def test_lookup_refuses_a_non_key(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path)
+    for bad in ("../" + KEY[3:], KEY.upper(), KEY[:-1]):
+        with pytest.raises(StoreError) as e:
+            store.lookup(bad)
+        assert e.value.exit_code == 6
+        assert "is not a cache key" in e.value.what
+
+
+def test_publish_then_lookup_hits_with_the_zip_digest(tmp_path: Path) -> None:
+    zip_path, manifest = make_bundle(tmp_path)
+    store = LocalStore(tmp_path / "store")
+    done = store.publish(zip_path, manifest)
+    assert done.created is True
+
+    entry = store.lookup(KEY)
+    assert isinstance(entry, Entry)
+    assert entry == done.entry
+    assert entry.key == KEY
+    assert entry.zip_name == "bundle.zip"
+    assert entry.zip_sha256 == sha256(zip_path)
+    assert entry.zip_size == zip_path.stat().st_size
+    assert entry.manifest == manifest
+    assert entry.location == str((tmp_path / "store" / KEY / "bundle.zip").resolve())
+
+    entry_dir = tmp_path / "store" / KEY
+    assert sorted(p.name for p in entry_dir.iterdir()) == ["SHA256SUMS", "bundle.json", "bundle.zip"]
+    assert (entry_dir / SUMS).read_text() == f"{sha256(zip_path)}  bundle.zip\n"
+    assert json.loads((entry_dir / "bundle.json").read_text()) == manifest
+    assert (entry_dir / "bundle.zip").read_bytes() == zip_path.read_bytes()
+    assert not [p for p in (tmp_path / "store").iterdir() if p.name.startswith(".publish-")]
+    # other keys are still misses
+    assert store.lookup(OTHER_KEY) is None
+
+
+def test_second_publish_keeps_the_first(tmp_path: Path) -> None:
+    zip_path, manifest = make_bundle(tmp_path)
+    store = LocalStore(tmp_path / "store")
+    first = store.publish(zip_path, manifest)
+    before = (tmp_path / "store" / KEY / "bundle.zip").stat().st_mtime_ns
+    again = store.publish(zip_path, manifest)
+    assert (first.created, again.created) == (True, False)
+    assert again.entry == first.entry
+    assert (tmp_path / "store" / KEY / "bundle.zip").stat().st_mtime_ns == before
+
+
+def test_fetch_copies_a_verified_zip(tmp_path: Path) -> None:
+    zip_path, manifest = make_bundle(tmp_path)
+    store = LocalStore(tmp_path / "store")
+    entry = store.publish(zip_path, manifest).entry
+    dest = tmp_path / "dl" / "nested"
+    got = store.fetch(entry, dest)
+    assert got == dest / "bundle.zip"
+    assert sha256(got) == entry.zip_sha256 == sha256(zip_path)
+    assert sorted(p.name for p in dest.iterdir()) == ["bundle.zip"]  # no .part left behind
+    # the fetched zip is a bundle that unpacks and validates against its manifest
+    assert bundle.unpack(got, tmp_path / "unpacked") == manifest
+    assert (tmp_path / "unpacked" / "LICENSE").read_bytes() == FILES["LICENSE"]
+
+
+def test_fetch_of_a_vanished_entry_or_into_a_file_is_a_store_error(tmp_path: Path) -> None:
+    zip_path, manifest = make_bundle(tmp_path)
+    store = LocalStore(tmp_path / "store")
+    entry = store.publish(zip_path, manifest).entry
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a directory")
+    with pytest.raises(StoreError) as e:
+        store.fetch(entry, a_file)
+    assert e.value.exit_code == 6
+    assert e.value.what.startswith("cannot copy ")
+    assert a_file.read_text() == "not a directory"
+
+    (tmp_path / "store" / KEY / "bundle.zip").unlink()  # removed after the lookup
+    dest = tmp_path / "dl"
+    with pytest.raises(StoreError) as e:
+        store.fetch(entry, dest)
+    assert e.value.exit_code == 6
+    assert list(dest.iterdir()) == []  # no .part left behind
+
+
+def test_fetch_refuses_a_zip_that_no_longer_matches_the_entry(tmp_path: Path) -> None:
+    zip_path, manifest = make_bundle(tmp_path)
+    store = LocalStore(tmp_path / "store")
+    entry = store.publish(zip_path, manifest).entry
+    stored = tmp_path / "store" / KEY / "bundle.zip"
+    stored.write_bytes(stored.read_bytes() + b"appended")  # changed between lookup and fetch
+    dest = tmp_path / "dl"
+    with pytest.raises(VerifyError) as e:
+        store.fetch(entry, dest)
+    assert e.value.exit_code == 5
+    assert "changed while it was copied" in e.value.what
+    assert list(dest.iterdir()) == []
+
+
+def test_partial_entry_is_not_a_hit_and_publish_replaces_it(tmp_path: Path) -> None:
+    zip_path, manifest = make_bundle(tmp_path)
+    root = tmp_path / "store"
+    partial = root / KEY
+    partial.mkdir(parents=True)
+    (partial / "bundle.zip").write_bytes(b"half a zip")  # a crashed publisher: no bundle.json
+    (partial / "junk.tmp").write_bytes(b"x")
+    store = LocalStore(root)
+    assert store.lookup(KEY) is None
+
+    done = store.publish(zip_path, manifest)
+    assert done.created is True
+    assert sorted(p.name for p in partial.iterdir()) == ["SHA256SUMS", "bundle.json", "bundle.zip"]
+    assert (partial / "bundle.zip").read_bytes() == zip_path.read_bytes()
+    assert store.lookup(KEY).zip_sha256 == sha256(zip_path)
+
+
+def test_a_changed_byte_in_the_stored_zip_is_a_verify_error(tmp_path: Path) -> None:
+    zip_path, manifest = make_bundle(tmp_path)
+    store = LocalStore(tmp_path / "store")
+    store.publish(zip_path, manifest)
+    stored = tmp_path / "store" / KEY / "bundle.zip"
+    data = bytearray(stored.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    stored.write_bytes(bytes(data))
+    with pytest.raises(VerifyError) as e:
+        store.lookup(KEY)
+    assert e.value.exit_code == 5
+    assert str(stored.resolve()) in e.value.what
+    assert "SHA256SUMS" in e.value.what
+
+
+def test_entry_whose_manifest_names_another_key_is_inconsistent(tmp_path: Path) -> None:
+    zip_path, manifest = make_bundle(tmp_path)
+    store = LocalStore(tmp_path / "store")
+    store.publish(zip_path, manifest)
+    mpath = tmp_path / "store" / KEY / "bundle.json"
+    mpath.write_text(json.dumps({**manifest, "key": OTHER_KEY}))
+    with pytest.raises(StoreError) as e:
+        store.lookup(KEY)
+    assert e.value.exit_code == 6
+    assert "inconsistent" in e.value.what
+
+
+# ------------------------------------------------------------------------------ open_store
+
+
+def test_open_store_path_and_file_url(tmp_path: Path) -> None:
+    s = open_store(str(tmp_path / "a"))
+    assert isinstance(s, LocalStore)
+    assert s.root == (tmp_path / "a").resolve()
+    assert s.url == str((tmp_path / "a").resolve())
+
+    f = open_store(f"file://{tmp_path}/b")
+    assert isinstance(f, LocalStore)
+    assert f.root == (tmp_path / "b").resolve()
+
+    # a store opened by URL sees what one opened by path published
+    zip_path, manifest = make_bundle(tmp_path)
+    s.publish(zip_path, manifest)
+    assert open_store(f"file://{tmp_path}/a").lookup(KEY).zip_sha256 == sha256(zip_path)
+
+
+def test_open_store_github_is_a_usage_error_for_now() -> None:
+    with pytest.raises(UsageError) as e:
+        open_store("github:ggml-org/bundles")
+    assert e.value.exit_code == 2
+    assert "github:ggml-org/bundles" in e.value.what
+    assert "not available" in e.value.what
+
+
+@pytest.mark.parametrize("url", ["s3://bucket/x", "https://example.com/store"])
+def test_open_store_unknown_scheme(url: str) -> None:
+    with pytest.raises(UsageError) as e:
+        open_store(url)
+    assert e.value.exit_code == 2
+    assert "unknown scheme" in e.value.what
+    assert url in e.value.what
+
+
+# ------------------------------------------------------------------------------ concurrency
+
+_PUBLISHER = r"""
+import json, os, sys, time
+from pathlib import Path
+from llamabundle.store.local import LocalStore
+root, zip_path, manifest_path, ready, go = sys.argv[1:6]
+manifest = json.loads(Path(manifest_path).read_text())
+Path(ready).touch()
+deadline = time.monotonic() + 30
+while not os.path.exists(go):
+    if time.monotonic() > deadline:
+        sys.exit("barrier timed out")
+    time.sleep(0.001)
+done = LocalStore(Path(root)).publish(Path(zip_path), manifest)
+print(json.dumps({"created": done.created, "sha": done.entry.zip_sha256, "location": done.entry.location}))
+"""
+
+
+def _wait_for(paths: list[Path], procs: list[subprocess.Popen], timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not all(p.exists() for p in paths):
+        for pr in procs:
+            if pr.poll() is not None:
+                raise AssertionError(f"a publisher exited early: {pr.communicate()}")
+        assert time.monotonic() < deadline, "publishers did not start"
+        time.sleep(0.005)
+
+
+def test_two_processes_publishing_the_same_key_leave_one_complete_entry(tmp_path: Path) -> None:
+    zip_path, manifest = make_bundle(tmp_path)
+    manifest_path = tmp_path / "manifest.json"
+    manifest_path.write_text(json.dumps(manifest))
+    root = tmp_path / "store"
+    go = tmp_path / "go"
+    readies = [tmp_path / f"ready-{i}" for i in range(2)]
+    procs = [subprocess.Popen([sys.executable, "-c", _PUBLISHER, str(root), str(zip_path), str(manifest_path),
+                               str(r), str(go)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for r in readies]
+    try:
+        _wait_for(readies, procs)
+        go.touch()  # both are spinning on the barrier: release them together
+        outs = [p.communicate(timeout=60) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert [p.returncode for p in procs] == [0, 0], outs
+    results = [json.loads(out.strip().splitlines()[-1]) for out, _err in outs]
+    assert sorted(r["created"] for r in results) == [False, True]
+    assert {r["sha"] for r in results} == {sha256(zip_path)}
+    assert {r["location"] for r in results} == {str((root / KEY / "bundle.zip").resolve())}
+
+    entries = sorted(p.name for p in root.iterdir() if not p.name.startswith("."))
+    assert entries == [KEY]
+    assert sorted(p.name for p in (root / KEY).iterdir()) == ["SHA256SUMS", "bundle.json", "bundle.zip"]
+    assert not [p.name for p in root.iterdir() if p.name.startswith(".publish-")]
+    assert LocalStore(root).lookup(KEY).zip_sha256 == sha256(zip_path)
+
+
+def test_two_concurrent_cli_publishes_both_succeed(tmp_path: Path) -> None:
+    zip_path, _manifest = make_bundle(tmp_path)
+    root = tmp_path / "store"
+    env = {**os.environ, "NO_COLOR": "1"}
+    argv = [sys.executable, "-m", "llamabundle", "publish", str(zip_path), "--store", str(root)]
+    procs = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for _ in range(2)]
+    outs = [p.communicate(timeout=60) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    states = sorted(out.split(":", 1)[0] for out, _err in outs)
+    assert states == ["already published", "published"], outs
+    for out, _err in outs:
+        assert f"{KEY} -> {(root / KEY / 'bundle.zip').resolve()}" in out
+    assert sorted(p.name for p in root.iterdir() if not p.name.startswith(".")) == [KEY]
+    assert sorted(p.name for p in (root / KEY).iterdir()) == ["SHA256SUMS", "bundle.json", "bundle.zip"]
+    assert not [p.name for p in root.iterdir() if p.name.startswith(".publish-")]
