@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import requests
+import urllib3
 
 from . import __version__
 from .errors import StoreError, VerifyError
@@ -44,7 +45,7 @@ def download(url: str, dest: Path, *, http: requests.Session, log: Log, sha256: 
                     bar.update(done, total)
             if total is not None and done != total:
                 raise NetworkError(f"GET {url} ended after {done} of {total} bytes", fix="retry")
-    except requests.RequestException as e:
+    except (requests.RequestException, urllib3.exceptions.HTTPError) as e:
         part.unlink(missing_ok=True)
         raise NetworkError(f"cannot download {url}", why=_short(e), fix="check the network or use another source") from None
     except BaseException:
