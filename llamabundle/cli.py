@@ -203,12 +203,8 @@ def verify(c: Ctx, path: Path, level: str, as_json: bool) -> None:
         _emit(report.to_json())
         return
     click.echo(f"verified {path}: {report.files} files, {report.bytes / 1e6:.1f} MB, key {report.key[:12]}")
-    for lv, result in report.levels.items():
-        click.echo(f"  {lv}: {result}")
-    for name, where in report.backends_loaded.items():
-        click.echo(f"  {name} backend: {where}")
-    for dev in report.devices:
-        click.echo(f"  device {dev}")
+    for line in report.lines():
+        click.echo(f"  {line}")
 
 
 @cli.command()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import zipfile
 import shutil
@@ -233,9 +232,5 @@ def _unpack_to(zip_path: Path, out: Path) -> Path:
 
 
 def _log_report(report: VerifyReport, log: Log) -> None:
-    for level, result in report.levels.items():
-        log.info(f"    {level}: {result}")
-    for name, where in report.backends_loaded.items():
-        log.info(f"    loaded {name} backend from {os.path.basename(where)}")
-    for dev in report.devices:
-        log.info(f"    device {dev}")
+    for line in report.lines():
+        log.info(f"    {line}")

@@ -7,7 +7,6 @@ published by rename with a marker written last, under a file lock.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -21,6 +20,7 @@ from filelock import FileLock
 
 from . import gitindex, net, proc
 from .archive import extract_tar
+from .bundle import sha256_file
 from .errors import SourceError, VerifyError
 from .log import Log
 from .recipe import GithubSource, GitSource, PathSource, PypiSource, Recipe, Settings, Source
@@ -229,7 +229,7 @@ def _pypi_sdist(src: PypiSource, settings: Settings, log: Log) -> Path:
     """The sdist, from the download cache or pip, sha256-checked either way."""
     cache = settings.cache_dir / "downloads" / src.sha256
     for f in cache.glob("*.tar.gz") if cache.is_dir() else ():
-        if _sha256(f) == src.sha256:
+        if sha256_file(f) == src.sha256:
             return f
     with tempfile.TemporaryDirectory(dir=settings.cache_dir / "tmp", prefix="pip-") as tmp:
         argv = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
@@ -245,7 +245,7 @@ def _pypi_sdist(src: PypiSource, settings: Settings, log: Log) -> Path:
         files = list(Path(tmp).glob("*.tar.gz"))
         if len(files) != 1:
             raise SourceUnavailable(f"pip download {src.package}=={src.version} gave no .tar.gz sdist")
-        got = _sha256(files[0])
+        got = sha256_file(files[0])
         if got != src.sha256:
             raise SourceMismatch(f"sha256 mismatch for {files[0].name}", why=f"expected {src.sha256}, got {got}",
                                  fix="the index served another file; check the recipe's sha256 and the index")
@@ -255,12 +255,6 @@ def _pypi_sdist(src: PypiSource, settings: Settings, log: Log) -> Path:
         return dest
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 _FETCH = {GithubSource: _fetch_github, GitSource: _fetch_git, PathSource: _fetch_path, PypiSource: _fetch_pypi}

@@ -42,6 +42,13 @@ class VerifyReport:
     def to_json(self) -> dict[str, Any]:
         return {"schema": 1, **asdict(self)}
 
+    def lines(self) -> list[str]:
+        """The human summary: one line per level, loaded backend and device."""
+        out = [f"{level}: {result}" for level, result in self.levels.items()]
+        out += [f"{name} backend loaded from {where}" for name, where in self.backends_loaded.items()]
+        out += [f"device {dev}" for dev in self.devices]
+        return out
+
 
 def host_platform_name() -> str:
     system = {"Linux": "linux", "Windows": "windows"}.get(host_platform.system(), host_platform.system().lower())
