@@ -76,7 +76,8 @@ def program_file(recipe: Recipe, target: str) -> str:
 _COMPILERS = {"gcc": ("gcc", "g++"), "clang": ("clang", "clang++"), "msvc": ("cl", "cl"), "mingw": ("x86_64-w64-mingw32-gcc-posix", "x86_64-w64-mingw32-g++-posix")}
 
 
-def plan_build(recipe: Recipe, *, source_dir: Path, build_dir: Path, tools: BuildTools, jobs: int | None = None) -> BuildPlan:
+def plan_build(recipe: Recipe, *, source_dir: Path, build_dir: Path, tools: BuildTools, jobs: int | None = None,
+               cuda_root: Path | None = None) -> BuildPlan:
     """Pure: the exact commands that build this recipe. Shown by `llamabundle show`."""
     cc, cxx = _COMPILERS[recipe.toolchain.compiler]
     defs: dict[str, str] = {
@@ -89,6 +90,10 @@ def plan_build(recipe: Recipe, *, source_dir: Path, build_dir: Path, tools: Buil
     }
     if recipe.cuda is not None:
         defs["CMAKE_CUDA_ARCHITECTURES"] = ";".join(recipe.cuda.archs)
+        if cuda_root is not None:
+            nvcc = "nvcc.exe" if recipe.platform.startswith("windows") else "nvcc"
+            defs["CUDAToolkit_ROOT"] = str(cuda_root)
+            defs["CMAKE_CUDA_COMPILER"] = str(cuda_root / "bin" / nvcc)
     if tools.ccache:
         for lang in ("C", "CXX") + (("CUDA",) if recipe.cuda else ()):
             defs[f"CMAKE_{lang}_COMPILER_LAUNCHER"] = tools.ccache

@@ -160,14 +160,17 @@ def check(c: Ctx, recipe_path: Path, store_url: str | None, as_json: bool) -> No
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), help="Leave the unpacked bundle in this new directory.")
 @click.option("--jobs", "-j", type=click.IntRange(1), help="Parallel compile jobs (default: ninja's).")
 @click.option("--clean", is_flag=True, help="Remove the cached build directory first.")
+@click.option("--toolkit-source", type=click.Choice(["redist", "pypi", "system"]),
+              help="Where the CUDA toolkit comes from, overriding cuda.source (not part of the key).")
 @JSON_OPT
 @pass_ctx
 def build(c: Ctx, recipe_path: Path, store_url: str | None, force: bool, publish: bool | None, out: Path | None,
-          jobs: int | None, clean: bool, as_json: bool) -> None:
+          jobs: int | None, clean: bool, toolkit_source: str | None, as_json: bool) -> None:
     """Build the recipe's bundle, or fetch and verify it when the store already has it."""
     r = load_recipe(recipe_path)
     outcome = pipeline.build(r, settings=c.settings, store=c.store(store_url), log=c.log, env=c.env, force=force,
-                             publish=True if publish is None else publish, out=out, jobs=jobs, clean=clean)
+                             publish=True if publish is None else publish, out=out, jobs=jobs, clean=clean,
+                             toolkit_source=toolkit_source)
     if as_json:
         _emit(outcome.to_json())
         return
@@ -193,12 +196,14 @@ def fetch(c: Ctx, what: str, store_url: str | None, out: Path) -> None:
 @cli.command()
 @click.argument("path", metavar="BUNDLE", type=click.Path(path_type=Path))
 @click.option("--level", type=click.Choice([lv.value for lv in Level]), default=Level.STATIC.value, show_default=True,
-              help="static: manifest and imports; load: also run llama-server --list-devices from a copy.")
+              help="static: manifest, imports, GPU archs; load: also run llama-server --list-devices from a copy; "
+                   "gpu: also a CUDA device must be listed (skipped without an NVIDIA driver).")
+@click.option("--require-gpu", is_flag=True, help="Fail, rather than skip, the gpu level when no GPU is usable.")
 @JSON_OPT
 @pass_ctx
-def verify(c: Ctx, path: Path, level: str, as_json: bool) -> None:
+def verify(c: Ctx, path: Path, level: str, require_gpu: bool, as_json: bool) -> None:
     """Verify a bundle zip or directory."""
-    report = verify_bundle(path, level=Level(level))
+    report = verify_bundle(path, level=Level(level), require_gpu=require_gpu)
     if as_json:
         _emit(report.to_json())
         return
@@ -249,3 +254,4 @@ def main(argv: list[str] | None = None) -> NoReturn:
     sys.exit(code)
 
 
+from .cli_toolkit import toolkit_group; cli.add_command(toolkit_group)  # noqa: E402,E702

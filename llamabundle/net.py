@@ -1,17 +1,40 @@
-"""One requests Session for the tool; sha256-verified downloads that never leave a partial file."""
+"""One requests Session for the tool; resumable, sha256-verified downloads that never leave a partial file.
+
+`download` streams into `<dest>.part` (with the server's validator in `<dest>.part.json`), hashing the
+bytes as served, and renames to `dest` only once size and sha256 check out. A dropped connection, a 5xx
+or a 429 is retried with backoff, resuming with `Range` + `If-Range` where the server allows it; a
+`.part` left by an interrupted run is resumed the same way by the next one (DESIGN §6).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import http.client
+import json
 import os
+import time
 from pathlib import Path
+from urllib.parse import urljoin, urlsplit
 
 import requests
 import urllib3
 
 from . import __version__
-from .errors import StoreError, VerifyError
-from .log import Log
+from .errors import LlamaBundleError, StoreError, VerifyError
+from .log import Log, ProgressHandle
+
+CHUNK = 1 << 20
+MAX_REDIRECTS = 10
+MAX_DELAY = 30.0  # seconds: the longest Retry-After (or backoff) a download waits
+_sleep = time.sleep  # tests replace it
+
+# What a connection dropped mid-body looks like, from requests, urllib3, http.client or the socket.
+_DROPPED = (requests.RequestException, urllib3.exceptions.HTTPError, http.client.HTTPException,
+            ConnectionError, TimeoutError)
+# Requests that can never work: no retry.
+_HOPELESS = (requests.exceptions.InvalidURL, requests.exceptions.MissingSchema, requests.exceptions.InvalidSchema,
+             requests.exceptions.InvalidHeader, urllib3.exceptions.LocationParseError)
 
 
 class NetworkError(StoreError):
@@ -25,42 +48,336 @@ def session() -> requests.Session:
 
 
 def download(url: str, dest: Path, *, http: requests.Session, log: Log, sha256: str | None = None,
-             connect_timeout: float = 10.0, read_timeout: float = 60.0, headers: dict[str, str] | None = None) -> str:
-    """Download url to dest atomically; return its sha256. A mismatch with `sha256` deletes the file."""
-    part = dest.with_name(dest.name + ".part")
+             connect_timeout: float = 10.0, read_timeout: float = 60.0, headers: dict[str, str] | None = None,
+             size: int | None = None, retries: int = 4, backoff: float = 0.5,
+             mismatch_error: type[LlamaBundleError] = VerifyError, token: str | None = None) -> str:
+    """Download url to dest atomically; return the sha256 of the bytes as served.
+
+    `size`/`sha256`, when given, must match, else the partial file is deleted and `mismatch_error` raised
+    (more bytes than `size` abort at once). Network failures raise NetworkError after `retries` retries
+    (backoff doubling from `backoff` seconds); the `.part` is kept so that a later call resumes it, as it
+    is on KeyboardInterrupt. `token` goes as `Authorization: Bearer` to the origin of `url` only, never to
+    a redirect target elsewhere.
+    """
+    dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    digest = hashlib.sha256()
-    try:
-        with http.get(url, stream=True, timeout=(connect_timeout, read_timeout), headers=headers or {}) as r:
-            if r.status_code != 200:
-                raise NetworkError(f"GET {url} answered HTTP {r.status_code}", why=r.reason or "",
+    job = _Download(url, dest, http=http, log=log, sha256=sha256.lower() if sha256 else None,
+                    timeout=(connect_timeout, read_timeout), headers=dict(headers or {}), size=size,
+                    retries=max(0, retries), backoff=max(0.0, backoff), mismatch_error=mismatch_error, token=token)
+    return job.run()
+
+
+class _Retry(Exception):
+    """A transient failure: try again, resuming, while retries are left."""
+
+    def __init__(self, why: str, *, retry_after: float | None = None) -> None:
+        super().__init__(why)
+        self.why = why
+        self.retry_after = retry_after
+
+
+class _Download:
+    def __init__(self, url: str, dest: Path, *, http: requests.Session, log: Log, sha256: str | None,
+                 timeout: tuple[float, float], headers: dict[str, str], size: int | None, retries: int,
+                 backoff: float, mismatch_error: type[LlamaBundleError], token: str | None) -> None:
+        self.url, self.dest, self.http, self.log, self.sha256 = url, dest, http, log, sha256
+        self.timeout, self.headers, self.size, self.retries, self.backoff = timeout, headers, size, retries, backoff
+        self.mismatch_error, self.token = mismatch_error, token
+        self.part = dest.with_name(dest.name + ".part")
+        self.meta = dest.with_name(dest.name + ".part.json")
+        self.digest = hashlib.sha256()
+        self.hashed = 0  # how many leading bytes of .part `digest` covers
+        self.validator: str | None = None  # strong ETag or Last-Modified of the bytes in .part
+        self.total: int | None = None  # the whole file's size as served, when the server said
+        self.resumable = False  # the server offered byte ranges (Accept-Ranges: bytes, or a 206)
+        self.bar: ProgressHandle | None = None
+
+    # ------------------------------------------------------------------------------ driver
+
+    def run(self) -> str:
+        with contextlib.ExitStack() as stack:
+            self.stack = stack
+            try:
+                self._load_leftover()
+                failures = 0
+                while True:
+                    try:
+                        self._attempt()
+                        break
+                    except _Retry as e:
+                        failures += 1
+                        if failures > self.retries:
+                            raise NetworkError(f"cannot download {self.url}",
+                                               why=f"{e.why} (gave up after {failures} attempts)",
+                                               fix="check the network or use another source; a rerun resumes "
+                                                   "the partial download") from None
+                        delay = min(self.backoff * 2 ** (failures - 1), MAX_DELAY)
+                        if e.retry_after is not None:
+                            delay = max(delay, min(e.retry_after, MAX_DELAY))
+                        self.log.info(f"    download {self.dest.name}: {e.why}; retry {failures}/{self.retries}"
+                                      f" in {delay:.1f}s")
+                        _sleep(delay)
+                got = self._verify()
+            except (KeyboardInterrupt, LlamaBundleError):
+                raise  # .part kept for a resume; a mismatch has deleted it already
+            except BaseException:
+                self._discard()
+                raise
+        os.replace(self.part, self.dest)
+        self.meta.unlink(missing_ok=True)
+        return got
+
+    def _load_leftover(self) -> None:
+        """Adopt a `.part` from an earlier run, with its validator when it was recorded."""
+        if not self.part.is_file():
+            self.meta.unlink(missing_ok=True)
+            return
+        try:
+            info = json.loads(self.meta.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            info = None  # resume without If-Range; sha256/size are verified at the end anyway
+        if isinstance(info, dict):
+            if info.get("url") != self.url:
+                self._discard()  # someone else's bytes
+                return
+            v, t = info.get("validator"), info.get("total")
+            self.validator = v if isinstance(v, str) and v else None
+            self.total = t if isinstance(t, int) and t >= 0 else None
+        have = self.part.stat().st_size
+        if (self.size is not None and have > self.size) or (self.total is not None and have > self.total):
+            self._discard()
+
+    # ---------------------------------------------------------------------------- one GET
+
+    def _attempt(self) -> None:
+        offset = self.part.stat().st_size if self.part.is_file() else 0
+        extra: dict[str, str] = {}
+        if offset:
+            extra["Range"] = f"bytes={offset}-"
+            if self.validator:
+                extra["If-Range"] = self.validator
+        r = self._get(extra)
+        with r:
+            status = r.status_code
+            if status == 429 or 500 <= status <= 599:
+                raise _Retry(f"HTTP {status}" + (f" {r.reason}" if r.reason else ""),
+                             retry_after=_retry_after(r.headers.get("Retry-After")))
+            if status == 416 and offset:
+                self._range_not_satisfiable(r, offset)
+                return
+            if status not in (200, 206):
+                raise NetworkError(f"GET {self.url} answered HTTP {status}", why=r.reason or "",
                                    fix="check the URL and your network; retry later")
-            total = int(r.headers.get("Content-Length") or 0) or None
-            done = 0
-            with log.progress(f"download {dest.name}", total) as bar, open(part, "wb") as out:
-                for chunk in r.raw.stream(1 << 20, decode_content=False):  # the bytes as served, never decoded
+            if "bytes" in r.headers.get("Accept-Ranges", "").lower():
+                self.resumable = True
+            validator = _validator(r.headers)
+            if status == 206:
+                start, _end, total = _content_range(r.headers.get("Content-Range"))
+                if start != offset:
+                    self._discard()
+                    raise _Retry(f"the server answered a range starting at {start}, not {offset}")
+                if total is None:
+                    total = self._length(r, offset)
+                if ((self.validator and validator and validator != self.validator)
+                        or (self.total is not None and total is not None and total != self.total)):
+                    self._discard()  # the file changed under us and the server ignored If-Range
+                    raise _Retry("the file changed on the server since the partial download; starting over")
+                self.resumable = True
+                self.validator = self.validator or validator
+            else:
+                if offset:
+                    self.log.info(f"    download {self.dest.name}: the server sent the whole file; starting over")
+                offset = 0
+                total = self._length(r, 0)
+                self.validator = validator
+                self.digest, self.hashed = hashlib.sha256(), 0
+            self.total = total
+            if self.size is not None and total is not None and total != self.size:
+                self._mismatch("size", f"the server announces {total} bytes, expected {self.size}")
+            self._save_meta()
+            self._hash_part(offset)
+            self._stream(r, offset, total)
+
+    def _get(self, extra: dict[str, str]) -> requests.Response:
+        """GET following redirects by hand, so that credentials never leave the origin of `url`."""
+        cur = self.url
+        for _hop in range(MAX_REDIRECTS + 1):
+            h: dict[str, str | None] = {**self.headers, **extra}
+            if _origin(cur) == _origin(self.url):
+                if self.token:
+                    h = {k: v for k, v in h.items() if k.lower() != "authorization"}
+                    h["Authorization"] = f"Bearer {self.token}"
+            else:  # None also drops a session-level header
+                h = {k: v for k, v in h.items() if k.lower() != "authorization"}
+                h["Authorization"] = None
+            try:
+                r = self.http.get(cur, headers=h, stream=True, timeout=self.timeout, allow_redirects=False)
+            except _HOPELESS as e:
+                raise NetworkError(f"cannot download {self.url}", why=_short(e), fix="check the URL") from None
+            except _DROPPED as e:
+                if _refused(e):  # nobody listens there, or the name does not resolve: no point insisting
+                    raise NetworkError(f"cannot download {self.url}", why=_short(e),
+                                       fix="check the network or use another source") from None
+                raise _Retry(_short(e)) from None
+            if not r.is_redirect:
+                return r
+            target = urljoin(cur, r.headers["Location"])
+            r.close()
+            if urlsplit(target).scheme not in ("http", "https"):
+                raise NetworkError(f"GET {self.url} redirected to {target}", why="not an http(s) URL",
+                                   fix="check the URL")
+            cur = target
+        raise NetworkError(f"GET {self.url} redirected more than {MAX_REDIRECTS} times", fix="check the URL")
+
+    def _stream(self, r: requests.Response, offset: int, total: int | None) -> None:
+        done = offset
+        bar = self._progress(total)
+        bar.update(done, total)
+        too_big = False
+        with open(self.part, "ab" if offset else "wb") as out:
+            try:
+                for chunk in r.raw.stream(CHUNK, decode_content=False):  # the bytes as served, never decoded
+                    if self.size is not None and done + len(chunk) > self.size:
+                        too_big = True
+                        break
                     out.write(chunk)
-                    digest.update(chunk)
+                    self.digest.update(chunk)
                     done += len(chunk)
+                    self.hashed = done
                     bar.update(done, total)
-            if total is not None and done != total:
-                raise NetworkError(f"GET {url} ended after {done} of {total} bytes", fix="retry")
-    except (requests.RequestException, urllib3.exceptions.HTTPError) as e:
-        part.unlink(missing_ok=True)
-        raise NetworkError(f"cannot download {url}", why=_short(e), fix="check the network or use another source") from None
-    except BaseException:
-        part.unlink(missing_ok=True)
-        raise
-    got = digest.hexdigest()
-    if sha256 is not None and got != sha256:
-        part.unlink(missing_ok=True)
-        raise VerifyError(f"sha256 mismatch for {url}", why=f"expected {sha256}, got {got}",
-                          fix="the file is not the pinned one; check the recipe's sha256 or the mirror")
-    os.replace(part, dest)
-    return got
+            except _DROPPED as e:
+                dropped: str | None = _short(e)
+            else:
+                dropped = None
+        if too_big:
+            self._mismatch("size", f"the server sent more than the expected {self.size} bytes")
+        if dropped is None and total is not None and done < total:
+            dropped = "the body ended early"
+        if dropped is not None:
+            why = f"the connection dropped after {done} of {total if total is not None else '?'} bytes ({dropped})"
+            if done > offset and not self.resumable:
+                raise NetworkError(f"cannot download {self.url}",
+                                   why=why + "; the server does not offer to resume (no Accept-Ranges: bytes)",
+                                   fix="retry later or use another source")
+            raise _Retry(why)
+
+    def _range_not_satisfiable(self, r: requests.Response, offset: int) -> None:
+        """HTTP 416 to `Range: bytes=<len(.part)>-`: done if the .part already holds the whole file."""
+        _start, _end, total = _content_range(r.headers.get("Content-Range"))
+        known = total if total is not None else self.total if self.total is not None else self.size
+        if known == offset:
+            self.total = offset
+            self._hash_part(offset)
+            return
+        self._discard()
+        raise _Retry(f"the server refused the range of the partial download (HTTP 416 at {offset} bytes)")
+
+    # ------------------------------------------------------------------------------ helpers
+
+    def _verify(self) -> str:
+        have = self.part.stat().st_size
+        self._hash_part(have)
+        got = self.digest.hexdigest()
+        if self.size is not None and have != self.size:
+            self._mismatch("size", f"expected {self.size} bytes, got {have}")
+        if self.sha256 is not None and got != self.sha256:
+            self._mismatch("sha256", f"expected {self.sha256}, got {got}")
+        return got
+
+    def _mismatch(self, what: str, why: str) -> None:
+        self._discard()
+        raise self.mismatch_error(f"{what} mismatch for {self.url}", why=why,
+                                  fix="the file is not the pinned one; check the recipe's sha256/size or the mirror")
+
+    def _hash_part(self, upto: int) -> None:
+        """Make `digest` cover exactly the first `upto` bytes of .part (re-reading them after a resume)."""
+        if self.hashed == upto:
+            return
+        self.digest, self.hashed = hashlib.sha256(), 0
+        with open(self.part, "rb") as f:
+            while self.hashed < upto:
+                chunk = f.read(min(CHUNK, upto - self.hashed))
+                if not chunk:
+                    break
+                self.digest.update(chunk)
+                self.hashed += len(chunk)
+
+    def _length(self, r: requests.Response, offset: int) -> int | None:
+        n = r.headers.get("Content-Length")
+        return offset + int(n) if n and n.isdigit() else None
+
+    def _save_meta(self) -> None:
+        tmp = self.meta.with_name(self.meta.name + ".tmp")
+        tmp.write_text(json.dumps({"url": self.url, "validator": self.validator, "total": self.total}), encoding="utf-8")
+        os.replace(tmp, self.meta)
+
+    def _discard(self) -> None:
+        self.part.unlink(missing_ok=True)
+        self.meta.unlink(missing_ok=True)
+        self.digest, self.hashed, self.validator, self.total = hashlib.sha256(), 0, None, None
+
+    def _progress(self, total: int | None) -> ProgressHandle:
+        if self.bar is None:
+            self.bar = self.stack.enter_context(self.log.progress(f"download {self.dest.name}", total))
+        return self.bar
 
 
-def _short(e: Exception) -> str:
+def _validator(headers: requests.structures.CaseInsensitiveDict[str]) -> str | None:
+    """A strong ETag, else Last-Modified: what If-Range may carry (a weak ETag may not)."""
+    etag = headers.get("ETag")
+    if etag and not etag.startswith("W/"):
+        return etag
+    return headers.get("Last-Modified") or None
+
+
+def _content_range(value: str | None) -> tuple[int | None, int | None, int | None]:
+    """`bytes 100-199/1000` → (100, 199, 1000); `bytes */1000` → (None, None, 1000)."""
+    if not value:
+        return None, None, None
+    unit, _, rest = value.strip().partition(" ")
+    if unit.lower() != "bytes":
+        return None, None, None
+    span, _, total = rest.partition("/")
+    start = end = None
+    if "-" in span:
+        a, _, b = span.partition("-")
+        if a.strip().isdigit() and b.strip().isdigit():
+            start, end = int(a), int(b)
+    return start, end, int(total) if total.strip().isdigit() else None
+
+
+def _retry_after(value: str | None) -> float | None:
+    if value and value.strip().isdigit():
+        return float(value.strip())
+    return None  # an HTTP-date, or nothing: plain backoff
+
+
+def _origin(url: str) -> tuple[str, str, int | None]:
+    u = urlsplit(url)
+    scheme = u.scheme.lower()
+    try:
+        port = u.port
+    except ValueError:
+        port = None
+    return scheme, (u.hostname or "").lower(), port or {"http": 80, "https": 443}.get(scheme)
+
+
+def _refused(e: BaseException) -> bool:
+    """Whether the connection was never made (refused, unreachable, unresolvable), as opposed to lost."""
+    seen: set[int] = set()
+    todo: list[object] = [e]
+    while todo:
+        x = todo.pop()
+        if not isinstance(x, BaseException) or id(x) in seen:
+            continue
+        seen.add(id(x))
+        if isinstance(x, urllib3.exceptions.NewConnectionError):  # includes NameResolutionError
+            return True
+        todo += [getattr(x, "reason", None), x.__cause__, x.__context__, *x.args]
+    return False
+
+
+def _short(e: BaseException) -> str:
     text = str(e)
     for marker in ("Failed to resolve", "Connection refused", "timed out", "Name or service not known"):
         if marker in text:

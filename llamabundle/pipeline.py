@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import json
 import re
@@ -17,13 +18,17 @@ from filelock import FileLock, Timeout
 
 from . import bundle as bundle_mod
 from . import source as source_mod
-from .build import BuildPlan, BuildTools, plan_build, resolve_tools, run_build
+from . import data
+from .build import BuildPlan, BuildTools, library_file, plan_build, resolve_tools, run_build
+from .cudabin import binary_archs
 from .deps import elf
 from .deps.policy import linux_policy
 from .errors import UsageError, VerifyError
 from .log import Log
 from .recipe import Recipe, Settings
 from .store.base import Entry, Published, Store
+from .toolkit.layout import Toolkit
+from .toolkit.resolve import check_toolkit, resolve_toolkit
 from .verify import Level, VerifyReport, host_platform_name, verify_bundle
 
 LICENSE_FILES = {"LICENSE": "LICENSE", "licenses/LICENSE-jsonhpp": "LICENSE-jsonhpp"}
@@ -47,10 +52,10 @@ class BuildOutcome:
                 "verify": self.verify.to_json(), "bundled_libs": self.bundled_libs, "compiled": self.compiled}
 
 
-def build_dir_for(recipe: Recipe, settings: Settings, tools: BuildTools) -> Path:
-    """One incremental build tree per key and set of build tools (a venv's cmake and the system's
-    each keep their own, instead of wiping each other's)."""
-    tools_id = hashlib.sha256(f"{tools.cmake}|{tools.ninja}|{tools.ccache}".encode()).hexdigest()[:8]
+def build_dir_for(recipe: Recipe, settings: Settings, tools: BuildTools, cuda_root: Path | None = None) -> Path:
+    """One incremental build tree per key and set of build tools (a venv's cmake and the system's,
+    or two toolkits of one version, each keep their own instead of wiping each other's)."""
+    tools_id = hashlib.sha256(f"{tools.cmake}|{tools.ninja}|{tools.ccache}|{cuda_root}".encode()).hexdigest()[:8]
     return settings.cache_dir / "build" / f"{recipe.key()[:16]}-{tools_id}"
 
 
@@ -72,7 +77,8 @@ def verify_level_for(platform: str) -> Level:
 
 
 def build(recipe: Recipe, *, settings: Settings, store: Store, log: Log, env: Mapping[str, str], force: bool = False,
-          publish: bool = True, out: Path | None = None, jobs: int | None = None, clean: bool = False) -> BuildOutcome:
+          publish: bool = True, out: Path | None = None, jobs: int | None = None, clean: bool = False,
+          toolkit_source: str | None = None) -> BuildOutcome:
     key = recipe.key()
     if out is not None and out.exists() and any(out.iterdir()):
         raise UsageError(f"--out {out} exists and is not empty", fix="pass a new or empty directory")
@@ -100,17 +106,27 @@ def build(recipe: Recipe, *, settings: Settings, store: Store, log: Log, env: Ma
                 log.info(f"cache hit: {key[:12]} in {store.url} (stored while we waited)")
                 return _from_store(entry, store=store, settings=settings, log=log, out=out)
         return _build_locked(recipe, key=key, settings=settings, store=store, log=log, env=env, publish=publish,
-                             out=out, jobs=jobs, clean=clean)
+                             out=out, jobs=jobs, clean=clean, toolkit_source=toolkit_source)
     finally:
         lock.release()
 
 
 def _build_locked(recipe: Recipe, *, key: str, settings: Settings, store: Store, log: Log, env: Mapping[str, str],
-                  publish: bool, out: Path | None, jobs: int | None, clean: bool) -> BuildOutcome:
+                  publish: bool, out: Path | None, jobs: int | None, clean: bool,
+                  toolkit_source: str | None) -> BuildOutcome:
     with log.step(f"source llama.cpp {recipe.llama_cpp.commit[:12]}"):
         src = source_mod.fetch_source(recipe, settings, log)
     tools = resolve_tools(path=env.get("PATH"))
-    plan = plan_build(recipe, source_dir=src.path, build_dir=build_dir_for(recipe, settings, tools), tools=tools, jobs=jobs)
+    toolkit: Toolkit | None = None
+    checked: dict[str, str] = {}
+    if recipe.cuda is not None:
+        with log.step(f"CUDA toolkit {recipe.cuda.toolkit}"):
+            toolkit = resolve_toolkit(recipe, settings=settings, log=log, env=env, source=toolkit_source)
+            checked = check_toolkit(toolkit, recipe, env=env)
+            log.info(f"    nvcc {checked['nvcc']} at {toolkit.nvcc}; host compiler {checked['host']}")
+    cuda_root = toolkit.root if toolkit else None
+    plan = plan_build(recipe, source_dir=src.path, build_dir=build_dir_for(recipe, settings, tools, cuda_root), tools=tools,
+                      jobs=jobs, cuda_root=cuda_root)
     result = run_build(plan, log=log, env=env, clean=clean)
     work = settings.cache_dir / "tmp"
     work.mkdir(parents=True, exist_ok=True)
@@ -118,7 +134,7 @@ def _build_locked(recipe: Recipe, *, key: str, settings: Settings, store: Store,
         stage = Path(tmp) / "bundle"
         stage.mkdir()
         with log.step("collect runtime libraries"):
-            closure, roles = collect_linux(plan, stage, log=log, source_dir=src.path)
+            closure, roles = collect_linux(plan, stage, log=log, source_dir=src.path, toolkit=toolkit)
         manifest_fields = {
             "name": recipe.name,
             "key": key,
@@ -126,8 +142,9 @@ def _build_locked(recipe: Recipe, *, key: str, settings: Settings, store: Store,
             "llama_cpp": {"commit": recipe.llama_cpp.commit, "version": llama_version(plan.build_dir), "source": src.origin},
             "platform": recipe.platform,
             "backends": sorted(recipe.backends),
-            "cuda": None,
-            "toolchain": {"cmake": tools.cmake_version, "ninja": tools.ninja_version, "compiler": result.compiler},
+            "cuda": _cuda_manifest(recipe, stage, checked) if recipe.cuda else None,
+            "toolchain": {"cmake": tools.cmake_version, "ninja": tools.ninja_version, "compiler": result.compiler,
+                          **({"nvcc": checked["nvcc"]} if checked else {})},
             "system_deps": closure.system_deps,
             "glibc_floor": closure.glibc_floor,
             "files": bundle_mod.file_entries(stage, roles),
@@ -155,11 +172,23 @@ def _build_locked(recipe: Recipe, *, key: str, settings: Settings, store: Store,
     return outcome
 
 
-def collect_linux(plan: BuildPlan, stage: Path, *, log: Log, source_dir: Path) -> tuple[elf.Closure, dict[str, str]]:
+def _cuda_manifest(recipe: Recipe, stage: Path, checked: Mapping[str, str]) -> dict[str, Any]:
+    assert recipe.cuda is not None
+    found = binary_archs(stage / library_file(recipe, "ggml-cuda"))
+    return {"toolkit": recipe.cuda.toolkit, "nvcc": checked.get("nvcc"), "archs": found.to_json(),
+            "driver_floor": recipe.driver_floor,
+            "compression_mode": recipe.cmake_options.get("GGML_CUDA_COMPRESSION_MODE", "size")}
+
+
+def collect_linux(plan: BuildPlan, stage: Path, *, log: Log, source_dir: Path,
+                  toolkit: Toolkit | None = None) -> tuple[elf.Closure, dict[str, str]]:
     policy = linux_policy()
     roots = [plan.output_dir / n for n in plan.programs + plan.backends]
-    closure = elf.resolve_closure(roots, products=[plan.output_dir], policy=policy,
-                                  system_dirs=elf.system_library_dirs(policy, ldconfig_output=elf.ldconfig_cache()))
+    lib_dirs = (toolkit.lib_dirs if toolkit else []) + elf.system_library_dirs(policy, ldconfig_output=elf.ldconfig_cache())
+    closure = elf.resolve_closure(roots, products=[plan.output_dir], policy=policy, system_dirs=lib_dirs)
+    companions = cuda_companions(closure.bundled, lib_dirs)
+    if companions:  # libraries loaded at run time without a DT_NEEDED entry (e.g. nvrtc's builtins)
+        closure = elf.resolve_closure(roots + companions, products=[plan.output_dir], policy=policy, system_dirs=lib_dirs)
     products = {p.name for p in plan.output_dir.iterdir()}
     copied_in = sorted(n for n, p in closure.bundled.items() if n not in products)
     log.info(f"    bundled from the build: {len(closure.bundled) - len(copied_in)}; "
@@ -177,9 +206,45 @@ def collect_linux(plan: BuildPlan, stage: Path, *, log: Log, source_dir: Path) -
         if (source_dir / src_rel).is_file():
             shutil.copyfile(source_dir / src_rel, stage / name)
             roles[name] = "license"
+    if toolkit is not None:
+        roles |= copy_cuda_licenses(closure.bundled, toolkit, stage)
     if "LICENSE" not in roles:
         raise VerifyError("llama.cpp's LICENSE file is missing from the source tree", fix="check the source")
     return closure, roles
+
+
+def cuda_companions(bundled: Mapping[str, Path], lib_dirs: list[Path]) -> list[Path]:
+    table = data.cuda_runtime()["companions"]
+    found: list[Path] = []
+    for name in bundled:
+        for pattern, wanted in table.items():
+            if fnmatch.fnmatchcase(name, pattern):
+                for w in wanted:
+                    for d in lib_dirs:
+                        hits = sorted(p for p in d.glob(w) if p.is_file())
+                        if hits:
+                            found.append(hits[-1])
+                            break
+    return found
+
+
+def copy_cuda_licenses(bundled: Mapping[str, Path], toolkit: Toolkit, stage: Path) -> dict[str, str]:
+    """The license text of every CUDA component whose libraries the bundle redistributes."""
+    table = data.cuda_runtime()["components"]
+    comps = sorted({c for name in bundled for pattern, c in table.items() if fnmatch.fnmatchcase(name, pattern)})
+    roles: dict[str, str] = {}
+    for comp in comps:
+        for cand in (toolkit.root / f"LICENSE.{comp}", toolkit.root / "EULA.txt", toolkit.root / "LICENSE"):
+            if cand.is_file():
+                name = f"LICENSE-CUDA-{comp}.txt" if cand.name.startswith("LICENSE.") else "LICENSE-CUDA.txt"
+                shutil.copyfile(cand, stage / name)
+                roles[name] = "license"
+                break
+        else:
+            raise VerifyError(f"no license text for the CUDA component {comp} in {toolkit.root}",
+                              why="a bundle that redistributes CUDA libraries must carry their license",
+                              fix="install the toolkit with llamabundle toolkit install (it keeps every LICENSE)")
+    return roles
 
 
 def llama_version(build_dir: Path) -> str | None:

@@ -169,7 +169,6 @@ class Recipe:
         if self.cuda is not None:
             cuda = {
                 "toolkit": self.cuda.toolkit,
-                "source": self.cuda.source,
                 "components": sorted(self.cuda.components),
                 "archs": sorted(self.cuda.archs),
                 "driver_floor": self.driver_floor,
@@ -598,6 +597,7 @@ class Settings:
     source_date_epoch: int | None = None
     github_actions: bool = False
     connect_timeout: float = 10.0
+    cuda_redist_url: str = "https://developer.download.nvidia.com/compute/cuda/redist"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> "Settings":
@@ -614,4 +614,5 @@ class Settings:
             source_date_epoch=int(sde) if sde and sde.isdigit() else None,
             github_actions=env.get("GITHUB_ACTIONS") == "true",
             connect_timeout=float(env.get("LLAMABUNDLE_CONNECT_TIMEOUT", "10")),
+            cuda_redist_url=env.get("LLAMABUNDLE_CUDA_REDIST_URL", "https://developer.download.nvidia.com/compute/cuda/redist").rstrip("/"),
         )

@@ -16,6 +16,8 @@ from typing import Any
 from . import bundle as bundle_mod
 from .deps import elf
 from .deps.policy import LibClass, linux_policy
+from .archs import split_archs
+from .cudabin import binary_archs
 from .errors import VerifyError
 
 LOAD_TIMEOUT = 120
@@ -24,8 +26,9 @@ _DEVICE = re.compile(r"^\s+(\S+): (.+)$")
 
 
 class Level(StrEnum):
-    STATIC = "static"
-    LOAD = "load"
+    STATIC = "static"  # manifest, imports, RUNPATH, GPU architectures
+    LOAD = "load"  # + llama-server --list-devices loads the CPU backend from inside a copy
+    GPU = "gpu"  # + a CUDA device is listed and the CUDA backend came from inside the copy
 
 
 @dataclass(kw_only=True)
@@ -56,7 +59,7 @@ def host_platform_name() -> str:
     return f"{system}-{machine}"
 
 
-def verify_bundle(path: Path, *, level: Level) -> VerifyReport:
+def verify_bundle(path: Path, *, level: Level, require_gpu: bool = False) -> VerifyReport:
     """Verify a bundle zip or directory up to `level`. Raises VerifyError naming what failed."""
     with tempfile.TemporaryDirectory(prefix="llamabundle-verify-") as tmp:
         if path.is_file():
@@ -67,7 +70,7 @@ def verify_bundle(path: Path, *, level: Level) -> VerifyReport:
             manifest = bundle_mod.read_manifest(path)
             check = bundle_mod.check_contents(path, manifest)
             root = Path(tmp) / "bundle"
-            if level is Level.LOAD:  # run a copy, never the original
+            if level is not Level.STATIC:  # run a copy, never the original
                 shutil.copytree(path, root, symlinks=False)
             else:
                 root = path
@@ -78,9 +81,56 @@ def verify_bundle(path: Path, *, level: Level) -> VerifyReport:
         report.levels["manifest"] = "passed"
         check_static(root, manifest)
         report.levels["static"] = "passed"
-        if level is Level.LOAD:
+        if manifest.get("cuda"):
+            report.levels["archs"] = check_archs(root, manifest)
+        if level is not Level.STATIC:
             check_load(root, manifest, report)
+        if level is Level.GPU:
+            check_gpu(manifest, report, require_gpu=require_gpu)
         return report
+
+
+def check_archs(root: Path, manifest: dict[str, Any]) -> str:
+    """The SASS and PTX in ggml-cuda equal what the recipe asked for and what bundle.json records."""
+    lib = "ggml-cuda.dll" if manifest["platform"].startswith("windows") else "libggml-cuda.so"
+    if not (root / lib).is_file():
+        raise VerifyError(f"bundle.json declares CUDA but the bundle has no {lib}")
+    found = binary_archs(root / lib).to_json()
+    wanted = split_archs(manifest.get("inputs", {}).get("cuda", {}).get("archs", []))
+    recorded = manifest["cuda"].get("archs")
+    if found != wanted:
+        raise VerifyError(f"{lib} carries SASS {found['sass']} and PTX {found['ptx']}",
+                          why=f"the recipe asks for SASS {wanted['sass']} and PTX {wanted['ptx']}",
+                          fix="rebuild the bundle; check CMAKE_CUDA_ARCHITECTURES reached nvcc")
+    if recorded != found:
+        raise VerifyError(f"bundle.json records archs {recorded}, {lib} carries {found}", fix="rebuild the bundle")
+    return f"passed (SASS {' '.join(found['sass']) or '-'}; PTX {' '.join(found['ptx']) or '-'})"
+
+
+def nvidia_driver_present() -> bool:
+    if Path("/dev/nvidiactl").exists():
+        return True
+    return any(Path(d, "libcuda.so.1").exists() for d in ("/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/local/nvidia/lib64"))
+
+
+def check_gpu(manifest: dict[str, Any], report: VerifyReport, *, require_gpu: bool) -> None:
+    if "cuda" not in manifest.get("backends", []):
+        report.levels["gpu"] = "skipped: the bundle has no GPU backend"
+    elif report.levels.get("load", "").startswith("skipped"):
+        report.levels["gpu"] = "skipped: " + report.levels["load"].removeprefix("skipped: ")
+    elif "CUDA" in report.backends_loaded:
+        if not any(d.startswith("CUDA") for d in report.devices):
+            raise VerifyError("the CUDA backend loaded but listed no CUDA device", details="\n".join(report.devices))
+        report.levels["gpu"] = "passed"
+    elif nvidia_driver_present():
+        raise VerifyError("an NVIDIA driver is present but the bundle's CUDA backend did not load",
+                          why="ggml-cuda or a CUDA library it needs failed to load from the bundle",
+                          fix="run the bundle's llama-server --verbose --list-devices to see why")
+    else:
+        report.levels["gpu"] = "skipped: no NVIDIA driver on this machine"
+    if require_gpu and report.levels["gpu"] != "passed":
+        raise VerifyError(f"GPU check {report.levels['gpu']}", why="--require-gpu was given",
+                          fix="run the check on a machine with an NVIDIA GPU and driver")
 
 
 def check_static(root: Path, manifest: dict[str, Any]) -> None:
@@ -135,9 +185,10 @@ def check_load(root: Path, manifest: dict[str, Any], report: VerifyReport) -> No
     if cpu is None:
         raise VerifyError(f"{exe_name} did not load a CPU backend", why="no 'loaded CPU backend from' line",
                           details=tail)
-    if not Path(cpu).resolve().is_relative_to(inside):
-        raise VerifyError(f"the CPU backend was loaded from {cpu}, outside the bundle",
-                          why="a library outside the bundle shadows the bundled one", details=tail)
+    for name, where in report.backends_loaded.items():
+        if not Path(where).resolve().is_relative_to(inside):
+            raise VerifyError(f"the {name} backend was loaded from {where}, outside the bundle",
+                              why="a library outside the bundle shadows the bundled one", details=tail)
     in_list = False
     for line in proc.stdout.splitlines():
         if line.startswith("Available devices"):

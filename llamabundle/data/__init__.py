@@ -41,3 +41,10 @@ def elf_policy() -> dict[str, Any]:
     overlap = set(policy["system"]) & set(policy["driver"])
     assert not overlap, f"libraries both system and driver: {overlap}"
     return policy
+
+
+@cache
+def cuda_runtime() -> dict[str, Any]:
+    info: dict[str, Any] = _load("cuda_runtime.json")
+    assert not any(k.startswith(("libcuda.so", "nvcuda")) for k in info["components"]), "driver libraries are never bundled"
+    return info

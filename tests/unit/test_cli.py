@@ -293,7 +293,7 @@ def test_unknown_store_scheme_is_a_usage_error(capsys: pytest.CaptureFixture[str
     (["frobnicate"], "No such command 'frobnicate'"),
     (["key", LINUX, "--frob"], "No such option"),
     (["check"], "Missing argument 'RECIPE'"),
-    (["verify", "x.zip", "--level", "gpu"], "Invalid value for '--level'"),
+    (["verify", "x.zip", "--level", "archs"], "Invalid value for '--level'"),
 ])
 def test_usage_errors_exit_2(argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run(capsys, *argv)

@@ -167,7 +167,6 @@ L_CUDA = (("backends: [cpu]", "backends: [cpu, cuda]"),
     ("W", (), ((W_TOOLCHAIN, "toolchain: {compiler: msvc}"),)),
     ("W", (W_SM75_UP,), (("toolkit: 12.8.1", "toolkit: 13.0.1"),)),
     ("W", (W_SM75_UP,), (("toolkit: 12.8.1", "toolkit: 13.0.2"),)),
-    ("W", (), (("source: redist ", "source: installer "),)),
     ("W", (), (("cuda_nvrtc, libnvfatbin,", "cuda_nvrtc,"),)),
     ("W", (), (("cuda_cccl]", "cuda_cccl, cuda_nvml_dev]"),)),
     ("W", (), (("120a-real]", "120-real]"),)),
@@ -185,7 +184,7 @@ L_CUDA = (("backends: [cpu]", "backends: [cpu, cuda]"),
     ("L", (), (("runtime: {openmp: auto}", "runtime: {openmp: none}"),)),
     ("W", (), (("runtime: {openmp: auto}", "runtime: {openmp: vcomp}"),)),
 ], ids=["commit", "commit-last-digit", "platform-to-windows", "platform-to-linux", "backends", "compiler", "compiler-win-clang",
-        "compiler-mingw", "msvc-version", "msvc-version-dropped", "toolkit-13.0.1", "toolkit-13.0.2", "cuda-source",
+        "compiler-mingw", "msvc-version", "msvc-version-dropped", "toolkit-13.0.1", "toolkit-13.0.2",
         "component-removed", "component-added", "arch-changed", "arch-real-to-virtual", "arch-removed", "arch-added",
         "driver-floor", "driver-floor-only-windows", "cmake-value", "cmake-removed", "cmake-added", "cmake-value-windows",
         "target-changed", "target-added", "openmp", "openmp-windows"])
@@ -242,9 +241,11 @@ def test_bundle_format_and_schema_version_are_inputs(monkeypatch: pytest.MonkeyP
     ("W", ((W_FLOOR, 'driver_floor: {windows: "572.61"}'),)),
     ("L", (("runtime: {openmp: auto}\n", ""),)),
     ("W", (("  source: redist                    # redist | installer | pypi | system\n", ""),)),
+    ("W", (("source: redist ", "source: system "),)),
 ], ids=["github-repo", "git-source", "path-source", "fewer-sources", "pypi-version", "publish-tag", "publish-default",
         "name", "name-windows", "comment", "comments-windows", "more-comments", "other-os-floor", "floor-equals-default",
-        "floor-only-own-os", "openmp-default", "cuda-source-default"])
+        "floor-only-own-os", "openmp-default", "cuda-source-default",
+        "cuda-source-system"])
 def test_key_ignores_non_inputs(base: str, change: Edits) -> None:
     assert key(base, *change) == key(base)
 

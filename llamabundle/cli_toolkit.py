@@ -1,0 +1,141 @@
+"""`llamabundle toolkit plan|install`: the CUDA toolkit a recipe needs, from NVIDIA's redist archives.
+
+click commands only (DESIGN §8): parse, call the toolkit package, print, exit code. The group is
+registered on the main `cli` group by cli.py; ctx.obj is cli.Ctx (settings, log).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from . import data
+from .errors import ToolchainError, UsageError
+from .recipe import load_recipe
+from .toolkit import redist
+from .toolkit.manifest import PLATFORMS, Manifest, load_manifest
+from .toolkit.plan import SOURCES, ToolkitPlan, plan_for_recipe, plan_toolkit
+
+
+def _emit(value: Any) -> None:
+    click.echo(json.dumps(value, indent=2, sort_keys=True))
+
+
+def _host_platform() -> str:
+    return "windows-x86_64" if sys.platform == "win32" else "linux-x86_64"
+
+
+def _options(f: Any) -> Any:
+    for opt in reversed([
+        click.argument("recipe_path", metavar="[RECIPE]", required=False, type=click.Path(dir_okay=False, path_type=Path)),
+        click.option("--version", "version", metavar="V", help="CUDA toolkit version, e.g. 12.8.1 (instead of RECIPE)."),
+        click.option("--components", metavar="a,b,c", help="Comma-separated redist components (with --version)."),
+        click.option("--platform", type=click.Choice(PLATFORMS), help="Target platform (with --version; default: this host)."),
+        click.option("--source", type=click.Choice(SOURCES), help="Where the toolkit comes from (default: the recipe's, or redist)."),
+        click.option("--manifest", "manifest_path", metavar="FILE", type=click.Path(dir_okay=False, path_type=Path),
+                     help="A redistrib_*.json to use instead of the pinned one (mirrors, tests)."),
+    ]):
+        f = opt(f)
+    return f
+
+
+def _plan(recipe_path: Path | None, version: str | None, components: str | None, platform: str | None,
+          source: str | None, manifest_path: Path | None) -> ToolkitPlan:
+    explicit = version is not None or components is not None or platform is not None
+    if recipe_path is not None and explicit:
+        raise UsageError("pass either RECIPE or --version/--components/--platform, not both",
+                         fix="llamabundle toolkit plan RECIPE  |  llamabundle toolkit plan --version 12.8.1 --components cuda_nvcc,cuda_cudart")
+    manifest: Manifest | None = load_manifest(manifest_path) if manifest_path is not None else None
+    if recipe_path is not None:
+        return plan_for_recipe(load_recipe(recipe_path), source=source, manifest=manifest)
+    if version is None or not components:
+        raise UsageError("which toolkit? pass a RECIPE, or --version and --components",
+                         fix="e.g. llamabundle toolkit install --version 12.8.1 --components cuda_nvcc,cuda_cudart")
+    if manifest is None:
+        if version not in data.cuda_toolkits():
+            raise UsageError(f"CUDA {version} is not pinned in this llamabundle",
+                             fix="use one of: " + ", ".join(data.cuda_toolkits()) + " (or --manifest FILE)")
+        manifest = load_manifest(version=version)
+    names = [c.strip() for c in components.split(",") if c.strip()]
+    for name in names:
+        if not re.fullmatch(r"[a-z][a-z0-9_]*", name) or name not in manifest.components:
+            raise UsageError(f"'{name}' is not a component of CUDA {manifest.release}",
+                             fix="components are names from the redist manifest, e.g. cuda_nvcc,cuda_cudart,libcublas")
+    return plan_toolkit(version=version, components=names, platform=platform or _host_platform(),
+                        source=source or "redist", manifest=manifest)
+
+
+def _installed_state(plan: ToolkitPlan, root: Path) -> bool:
+    try:
+        return redist.installed(plan, root) is not None
+    except ToolchainError:  # changed or foreign: not usable as is (install says why)
+        return False
+
+
+@click.group("toolkit")
+def toolkit_group() -> None:
+    """CUDA toolkit: plan and install it from NVIDIA's redist archives (no admin rights)."""
+
+
+@toolkit_group.command("plan")
+@_options
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON (schema 1) on stdout.")
+@click.pass_obj
+def plan_cmd(c: Any, recipe_path: Path | None, version: str | None, components: str | None, platform: str | None,
+             source: str | None, manifest_path: Path | None, as_json: bool) -> None:
+    """Show the archives a toolkit install needs: versions, sizes, sha256, cached or not, total bytes."""
+    plan = _plan(recipe_path, version, components, platform, source, manifest_path)
+    cache_dir = c.settings.cache_dir
+    cached = redist.cached_map(plan, cache_dir)
+    root = plan.root(cache_dir)
+    installed = _installed_state(plan, root)
+    info = plan.to_json(base_url=c.settings.cuda_redist_url, cached=cached, root=root, installed=installed)
+    if as_json:
+        _emit(info)
+        return
+    click.echo(f"CUDA {plan.version}  {plan.platform}  source {plan.source}  manifest {plan.manifest_origin}")
+    click.echo(f"{'component':<16} {'version':<12} {'bytes':>15}  {'cached':<6}  {'sha256':<64}  archive")
+    for comp in info["components"]:
+        note = f"  ({comp['note']})" if comp["note"] else ""
+        click.echo(f"{comp['name']:<16} {comp['version']:<12} {comp['size']:>15,}  {'yes' if comp['cached'] else 'no':<6}  "
+                   f"{comp['sha256']}  {comp['archive']}{note}")
+    click.echo(f"{'total':<16} {len(plan.archives):<12} {plan.total_bytes:>15,}  bytes ({plan.total_bytes / 1e9:.2f} GB); "
+               f"to download {info['download_bytes']:,} bytes")
+    click.echo(f"root  {root} ({'installed' if installed else 'not installed'})")
+
+
+@toolkit_group.command("install")
+@_options
+@click.option("--dest", type=click.Path(file_okay=False, path_type=Path),
+              help="Install here (a new or empty directory) instead of the cache's content-addressed root.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON (schema 1) on stdout.")
+@click.pass_obj
+def install_cmd(c: Any, recipe_path: Path | None, version: str | None, components: str | None, platform: str | None,
+                source: str | None, manifest_path: Path | None, dest: Path | None, as_json: bool) -> None:
+    """Install the toolkit (reused when already installed and intact); print its root."""
+    plan = _plan(recipe_path, version, components, platform, source, manifest_path)
+    start = time.monotonic()
+    with c.log.step(f"CUDA {plan.version} toolkit ({plan.platform}, {len(plan.archives)} components)"):
+        result = redist.install(plan, cache_dir=c.settings.cache_dir, base_url=c.settings.cuda_redist_url, log=c.log,
+                                dest=dest, connect_timeout=c.settings.connect_timeout)
+    took = time.monotonic() - start
+    tk = result.toolkit
+    if as_json:
+        _emit({"schema": 1, "root": str(tk.root), "nvcc": str(tk.nvcc), "toolkit": tk.version, "platform": tk.platform,
+               "source": tk.source, "components": plan.components, "reused": result.reused,
+               "downloaded_bytes": result.downloaded_bytes, "downloaded": result.downloaded,
+               "from_cache": result.from_cache, "seconds": round(took, 3)})
+        return
+    if result.reused:
+        click.echo(f"already installed and intact: {tk.root}")
+    else:
+        click.echo(f"installed CUDA {tk.version} ({tk.platform}, {len(plan.archives)} components): {tk.root}")
+    click.echo(f"downloaded {result.downloaded_bytes:,} bytes ({len(result.downloaded)} archives); "
+               f"{len(result.from_cache)} from the download cache; {took:.2f}s")
+    click.echo(f"nvcc  {tk.nvcc}")

@@ -1,0 +1,289 @@
+"""Install a CUDA toolkit from NVIDIA's redist archives (no installer, no admin rights).
+
+Each archive is downloaded once into ``<cache>/downloads/<sha256>/<name>`` (size and sha256 checked
+while streaming, re-hashed before reuse), extracted safely, and flattened with the others into one
+root in a temporary directory beside the final one::
+
+    <component>-<platform>-<version>-archive/{LICENSE,bin,include,lib,nvvm,…}
+        -> <root>/{LICENSE.<component>,bin,include,lib,nvvm,…}
+
+Linux roots get ``lib64 -> lib``; symlinks inside Linux archives are kept. Two components may ship
+the same file only with the same content. ``version.json`` and then the marker are written last,
+and the tree is renamed into place under a file lock: two concurrent installs give one complete root.
+"""
+
+from __future__ import annotations
+
+import filecmp
+import hashlib
+import json
+import os
+import posixpath
+import shutil
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+import filelock
+import requests
+
+from .. import archive as archive_mod
+from .. import net
+from ..errors import ToolchainError, VerifyError
+from ..log import Log
+from . import layout
+from .manifest import Archive
+from .plan import ToolkitPlan
+
+LICENSE_NAMES = ("LICENSE", "LICENSE.txt")
+LOCK_TIMEOUT_S = 3600.0
+
+
+@dataclass
+class InstallResult:
+    toolkit: layout.Toolkit
+    reused: bool
+    downloaded_bytes: int = 0
+    downloaded: list[str] = field(default_factory=list)  # archive names fetched from the network
+    from_cache: list[str] = field(default_factory=list)  # archive names reused from the download cache
+
+
+# ------------------------------------------------------------------------------------ downloads
+
+
+def download_path(cache_dir: Path, a: Archive) -> Path:
+    return cache_dir / "downloads" / a.sha256 / a.name
+
+
+def is_cached(cache_dir: Path, a: Archive) -> bool:
+    """Cheap: the cached file exists with the pinned size (an install re-hashes it before use)."""
+    p = download_path(cache_dir, a)
+    try:
+        return p.is_file() and p.stat().st_size == a.size
+    except OSError:
+        return False
+
+
+def cached_map(plan: ToolkitPlan, cache_dir: Path) -> dict[str, bool]:
+    return {pa.component: is_cached(cache_dir, pa.archive) for pa in plan.archives}
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _lock(cache_dir: Path, name: str) -> filelock.FileLock:
+    d = cache_dir / "locks"
+    d.mkdir(parents=True, exist_ok=True)
+    return filelock.FileLock(str(d / f"{name}.lock"), timeout=LOCK_TIMEOUT_S)
+
+
+def fetch_archive(a: Archive, *, base_url: str, cache_dir: Path, http: requests.Session, log: Log,
+                  retries: int = 4, backoff: float = 1.0, connect_timeout: float = 10.0) -> tuple[Path, bool]:
+    """The verified archive in the download cache; (path, True) when it had to be downloaded."""
+    path = download_path(cache_dir, a)
+    with _lock(cache_dir, f"download-{a.sha256}"):
+        if path.is_file():
+            if path.stat().st_size == a.size and _sha256_file(path) == a.sha256:
+                return path, False
+            log.warn(f"cached {a.name} does not match its pinned sha256/size; downloading it again")
+            path.unlink()
+        url = a.url(base_url)
+        log.info(f"    download {a.name} ({a.size:,} bytes) from {url}")
+        net.download(url, path, http=http, log=log, sha256=a.sha256, size=a.size, retries=retries, backoff=backoff,
+                     mismatch_error=ToolchainError, connect_timeout=connect_timeout)
+        return path, True
+
+
+# ------------------------------------------------------------------------------------- assemble
+
+
+def _conflict(rel: PurePosixPath, comp: str, owners: Mapping[PurePosixPath, str], why: str) -> ToolchainError:
+    other = next((owners[p] for p in (rel, *rel.parents) if p in owners), "another component")
+    return ToolchainError(f"components {other} and {comp} both ship {rel} with different content",
+                          why=why, fix="drop one of the two components from the recipe")
+
+
+def _merge(src: Path, dst: Path, rel: PurePosixPath, comp: str, owners: dict[PurePosixPath, str]) -> None:
+    """Move src's entries into dst; identical duplicates are fine, anything else is a conflict."""
+    for entry in sorted(os.scandir(src), key=lambda e: e.name):
+        r = rel / entry.name
+        s, d = Path(entry.path), dst / entry.name
+        if entry.is_symlink():
+            target = os.readlink(s)
+            resolved = posixpath.normpath(posixpath.join(str(r.parent), target.replace("\\", "/")))
+            if posixpath.isabs(target) or resolved == ".." or resolved.startswith("../"):
+                raise ToolchainError(f"{comp}: the link {r} -> {target} points outside the toolkit",
+                                     fix="do not use this archive")
+            if d.is_symlink() or d.exists():
+                if d.is_symlink() and os.readlink(d) == target:
+                    continue
+                raise _conflict(r, comp, owners, f"{r} is a link to {target} in {comp}")
+            os.rename(s, d)
+        elif entry.is_dir():
+            if d.is_symlink() or (d.exists() and not d.is_dir()):
+                raise _conflict(r, comp, owners, f"{r} is a directory in {comp} and not in the other")
+            if not d.exists():
+                os.rename(s, d)
+            else:
+                _merge(s, d, r, comp, owners)
+                continue
+        else:
+            if d.is_symlink() or d.exists():
+                if d.is_file() and not d.is_symlink() and filecmp.cmp(s, d, shallow=False):
+                    continue
+                raise _conflict(r, comp, owners, "the two files differ")
+            os.rename(s, d)
+        owners[r] = comp
+
+
+def _top_dir(xdir: Path, a: Archive) -> Path:
+    entries = list(xdir.iterdir())
+    dirs = [e for e in entries if e.is_dir() and not e.is_symlink()]
+    if len(entries) != 1 or len(dirs) != 1:
+        raise ToolchainError(f"{a.name}: expected one top directory ({a.component}-{a.platform}-{a.version}-archive/)",
+                             why=f"found {', '.join(sorted(e.name for e in entries)) or 'nothing'}",
+                             fix="the archive is not a CUDA redist archive; check the manifest and mirror")
+    return dirs[0]
+
+
+def assemble(plan: ToolkitPlan, archives: Mapping[str, Path], tree: Path, *, log: Log | None = None) -> None:
+    """Build the whole toolkit tree at `tree` (which must not exist): files, licenses, version.json, marker."""
+    tree.mkdir(parents=True)
+    staging = tree.parent / f"{tree.name}.x"
+    owners: dict[PurePosixPath, str] = {}
+    try:
+        for pa in plan.archives:
+            a = pa.archive
+            xdir = staging / a.component
+            try:
+                if a.kind == "zip":
+                    archive_mod.extract_zip(archives[a.component], xdir)
+                else:
+                    archive_mod.extract_tar(archives[a.component], xdir)
+            except VerifyError as e:
+                raise ToolchainError(f"cannot extract {a.name}", why=f"{e.what}; {e.why}".rstrip("; "),
+                                     fix=e.fix or "remove it from the download cache and retry") from None
+            top = _top_dir(xdir, a)
+            for lic in LICENSE_NAMES:
+                if (top / lic).is_file() and not (top / lic).is_symlink():
+                    os.rename(top / lic, tree / f"LICENSE.{a.component}")
+                    owners[PurePosixPath(f"LICENSE.{a.component}")] = a.component
+                    break
+            else:
+                if log is not None:
+                    log.warn(f"{a.name} has no LICENSE file")
+            _merge(top, tree, PurePosixPath("."), a.component, owners)
+            shutil.rmtree(xdir)
+        if plan.platform.startswith("linux"):
+            lib64 = tree / "lib64"
+            if not lib64.exists() and not lib64.is_symlink():
+                (tree / "lib").mkdir(exist_ok=True)
+                os.symlink("lib", lib64, target_is_directory=True)
+        layout.write_version_json(tree, version=plan.version, components=plan.components)
+        layout.write_marker(tree, version=plan.version, platform=plan.platform, source=plan.source,
+                            components=plan.components)  # last: its presence means "complete"
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+# -------------------------------------------------------------------------------------- install
+
+
+def _marker(root: Path) -> dict | None:
+    try:
+        return json.loads((root / layout.MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _matches(info: dict, plan: ToolkitPlan) -> bool:
+    return (info.get("version"), info.get("platform"), info.get("source"), info.get("components")) == \
+        (plan.version, plan.platform, plan.source, dict(sorted(plan.components.items())))
+
+
+def installed(plan: ToolkitPlan, root: Path) -> layout.Toolkit | None:
+    """The toolkit at root when it is this plan's and complete; None when absent. Raises when changed."""
+    tk = layout.read_installed(root)
+    if tk is None:
+        return None
+    info = _marker(root)
+    if info is None or not _matches(info, plan):
+        raise ToolchainError(f"{root} holds a different toolkit",
+                             why=f"installed: CUDA {tk.version} {tk.platform} {tk.source} "
+                                 f"{sorted((info or {}).get('components', {}))}; planned: {sorted(plan.components)}",
+                             fix="choose another --dest, or remove that directory")
+    return tk
+
+
+def _remove_tree(path: Path) -> None:
+    aside = path.with_name(f".{path.name}.old-{uuid.uuid4().hex[:8]}")
+    os.rename(path, aside)
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def install(plan: ToolkitPlan, *, cache_dir: Path, base_url: str, log: Log, dest: Path | None = None,
+            http: requests.Session | None = None, retries: int = 4, backoff: float = 1.0,
+            connect_timeout: float = 10.0) -> InstallResult:
+    """Install the plan into `dest` (default: its content-addressed root under cache_dir); reuse a complete one."""
+    if plan.source != "redist":
+        raise ToolchainError(f"toolkit source '{plan.source}' is not installed by the redist installer")
+    own_root = dest is None
+    root = (plan.root(cache_dir) if dest is None else dest).absolute()
+    root.parent.mkdir(parents=True, exist_ok=True)
+    lock_name = "toolkit-" + hashlib.sha256(str(root).encode()).hexdigest()[:16]
+    with _lock(cache_dir, lock_name):
+        for pattern in (f".{root.name}.tmp-*", f".{root.name}.old-*"):  # the lock holder is the only writer:
+            for stale in root.parent.glob(pattern):                        # these are a killed install's
+                shutil.rmtree(stale, ignore_errors=True)
+        if root.is_symlink() or (root.exists() and not root.is_dir()):
+            raise ToolchainError(f"{root} exists and is not a directory", fix="choose another --dest")
+        replace = False
+        if root.exists():
+            info = _marker(root)
+            try:
+                tk = installed(plan, root)
+            except ToolchainError as e:
+                if info is not None and not _matches(info, plan):
+                    raise  # another toolkit: never overwrite it
+                log.warn(f"{e.what}; installing it again")
+                tk = None
+            if tk is not None:
+                return InstallResult(toolkit=tk, reused=True)
+            if info is None and not own_root and any(root.iterdir()):
+                raise ToolchainError(f"{root} exists and is not a toolkit installed by llamabundle",
+                                     fix="choose a new or empty directory for --dest")
+            replace = True
+
+        http = http or net.session()
+        result_downloaded: list[str] = []
+        from_cache: list[str] = []
+        paths: dict[str, Path] = {}
+        for pa in plan.archives:
+            path, fetched = fetch_archive(pa.archive, base_url=base_url, cache_dir=cache_dir, http=http, log=log,
+                                          retries=retries, backoff=backoff, connect_timeout=connect_timeout)
+            paths[pa.component] = path
+            (result_downloaded if fetched else from_cache).append(pa.archive.name)
+
+        tree = root.with_name(f".{root.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        try:
+            assemble(plan, paths, tree, log=log)
+            if replace and (root.exists() or root.is_symlink()):
+                if any(root.iterdir()):
+                    _remove_tree(root)
+                else:
+                    root.rmdir()
+            os.rename(tree, root)
+        except BaseException:
+            shutil.rmtree(tree, ignore_errors=True)
+            raise
+        tk = layout.read_installed(root)
+        assert tk is not None
+        sizes = {pa.archive.name: pa.archive.size for pa in plan.archives}
+        return InstallResult(toolkit=tk, reused=False, downloaded_bytes=sum(sizes[n] for n in result_downloaded),
+                             downloaded=result_downloaded, from_cache=from_cache)

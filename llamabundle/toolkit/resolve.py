@@ -1,0 +1,71 @@
+"""Pick the toolkit a CUDA recipe builds with, and check it before a long build starts."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+from .. import data, proc
+from ..errors import ToolchainError
+from ..log import Log
+from ..recipe import Recipe, Settings
+from .layout import Toolkit
+from .system import find_system_toolkit
+
+
+def resolve_toolkit(recipe: Recipe, *, settings: Settings, log: Log, env: Mapping[str, str],
+                    source: str | None = None) -> Toolkit:
+    """The toolkit for this recipe: an installed one of the same version (`system`), or one installed
+    into the user cache from `redist`, `pypi` or `installer` (reused when already there)."""
+    assert recipe.cuda is not None
+    version = recipe.cuda.toolkit
+    source = source or recipe.cuda.source
+    if source == "system":
+        tk, notes = find_system_toolkit(version, recipe.platform, env)
+        if tk is not None:
+            log.info(f"    CUDA {version}: system toolkit at {tk.root}")
+            return tk
+        log.warn(f"no installed CUDA {version} ({'; '.join(notes) or 'none found'}); bootstrapping from redist")
+        source = "redist"
+    components = list(recipe.cuda.components)
+    if source == "pypi":
+        from .pypi import install_from_pypi
+
+        return install_from_pypi(version=version, platform=recipe.platform, components=components, settings=settings, log=log)
+    if source == "redist":
+        from .redist import install_redist
+
+        return install_redist(version=version, platform=recipe.platform, components=components, settings=settings, log=log)
+    raise ToolchainError(f"the CUDA toolkit source '{source}' is not available in this version",
+                         fix="use cuda.source: redist, pypi or system")
+
+
+def check_toolkit(tk: Toolkit, recipe: Recipe, *, env: Mapping[str, str]) -> dict[str, str]:
+    """Before the build: nvcc's version equals the pinned one, and the host compiler is one this CUDA accepts.
+    Returns {"nvcc": "13.0.88", "host": "gcc 12"}."""
+    assert recipe.cuda is not None
+    want = str(data.cuda_manifest(recipe.cuda.toolkit)["cuda_nvcc"]["version"])
+    if not tk.nvcc.is_file():
+        raise ToolchainError(f"the toolkit at {tk.root} has no nvcc", fix="add cuda_nvcc to cuda.components")
+    out = proc.capture([tk.nvcc, "--version"], env=env).stdout
+    m = re.search(r"release (\d+\.\d+), V(\d+\.\d+\.\d+)", out)
+    got = m.group(2) if m else "unknown"
+    if got != want:
+        raise ToolchainError(f"nvcc at {tk.nvcc} is version {got}, the recipe pins CUDA {recipe.cuda.toolkit} (nvcc {want})",
+                             fix="use a toolkit of the pinned version (llamabundle toolkit install RECIPE)")
+    host = check_host_compiler(recipe, env=env)
+    return {"nvcc": got, "host": host}
+
+
+def check_host_compiler(recipe: Recipe, *, env: Mapping[str, str]) -> str:
+    assert recipe.cuda is not None
+    lo, hi = data.cuda_toolkits()[recipe.cuda.toolkit]["host_compilers"]["gcc"]
+    if recipe.toolchain.compiler != "gcc":
+        return recipe.toolchain.compiler  # MSVC's _MSC_VER is checked on Windows (vcvars environment)
+    res = proc.capture(["gcc", "-dumpversion"], env=env)
+    major = int(res.stdout.strip().split(".")[0]) if res.returncode == 0 and res.stdout.strip() else -1
+    if not lo <= major <= hi:
+        raise ToolchainError(f"gcc {major} is not a host compiler CUDA {recipe.cuda.toolkit} accepts",
+                             why=f"nvcc of CUDA {recipe.cuda.toolkit} supports gcc {lo} to {hi}",
+                             fix=f"install a gcc between {lo} and {hi} and put it first on PATH")
+    return f"gcc {major}"

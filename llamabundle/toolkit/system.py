@@ -1,0 +1,59 @@
+"""An installed CUDA toolkit (CUDA_PATH, nvcc on PATH, /usr/local/cuda): used only when its version
+equals the recipe's."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+
+from .. import proc
+from .layout import Toolkit
+
+
+def candidates(env: Mapping[str, str]) -> list[Path]:
+    roots: list[Path] = []
+    for var in ("CUDA_PATH", "CUDA_HOME", "CUDA_ROOT"):
+        if env.get(var):
+            roots.append(Path(env[var]))
+    nvcc = shutil.which("nvcc", path=env.get("PATH"))
+    if nvcc:
+        roots.append(Path(nvcc).resolve().parent.parent)
+    roots += [Path("/usr/local/cuda"), Path("C:/Program Files/NVIDIA GPU Computing Toolkit/CUDA")]
+    seen: list[Path] = []
+    for r in roots:
+        if r not in seen:
+            seen.append(r)
+    return seen
+
+
+def installed_version(root: Path) -> str | None:
+    """The release label of a toolkit install: version.json's cuda.version, else nvcc's 'release X.Y'."""
+    vj = root / "version.json"
+    if vj.is_file():
+        try:
+            return str(json.loads(vj.read_text())["cuda"]["version"])
+        except (ValueError, KeyError, TypeError):
+            pass
+    nvcc = root / "bin" / "nvcc"
+    if nvcc.is_file():
+        out = proc.capture([nvcc, "--version"]).stdout
+        m = re.search(r"release (\d+\.\d+), V(\d+\.\d+\.\d+)", out)
+        if m:
+            return m.group(1)
+    return None
+
+
+def find_system_toolkit(version: str, platform: str, env: Mapping[str, str]) -> tuple[Toolkit | None, list[str]]:
+    """(toolkit, notes): the first installed toolkit whose version equals `version`, and what was seen."""
+    notes = []
+    for root in candidates(env):
+        if not root.is_dir():
+            continue
+        found = installed_version(root)
+        if found == version:
+            return Toolkit(root=root, version=version, source="system", platform=platform), notes
+        notes.append(f"{root}: CUDA {found or 'unknown version'}")
+    return None, notes

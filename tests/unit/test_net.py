@@ -1,0 +1,440 @@
+"""net.download against a real http.server on loopback: resume (Range/If-Range), retries, size and sha256
+checks, redirects that must not carry the token, and the .part left for the next run."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import http.server
+import io
+import json
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from llamabundle import net
+from llamabundle.errors import ToolchainError, VerifyError
+from llamabundle.log import Log, ProgressHandle
+
+BODY = bytes(range(256)) * 12_289  # 3 MiB + 256 bytes: more than one 1 MiB chunk
+SHA = hashlib.sha256(BODY).hexdigest()
+ETAG = '"v1"'
+
+Reply = Callable[["Handler"], None]
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    server: "_HTTPServer"
+
+    def do_GET(self) -> None:  # noqa: N802
+        srv = self.server.owner
+        srv.seen.append({"path": self.path, **{k.lower(): v for k, v in self.headers.items()}})
+        reply = srv.replies.pop(0) if srv.replies else srv.default
+        reply(self)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+class _HTTPServer(http.server.ThreadingHTTPServer):
+    owner: "Server"
+    daemon_threads = True
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        pass  # the client hanging up on purpose (an aborted download) is no error here
+
+
+class Server:
+    """A loopback HTTP server: `replies` are used once each, in order, then `default` for every request."""
+
+    def __init__(self, host: str = "127.0.0.1") -> None:
+        self.seen: list[dict[str, str]] = []
+        self.replies: list[Reply] = []
+        self.default: Reply = serve()
+        self.httpd = _HTTPServer((host, 0), Handler)
+        self.httpd.owner = self
+        self.url = f"http://{host}:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def ranges(self) -> list[str | None]:
+        return [s.get("range") for s in self.seen]
+
+
+def serve(body: bytes = BODY, *, etag: str | None = ETAG, ranges: bool = True, cut: int | None = None,
+          length: bool = True, headers: dict[str, str] | None = None) -> Reply:
+    """A file server: honours Range (with If-Range against `etag`) when `ranges`; `cut` hangs up after
+    that many body bytes while announcing the full Content-Length; `length=False` sends no Content-Length."""
+
+    def reply(h: Handler) -> None:
+        start = 0
+        rng, if_range = h.headers.get("Range"), h.headers.get("If-Range")
+        if ranges and rng and rng.startswith("bytes=") and rng.endswith("-") and (if_range is None or if_range == etag):
+            start = int(rng[len("bytes="):-1])
+            if start >= len(body):
+                h.send_response(416)
+                h.send_header("Content-Range", f"bytes */{len(body)}")
+                h.send_header("Content-Length", "0")
+                h.end_headers()
+                return
+            h.send_response(206)
+            h.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
+        else:
+            h.send_response(200)
+        if ranges:
+            h.send_header("Accept-Ranges", "bytes")
+        if etag:
+            h.send_header("ETag", etag)
+        for k, v in (headers or {}).items():
+            h.send_header(k, v)
+        if length:
+            h.send_header("Content-Length", str(len(body) - start))
+        h.end_headers()
+        rest = body[start:]
+        h.wfile.write(rest if cut is None else rest[:cut])
+        h.wfile.flush()
+        h.close_connection = True
+
+    return reply
+
+
+def status(code: int, headers: dict[str, str] | None = None) -> Reply:
+    def reply(h: Handler) -> None:
+        h.send_response(code)
+        for k, v in (headers or {}).items():
+            h.send_header(k, v)
+        h.send_header("Content-Length", "0")
+        h.end_headers()
+
+    return reply
+
+
+@pytest.fixture
+def server() -> Iterator[Server]:
+    s = Server()
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def no_sleep(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    slept: list[float] = []
+    monkeypatch.setattr(net, "_sleep", slept.append)
+    return slept
+
+
+def log() -> Log:
+    return Log(console=Console(file=io.StringIO(), width=200, color_system=None))
+
+
+def get(server: Server, dest: Path, path: str = "/f", **kw: object) -> str:
+    kw.setdefault("backoff", 0)
+    return net.download(server.url + path, dest, http=net.session(), log=log(), connect_timeout=2,
+                        read_timeout=5, **kw)  # type: ignore[arg-type]
+
+
+def leftovers(dest: Path) -> list[str]:
+    return sorted(p.name for p in dest.parent.iterdir() if p.name != dest.name)
+
+
+def write_part(dest: Path, data: bytes, url: str | None, validator: str | None) -> None:
+    dest.with_name(dest.name + ".part").write_bytes(data)
+    if url is not None:
+        dest.with_name(dest.name + ".part.json").write_text(json.dumps({"url": url, "validator": validator, "total": len(BODY)}))
+
+
+# ----------------------------------------------------------------------------------- success
+
+
+def test_plain_download_returns_sha256_and_renames_atomically(tmp_path: Path, server: Server) -> None:
+    dest = tmp_path / "d" / "file.bin"
+    assert get(server, dest, sha256=SHA.upper(), size=len(BODY)) == SHA
+    assert dest.read_bytes() == BODY
+    assert leftovers(dest) == []
+    assert len(server.seen) == 1 and server.ranges() == [None]
+    assert server.seen[0]["user-agent"].startswith("llamabundle/")
+
+
+def test_gzip_content_encoding_is_hashed_as_served(tmp_path: Path, server: Server) -> None:
+    served = gzip.compress(b"hello " * 1000)
+    server.default = serve(served, headers={"Content-Encoding": "gzip", "Content-Type": "text/plain"})
+    dest = tmp_path / "f.gz"
+    got = get(server, dest, size=len(served))
+    assert got == hashlib.sha256(served).hexdigest() != hashlib.sha256(b"hello " * 1000).hexdigest()
+    assert dest.read_bytes() == served
+
+
+def test_progress_reports_bytes_done_of_total(tmp_path: Path, server: Server) -> None:
+    calls: list[tuple[int, int | None]] = []
+
+    class Recording(ProgressHandle):
+        def update(self, done: int, total: int | None = None) -> None:
+            calls.append((done, total))
+
+    class L(Log):
+        @contextmanager
+        def progress(self, title: str, total: int | None = None) -> Iterator[ProgressHandle]:
+            assert title == "download f" and total == len(BODY)
+            yield Recording()
+
+    net.download(server.url + "/f", tmp_path / "f", http=net.session(), log=L(quiet=True), backoff=0)
+    assert calls[0] == (0, len(BODY)) and calls[-1] == (len(BODY), len(BODY))
+    assert [d for d, _ in calls] == sorted(d for d, _ in calls)
+
+
+# ---------------------------------------------------------------------------------- mismatch
+
+
+def test_sha256_mismatch_deletes_the_part_and_raises_the_given_error(tmp_path: Path, server: Server) -> None:
+    dest = tmp_path / "f"
+    with pytest.raises(ToolchainError) as e:
+        get(server, dest, sha256="0" * 64, mismatch_error=ToolchainError)
+    assert e.value.exit_code == 3
+    assert e.value.what == f"sha256 mismatch for {server.url}/f"
+    assert e.value.why == f"expected {'0' * 64}, got {SHA}"
+    assert e.value.fix
+    assert not dest.exists() and leftovers(dest) == []
+
+
+@pytest.mark.parametrize("length", [True, False], ids=["content-length", "close-delimited"])
+def test_more_bytes_than_size_aborts(tmp_path: Path, server: Server, length: bool) -> None:
+    server.default = serve(length=length, ranges=False)
+    dest = tmp_path / "f"
+    with pytest.raises(VerifyError) as e:
+        get(server, dest, size=1000)
+    assert e.value.exit_code == 5
+    assert e.value.what == f"size mismatch for {server.url}/f"
+    assert "1000" in e.value.why
+    assert not dest.exists() and leftovers(dest) == []
+    assert len(server.seen) == 1  # not retried
+
+
+def test_fewer_bytes_than_size_is_a_mismatch(tmp_path: Path, server: Server) -> None:
+    server.default = serve(BODY[:500], length=False)
+    dest = tmp_path / "f"
+    with pytest.raises(ToolchainError) as e:
+        get(server, dest, size=1000, mismatch_error=ToolchainError)
+    assert e.value.why == "expected 1000 bytes, got 500"
+    assert not dest.exists() and leftovers(dest) == []
+
+
+# ------------------------------------------------------------------------------------ resume
+
+
+def test_truncated_body_is_resumed_with_range_in_the_same_call(tmp_path: Path, server: Server) -> None:
+    half = len(BODY) // 2
+    server.replies = [serve(cut=half)]  # announces the full Content-Length, sends half, hangs up
+    dest = tmp_path / "f"
+    assert get(server, dest, sha256=SHA, size=len(BODY)) == SHA
+    assert dest.read_bytes() == BODY and leftovers(dest) == []
+    assert server.ranges() == [None, f"bytes={half}-"]
+    assert server.seen[1]["if-range"] == ETAG
+
+
+def test_drops_use_up_the_retries_then_the_part_is_kept_for_the_next_call(tmp_path: Path, server: Server) -> None:
+    server.default = serve(cut=1000)
+    dest = tmp_path / "f"
+    with pytest.raises(net.NetworkError) as e:
+        get(server, dest, retries=2)
+    assert e.value.exit_code == 6 and "dropped" in e.value.why
+    assert server.ranges() == [None, "bytes=1000-", "bytes=2000-"]
+    assert dest.with_name("f.part").read_bytes() == BODY[:3000]
+    assert json.loads(dest.with_name("f.part.json").read_text())["validator"] == ETAG
+
+    server.default = serve()
+    assert get(server, dest, sha256=SHA) == SHA
+    assert server.ranges()[-1] == "bytes=3000-" and server.seen[-1]["if-range"] == ETAG
+    assert leftovers(dest) == []
+
+
+def test_a_drop_on_a_server_without_ranges_fails_at_once(tmp_path: Path, server: Server) -> None:
+    server.default = serve(ranges=False, etag=None, cut=1000)
+    with pytest.raises(net.NetworkError) as e:
+        get(server, tmp_path / "f")
+    assert e.value.what == f"cannot download {server.url}/f"
+    assert "Accept-Ranges" in e.value.why
+    assert len(server.seen) == 1
+
+
+def test_keyboard_interrupt_keeps_the_part_and_the_next_call_resumes_with_if_range(tmp_path: Path, server: Server) -> None:
+    class Interrupt(ProgressHandle):
+        def update(self, done: int, total: int | None = None) -> None:
+            if done >= 1 << 20:
+                raise KeyboardInterrupt
+
+    class L(Log):
+        @contextmanager
+        def progress(self, title: str, total: int | None = None) -> Iterator[ProgressHandle]:
+            yield Interrupt()
+
+    dest = tmp_path / "f"
+    with pytest.raises(KeyboardInterrupt):
+        net.download(server.url + "/f", dest, http=net.session(), log=L(quiet=True), sha256=SHA, backoff=0)
+    assert not dest.exists()
+    kept = dest.with_name("f.part").read_bytes()
+    assert kept == BODY[: 1 << 20]
+    assert json.loads(dest.with_name("f.part.json").read_text()) == {"url": server.url + "/f", "validator": ETAG,
+                                                                      "total": len(BODY)}
+
+    assert get(server, dest, sha256=SHA) == SHA
+    assert server.seen[-1]["range"] == f"bytes={1 << 20}-" and server.seen[-1]["if-range"] == ETAG
+    assert dest.read_bytes() == BODY and leftovers(dest) == []
+
+
+def test_leftover_part_without_validator_is_resumed_without_if_range(tmp_path: Path, server: Server) -> None:
+    dest = tmp_path / "f"
+    write_part(dest, BODY[:777], url=None, validator=None)
+    assert get(server, dest, sha256=SHA) == SHA
+    assert server.ranges() == ["bytes=777-"] and "if-range" not in server.seen[0]
+    assert dest.read_bytes() == BODY
+
+
+def test_leftover_part_of_another_url_is_discarded(tmp_path: Path, server: Server) -> None:
+    dest = tmp_path / "f"
+    write_part(dest, b"x" * 777, url=server.url + "/other", validator=ETAG)
+    assert get(server, dest, sha256=SHA) == SHA
+    assert server.ranges() == [None]
+
+
+def test_server_ignoring_range_restarts_from_zero(tmp_path: Path, server: Server) -> None:
+    server.default = serve(ranges=False)
+    dest = tmp_path / "f"
+    write_part(dest, b"garbage!" * 100, url=server.url + "/f", validator=ETAG)  # would corrupt the file if appended to
+    assert get(server, dest, sha256=SHA, size=len(BODY)) == SHA
+    assert server.ranges() == ["bytes=800-"]
+    assert dest.read_bytes() == BODY and leftovers(dest) == []
+
+
+def test_changed_etag_makes_the_server_send_the_whole_new_file(tmp_path: Path, server: Server) -> None:
+    new = b"new contents " * 100_000
+    server.default = serve(new, etag='"v2"')
+    dest = tmp_path / "f"
+    write_part(dest, BODY[:5000], url=server.url + "/f", validator=ETAG)
+    assert get(server, dest, sha256=hashlib.sha256(new).hexdigest()) == hashlib.sha256(new).hexdigest()
+    assert server.seen[0]["range"] == "bytes=5000-" and server.seen[0]["if-range"] == ETAG
+    assert dest.read_bytes() == new
+
+
+def test_416_with_a_complete_part_is_done_and_verified(tmp_path: Path, server: Server) -> None:
+    dest = tmp_path / "f"
+    write_part(dest, BODY, url=server.url + "/f", validator=ETAG)
+    assert get(server, dest, sha256=SHA, size=len(BODY)) == SHA
+    assert server.ranges() == [f"bytes={len(BODY)}-"]
+    assert dest.read_bytes() == BODY and leftovers(dest) == []
+
+
+def test_complete_part_with_wrong_bytes_is_a_mismatch(tmp_path: Path, server: Server) -> None:
+    dest = tmp_path / "f"
+    write_part(dest, b"\0" * len(BODY), url=server.url + "/f", validator=ETAG)
+    with pytest.raises(VerifyError):
+        get(server, dest, sha256=SHA)
+    assert leftovers(dest) == [] and not dest.exists()
+
+
+# ------------------------------------------------------------------------------------ status
+
+
+def test_500_then_200_succeeds_after_one_retry(tmp_path: Path, server: Server) -> None:
+    server.replies = [status(500)]
+    assert get(server, tmp_path / "f", sha256=SHA) == SHA
+    assert len(server.seen) == 2
+
+
+def test_persistent_500_is_a_network_error_after_all_retries(tmp_path: Path, server: Server, no_sleep: list[float]) -> None:
+    server.default = status(503)
+    dest = tmp_path / "f"
+    with pytest.raises(net.NetworkError) as e:
+        get(server, dest, retries=3, backoff=0.5)
+    assert e.value.exit_code == 6
+    assert "HTTP 503" in e.value.why
+    assert len(server.seen) == 4
+    assert no_sleep == [0.5, 1.0, 2.0]
+    assert not dest.exists() and leftovers(dest) == []
+
+
+def test_404_fails_at_once(tmp_path: Path, server: Server) -> None:
+    server.default = status(404)
+    with pytest.raises(net.NetworkError) as e:
+        get(server, tmp_path / "f")
+    assert e.value.exit_code == 6
+    assert e.value.what == f"GET {server.url}/f answered HTTP 404"
+    assert len(server.seen) == 1
+
+
+@pytest.mark.parametrize(("after", "slept"), [("7", 7.0), ("120", 30.0), ("Wed, 21 Oct 2015 07:28:00 GMT", 0.0)])
+def test_429_honours_retry_after_up_to_30_seconds(tmp_path: Path, server: Server, no_sleep: list[float],
+                                                  after: str, slept: float) -> None:
+    server.replies = [status(429, {"Retry-After": after})]
+    assert get(server, tmp_path / "f") == SHA
+    assert len(server.seen) == 2
+    assert no_sleep == [slept]
+
+
+# --------------------------------------------------------------------------- redirects, token
+
+
+@pytest.fixture
+def other_host() -> Iterator[Server]:
+    try:
+        s = Server("127.0.0.2")
+    except OSError:
+        s = Server("localhost")  # vs 127.0.0.1: another host name all the same
+    yield s
+    s.close()
+
+
+def redirect(location: str) -> Reply:
+    return status(302, {"Location": location})
+
+
+def test_token_goes_to_the_origin_only_never_to_the_redirect_host(tmp_path: Path, server: Server, other_host: Server) -> None:
+    assert net._origin(server.url) != net._origin(other_host.url)
+    server.replies = [redirect("/moved"), redirect(other_host.url + "/asset")]
+    dest = tmp_path / "f"
+    assert get(server, dest, sha256=SHA, token="s3cret", headers={"Accept": "application/octet-stream"}) == SHA
+    assert [s["path"] for s in server.seen] == ["/f", "/moved"]
+    assert all(s["authorization"] == "Bearer s3cret" for s in server.seen)  # same origin: kept
+    assert [s["path"] for s in other_host.seen] == ["/asset"]
+    assert "authorization" not in other_host.seen[0]
+    assert other_host.seen[0]["accept"] == "application/octet-stream"
+
+
+def test_resume_after_redirect_sends_range_to_the_target(tmp_path: Path, server: Server, other_host: Server) -> None:
+    half = len(BODY) // 2
+    server.default = redirect(other_host.url + "/asset")
+    other_host.replies = [serve(cut=half)]
+    assert get(server, tmp_path / "f", sha256=SHA, token="t") == SHA
+    assert other_host.ranges() == [None, f"bytes={half}-"]
+    assert not any("authorization" in s for s in other_host.seen)
+
+
+def test_redirect_loop_is_a_network_error(tmp_path: Path, server: Server) -> None:
+    server.default = redirect("/f")
+    with pytest.raises(net.NetworkError, match="redirected more than"):
+        get(server, tmp_path / "f")
+
+
+# ------------------------------------------------------------------------------- connection
+
+
+def test_connection_refused_is_a_network_error_quickly(tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    start = time.monotonic()
+    with pytest.raises(net.NetworkError) as e:
+        net.download(f"http://127.0.0.1:{port}/f", tmp_path / "f", http=net.session(), log=log(), connect_timeout=2)
+    assert time.monotonic() - start < 1.5  # default retries and backoff: refused is not retried
+    assert e.value.exit_code == 6
+    assert e.value.why == "connection refused"
+    assert leftovers(tmp_path / "f") == []
