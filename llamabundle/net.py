@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import http.client
 import json
 import os
 import time
+from http.client import HTTPException
 from pathlib import Path
 from urllib.parse import urljoin, urlsplit
 
@@ -30,7 +30,7 @@ MAX_DELAY = 30.0  # seconds: the longest Retry-After (or backoff) a download wai
 _sleep = time.sleep  # tests replace it
 
 # What a connection dropped mid-body looks like, from requests, urllib3, http.client or the socket.
-_DROPPED = (requests.RequestException, urllib3.exceptions.HTTPError, http.client.HTTPException,
+_DROPPED = (requests.RequestException, urllib3.exceptions.HTTPError, HTTPException,
             ConnectionError, TimeoutError)
 # Requests that can never work: no retry.
 _HOPELESS = (requests.exceptions.InvalidURL, requests.exceptions.MissingSchema, requests.exceptions.InvalidSchema,
@@ -44,6 +44,7 @@ class NetworkError(StoreError):
 def session() -> requests.Session:
     s = requests.Session()
     s.headers["User-Agent"] = f"llamabundle/{__version__}"
+    s.headers["Accept-Encoding"] = "identity"  # hashes are of the file, never of an on-the-fly encoding
     return s
 
 
@@ -308,7 +309,8 @@ class _Download:
 
     def _save_meta(self) -> None:
         tmp = self.meta.with_name(self.meta.name + ".tmp")
-        tmp.write_text(json.dumps({"url": self.url, "validator": self.validator, "total": self.total}), encoding="utf-8")
+        info = {"url": self.url, "validator": self.validator, "total": self.total}
+        tmp.write_text(json.dumps(info), encoding="utf-8")
         os.replace(tmp, self.meta)
 
     def _discard(self) -> None:

@@ -156,9 +156,12 @@ def install_from_pypi(*, version: str, platform: str, components: Sequence[str],
     with FileLock(str(lock_dir / lock_name)):
         have = layout.read_installed(root)
         if have is not None:
-            if (have.version, have.platform, have.source) != (version, platform, SOURCE):
-                raise ToolchainError(f"{root} holds CUDA {have.version} ({have.source}, {have.platform})",
-                                     why=f"asked for CUDA {version} from {SOURCE} for {platform}",
+            want = {r.component: r.version for r in records}
+            held = json.loads((root / layout.MARKER).read_text()).get("components")
+            if (have.version, have.platform, have.source, held) != (version, platform, SOURCE, want):
+                raise ToolchainError(f"{root} holds another toolkit: CUDA {have.version} ({have.source}, {have.platform}) "
+                                     f"with {', '.join(sorted(held or {}))}",
+                                     why=f"asked for CUDA {version} from {SOURCE} for {platform} with {', '.join(want)}",
                                      fix=f"remove {root} or install somewhere else")
             log.info(f"    CUDA {version} ({SOURCE}): {root} is installed")
             return have

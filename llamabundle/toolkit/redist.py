@@ -21,9 +21,10 @@ import os
 import posixpath
 import shutil
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 import filelock
 import requests
@@ -32,9 +33,10 @@ from .. import archive as archive_mod
 from .. import net
 from ..errors import ToolchainError, VerifyError
 from ..log import Log
+from ..recipe import Settings
 from . import layout
-from .manifest import Archive
-from .plan import ToolkitPlan
+from .manifest import Archive, Manifest
+from .plan import ToolkitPlan, plan_toolkit
 
 LICENSE_NAMES = ("LICENSE", "LICENSE.txt")
 LOCK_TIMEOUT_S = 3600.0
@@ -287,3 +289,16 @@ def install(plan: ToolkitPlan, *, cache_dir: Path, base_url: str, log: Log, dest
         sizes = {pa.archive.name: pa.archive.size for pa in plan.archives}
         return InstallResult(toolkit=tk, reused=False, downloaded_bytes=sum(sizes[n] for n in result_downloaded),
                              downloaded=result_downloaded, from_cache=from_cache)
+
+
+def install_redist(*, version: str, platform: str, components: Sequence[str], settings: Settings, log: Log,
+                   dest: Path | None = None, manifest: Manifest | str | Path | Mapping[str, Any] | None = None,
+                   http: requests.Session | None = None) -> layout.Toolkit:
+    """The toolkit of `components` (plus what the major version implies) from NVIDIA's redist archives,
+    in its content-addressed root under settings.cache_dir (or `dest`); reused when complete."""
+    plan = plan_toolkit(version=version, components=components, platform=platform, manifest=manifest)
+    result = install(plan, cache_dir=settings.cache_dir, base_url=settings.cuda_redist_url, log=log, dest=dest,
+                     http=http, connect_timeout=settings.connect_timeout)
+    state = "installed" if result.reused else f"installed now ({result.downloaded_bytes:,} bytes downloaded)"
+    log.info(f"    CUDA {version} (redist): {result.toolkit.root} {state}")
+    return result.toolkit

@@ -206,17 +206,43 @@ def test_sha256_mismatch_deletes_the_part_and_raises_the_given_error(tmp_path: P
     assert not dest.exists() and leftovers(dest) == []
 
 
-@pytest.mark.parametrize("length", [True, False], ids=["content-length", "close-delimited"])
-def test_more_bytes_than_size_aborts(tmp_path: Path, server: Server, length: bool) -> None:
-    server.default = serve(length=length, ranges=False)
+def test_more_bytes_than_size_announced_aborts_before_reading(tmp_path: Path, server: Server) -> None:
     dest = tmp_path / "f"
     with pytest.raises(VerifyError) as e:
         get(server, dest, size=1000)
     assert e.value.exit_code == 5
     assert e.value.what == f"size mismatch for {server.url}/f"
-    assert "1000" in e.value.why
+    assert e.value.why == f"the server announces {len(BODY)} bytes, expected 1000"
     assert not dest.exists() and leftovers(dest) == []
     assert len(server.seen) == 1  # not retried
+
+
+def test_more_bytes_than_size_streamed_aborts_at_once(tmp_path: Path, server: Server) -> None:
+    sent: list[int] = []
+
+    def endless(h: Handler) -> None:  # no Content-Length: 64 MiB unless the client hangs up first
+        h.send_response(200)
+        h.end_headers()
+        n = 0
+        try:
+            for _ in range(256):
+                h.wfile.write(b"\xff" * (1 << 18))
+                n += 1 << 18
+        except OSError:
+            pass
+        sent.append(n)
+
+    server.default = endless
+    dest = tmp_path / "f"
+    with pytest.raises(ToolchainError) as e:
+        get(server, dest, size=1000, mismatch_error=ToolchainError)
+    assert e.value.why == "the server sent more than the expected 1000 bytes"
+    assert not dest.exists() and leftovers(dest) == []
+    deadline = time.monotonic() + 5
+    while not sent and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert sent and sent[0] < 64 << 20  # the client hung up long before the end
+    assert len(server.seen) == 1
 
 
 def test_fewer_bytes_than_size_is_a_mismatch(tmp_path: Path, server: Server) -> None:

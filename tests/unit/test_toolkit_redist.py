@@ -194,7 +194,7 @@ class Server:
 
         self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
 
     def paths(self) -> list[str]:
         return [p for p, _ in self.requests]
@@ -513,3 +513,16 @@ def test_stale_temp_tree_of_a_killed_install_is_cleaned(repo: Repo) -> None:
     (stale / "bin").mkdir(parents=True)
     repo.install(plan)
     assert not stale.exists() and leftovers(repo) == []
+
+
+def test_install_redist_is_what_resolve_toolkit_calls(repo: Repo) -> None:
+    from llamabundle.recipe import Settings
+
+    settings = Settings(cache_dir=repo.cache, cuda_redist_url=repo.server.url)
+    tk = redist.install_redist(version="13.0.2", platform="linux-x86_64", components=["cuda_nvcc", "cuda_cudart"],
+                               settings=settings, log=repo.log, manifest=repo.manifest)
+    assert tk.root == repo.plan(["cuda_nvcc", "cuda_cudart"]).root(repo.cache) and tk.nvcc.is_file()
+    repo.server.reset()
+    again = redist.install_redist(version="13.0.2", platform="linux-x86_64", components=["cuda_cudart", "cuda_nvcc"],
+                                  settings=settings, log=repo.log, manifest=repo.manifest)
+    assert again.root == tk.root and repo.server.requests == []

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Build and verify the linux-x86_64-cuda13.0 bundle on the GPU machine (device tool), with the
+# machine's own CUDA 13.0 toolkit (--toolkit-source system). Nothing can be fetched there, so the
+# proven llama.cpp tree travels as .devtree/llama-src.tar.xz (models/ and docs/ left out) and the
+# Python packages the image lacks as wheels in .whl/.
+#
+#   bash bench/gpu/cuda_build.sh start   # set up, start the build (and a plain ggml-cuda build with
+#                                        # GGML_CUDA_COMPRESSION_MODE=none for the size comparison)
+#   bash bench/gpu/cuda_build.sh wait    # wait (at most ~9 min per call); when done, verify and
+#                                        # copy bundle.json, verify output and logs to $OUT
+set -uo pipefail
+COMMIT=0c1e57098bba43ac29e6e3b677cdceebdd22334f
+W=/tmp/lbgpu
+export LLAMABUNDLE_CACHE_DIR=$W/cache PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
+RECIPE=recipes/linux-x86_64-cuda13.0.yaml
+
+start() {
+  mkdir -p $W
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  cat /usr/local/cuda/version.json | python3 -c 'import json,sys; d=json.load(sys.stdin); print("system CUDA", d["cuda"]["version"], "nvcc", d["cuda_nvcc"]["version"], "cudart", d["cuda_cudart"]["version"], "cublas", d["libcublas"]["version"])'
+  gcc --version | head -1; cmake --version | head -1; nproc
+  src=$LLAMABUNDLE_CACHE_DIR/src/$COMMIT
+  mkdir -p $src && tar -C $src -xJf .devtree/llama-src.tar.xz
+  printf '{"commit": "%s", "origin": "pypi:llama-cpp-python==0.3.36 (proven on the build host; models/ and docs/ left out for transfer)"}' $COMMIT > $src/.llamabundle-source.json
+  date +%s > $W/t0
+  setsid nohup bash -c "python3 -m llamabundle build $RECIPE --toolkit-source system --store $W/store --json > $W/build.json 2> $W/build.log; echo \$? > $W/build.rc; date +%s > $W/t1" > /dev/null 2>&1 &
+  # Same source, same archs, compression off: only the ggml-cuda target, at lower priority.
+  setsid nohup bash -c "nice -n 10 cmake -S $src -B $W/nocomp -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DGGML_BACKEND_DL=ON -DGGML_NATIVE=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DCMAKE_CUDA_ARCHITECTURES='75-virtual;90-real' -DGGML_CUDA_COMPRESSION_MODE=none > $W/nocomp.log 2>&1 && nice -n 10 cmake --build $W/nocomp --target ggml-cuda >> $W/nocomp.log 2>&1; echo \$? > $W/nocomp.rc" > /dev/null 2>&1 &
+  sleep 5; tail -3 $W/build.log
+  wait_build
+}
+
+wait_build() {
+  for i in $(seq 1 106); do
+    [ -f $W/build.rc ] && [ -f $W/nocomp.rc ] && break
+    sleep 5
+  done
+  grep -o '\[[0-9]*/[0-9]*\]' $LLAMABUNDLE_CACHE_DIR/build/*/llamabundle-build.log 2>/dev/null | tail -1
+  grep -o '\[[0-9]*/[0-9]*\]' $W/nocomp.log 2>/dev/null | tail -1
+  if [ -f $W/build.rc ]; then finish; else echo "still building"; fi
+}
+
+finish() {
+  echo "build rc=$(cat $W/build.rc) seconds=$(( $(cat $W/t1) - $(cat $W/t0) ))"
+  tail -40 $W/build.log
+  cp $W/build.log $OUT/build.log; cp $W/build.json $OUT/build.json
+  zip=$(python3 -c "import json; print(json.load(open('$W/build.json'))['published'])" 2>/dev/null) || { echo "no bundle"; return; }
+  python3 -m llamabundle verify "$zip" --level gpu --require-gpu > $OUT/verify-gpu.txt 2>&1; echo "verify rc=$?" >> $OUT/verify-gpu.txt
+  python3 -m llamabundle verify "$zip" --level gpu --json > $OUT/verify-gpu.json 2>/dev/null
+  cat $OUT/verify-gpu.txt
+  unzip -p "$zip" bundle.json > $OUT/bundle.json
+  mkdir -p $W/x && cd $W/x && unzip -qo "$zip" && cd - > /dev/null
+  /usr/local/cuda/bin/cuobjdump --list-elf --list-ptx $W/x/libggml-cuda.so | sed 's/.*\.\(sm_[0-9a-z]*\)\.\(cubin\|ptx\)/\2 \1/' | sort | uniq -c > $OUT/cuobjdump.txt
+  cat $OUT/cuobjdump.txt
+  {
+    echo "bundle zip: $(stat -c %s "$zip") bytes"
+    echo "libggml-cuda.so (compression size): $(stat -c %s $W/x/libggml-cuda.so) bytes"
+    if [ "$(cat $W/nocomp.rc 2>/dev/null)" = 0 ]; then
+      n=$(ls $W/nocomp/bin/libggml-cuda.so); echo "libggml-cuda.so (compression none): $(stat -c %s $n) bytes"
+      cp -r $W/x $W/y && cp $n $W/y/libggml-cuda.so && (cd $W/y && rm -f ../nocomp.zip && zip -qr -9 ../nocomp.zip .) && echo "bundle zip with the uncompressed ggml-cuda (zip -9): $(stat -c %s $W/nocomp.zip) bytes"
+    else echo "no-compression build: rc=$(cat $W/nocomp.rc 2>/dev/null)"; tail -5 $W/nocomp.log; fi
+  } | tee $OUT/sizes.txt
+}
+
+case "${1:-}" in start) start ;; wait) wait_build ;; *) echo "usage: $0 start|wait"; exit 2 ;; esac
