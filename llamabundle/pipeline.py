@@ -7,6 +7,7 @@ import hashlib
 import json
 import re
 import zipfile
+from importlib import resources
 import shutil
 import tempfile
 from collections.abc import Mapping
@@ -234,16 +235,17 @@ def copy_cuda_licenses(bundled: Mapping[str, Path], toolkit: Toolkit, stage: Pat
     comps = sorted({c for name in bundled for pattern, c in table.items() if fnmatch.fnmatchcase(name, pattern)})
     roles: dict[str, str] = {}
     for comp in comps:
-        for cand in (toolkit.root / f"LICENSE.{comp}", toolkit.root / "EULA.txt", toolkit.root / "LICENSE"):
+        for cand in (toolkit.root / f"LICENSE.{comp}", toolkit.root / "EULA.txt", toolkit.root / "DOCS" / "EULA.txt",
+                     toolkit.root / "LICENSE"):
             if cand.is_file():
                 name = f"LICENSE-CUDA-{comp}.txt" if cand.name.startswith("LICENSE.") else "LICENSE-CUDA.txt"
                 shutil.copyfile(cand, stage / name)
                 roles[name] = "license"
                 break
-        else:
-            raise VerifyError(f"no license text for the CUDA component {comp} in {toolkit.root}",
-                              why="a bundle that redistributes CUDA libraries must carry their license",
-                              fix="install the toolkit with llamabundle toolkit install (it keeps every LICENSE)")
+        else:  # a system toolkit without its license files (some container images strip them)
+            notice = resources.files(data.__name__).joinpath("CUDA-EULA-NOTICE.txt").read_text(encoding="utf-8")
+            (stage / "LICENSE-CUDA.txt").write_text(notice, encoding="utf-8")
+            roles["LICENSE-CUDA.txt"] = "license"
     return roles
 
 

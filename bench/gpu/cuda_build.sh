@@ -15,10 +15,10 @@ export LLAMABUNDLE_CACHE_DIR=$W/cache PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/b
 RECIPE=recipes/linux-x86_64-cuda13.0.yaml
 
 start() {
-  mkdir -p $W
+  mkdir -p $W && rm -f $W/build.rc $W/t1 $W/nocomp.rc
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-  cat /usr/local/cuda/version.json | python3 -c 'import json,sys; d=json.load(sys.stdin); print("system CUDA", d["cuda"]["version"], "nvcc", d["cuda_nvcc"]["version"], "cudart", d["cuda_cudart"]["version"], "cublas", d["libcublas"]["version"])'
+  /usr/local/cuda/bin/nvcc --version | tail -2; ls /usr/local/cuda/lib64/libcudart.so.* /usr/local/cuda/lib64/libcublas.so.* | head -4; ls /usr/local/cuda/EULA.txt /usr/local/cuda/*.txt 2>&1 | head -3
   gcc --version | head -1; cmake --version | head -1; nproc
   src=$LLAMABUNDLE_CACHE_DIR/src/$COMMIT
   mkdir -p $src && tar -C $src -xJf .devtree/llama-src.tar.xz

@@ -9,7 +9,7 @@ import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
-from .. import proc
+from .. import data, proc
 from .layout import Toolkit
 
 
@@ -29,7 +29,7 @@ def candidates(env: Mapping[str, str]) -> list[Path]:
     return seen
 
 
-def installed_version(root: Path) -> str | None:
+def installed_version(root: Path, want: str | None = None) -> str | None:
     """The release label of a toolkit install: version.json's cuda.version, else nvcc's 'release X.Y'."""
     vj = root / "version.json"
     if vj.is_file():
@@ -41,7 +41,10 @@ def installed_version(root: Path) -> str | None:
     if nvcc.is_file():
         out = proc.capture([nvcc, "--version"]).stdout
         m = re.search(r"release (\d+\.\d+), V(\d+\.\d+\.\d+)", out)
-        if m:
+        if m:  # no version.json (a distro or container install): nvcc's own version names the release
+            for label in ([want] if want in data.cuda_toolkits() else []) + list(data.cuda_toolkits()):
+                if data.cuda_manifest(label)["cuda_nvcc"]["version"] == m.group(2):
+                    return label
             return m.group(1)
     return None
 
@@ -52,7 +55,7 @@ def find_system_toolkit(version: str, platform: str, env: Mapping[str, str]) -> 
     for root in candidates(env):
         if not root.is_dir():
             continue
-        found = installed_version(root)
+        found = installed_version(root, want=version)
         if found == version:
             return Toolkit(root=root, version=version, source="system", platform=platform), notes
         notes.append(f"{root}: CUDA {found or 'unknown version'}")
