@@ -49,8 +49,8 @@ finish() {
   python3 -m llamabundle verify "$zip" --level gpu --require-gpu > $OUT/verify-gpu.txt 2>&1; echo "verify rc=$?" >> $OUT/verify-gpu.txt
   python3 -m llamabundle verify "$zip" --level gpu --json > $OUT/verify-gpu.json 2>/dev/null
   cat $OUT/verify-gpu.txt
-  unzip -p "$zip" bundle.json > $OUT/bundle.json
-  mkdir -p $W/x && cd $W/x && unzip -qo "$zip" && cd - > /dev/null
+  python3 -c "import zipfile,sys; sys.stdout.buffer.write(zipfile.ZipFile(sys.argv[1]).read(\"bundle.json\"))" "$zip" > $OUT/bundle.json
+  rm -rf $W/x; python3 -m zipfile -e "$zip" $W/x
   /usr/local/cuda/bin/cuobjdump --list-elf --list-ptx $W/x/libggml-cuda.so | sed 's/.*\.\(sm_[0-9a-z]*\)\.\(cubin\|ptx\)/\2 \1/' | sort | uniq -c > $OUT/cuobjdump.txt
   cat $OUT/cuobjdump.txt
   {
@@ -58,7 +58,7 @@ finish() {
     echo "libggml-cuda.so (compression size): $(stat -c %s $W/x/libggml-cuda.so) bytes"
     if [ "$(cat $W/nocomp.rc 2>/dev/null)" = 0 ]; then
       n=$(ls $W/nocomp/bin/libggml-cuda.so); echo "libggml-cuda.so (compression none): $(stat -c %s $n) bytes"
-      cp -r $W/x $W/y && cp $n $W/y/libggml-cuda.so && (cd $W/y && rm -f ../nocomp.zip && zip -qr -9 ../nocomp.zip .) && echo "bundle zip with the uncompressed ggml-cuda (zip -9): $(stat -c %s $W/nocomp.zip) bytes"
+      cp -r $W/x $W/y && cp $n $W/y/libggml-cuda.so && python3 -c "import sys; sys.path.insert(0, \"$PWD\"); from pathlib import Path; from llamabundle.bundle import pack; pack(Path(sys.argv[1]), Path(sys.argv[2]))" $W/y $W/nocomp.zip && echo "bundle zip with the uncompressed ggml-cuda (same packer): $(stat -c %s $W/nocomp.zip) bytes"
     else echo "no-compression build: rc=$(cat $W/nocomp.rc 2>/dev/null)"; tail -5 $W/nocomp.log; fi
   } | tee $OUT/sizes.txt
 }
