@@ -18,7 +18,7 @@ import click
 from . import data
 from .errors import ToolchainError, UsageError
 from .recipe import load_recipe
-from .toolkit import redist
+from .toolkit import pypi, redist
 from .toolkit.manifest import PLATFORMS, Manifest, load_manifest
 from .toolkit.plan import SOURCES, ToolkitPlan, plan_for_recipe, plan_toolkit
 
@@ -37,7 +37,7 @@ def _options(f: Any) -> Any:
         click.option("--version", "version", metavar="V", help="CUDA toolkit version, e.g. 12.8.1 (instead of RECIPE)."),
         click.option("--components", metavar="a,b,c", help="Comma-separated redist components (with --version)."),
         click.option("--platform", type=click.Choice(PLATFORMS), help="Target platform (with --version; default: this host)."),
-        click.option("--source", type=click.Choice(SOURCES), help="Where the toolkit comes from (default: the recipe's, or redist)."),
+        click.option("--source", type=click.Choice((*SOURCES, "pypi")), help="Where the toolkit comes from (default: the recipe's, or redist)."),
         click.option("--manifest", "manifest_path", metavar="FILE", type=click.Path(dir_okay=False, path_type=Path),
                      help="A redistrib_*.json to use instead of the pinned one (mirrors, tests)."),
     ]):
@@ -71,6 +71,19 @@ def _plan(recipe_path: Path | None, version: str | None, components: str | None,
                         source=source or "redist", manifest=manifest)
 
 
+def _pypi_request(recipe_path: Path | None, version: str | None, components: str | None, platform: str | None,
+                  source: str | None) -> tuple[str, str, list[str]] | None:
+    """(version, platform, components) when the toolkit comes from PyPI wheels, else None."""
+    if recipe_path is not None:
+        r = load_recipe(recipe_path)
+        if r.cuda is not None and (source or r.cuda.source) == "pypi":
+            return r.cuda.toolkit, r.platform, list(r.cuda.components)
+        return None
+    if source == "pypi" and version and components:
+        return version, platform or _host_platform(), [c.strip() for c in components.split(",") if c.strip()]
+    return None
+
+
 def _installed_state(plan: ToolkitPlan, root: Path) -> bool:
     try:
         return redist.installed(plan, root) is not None
@@ -90,6 +103,20 @@ def toolkit_group() -> None:
 def plan_cmd(c: Any, recipe_path: Path | None, version: str | None, components: str | None, platform: str | None,
              source: str | None, manifest_path: Path | None, as_json: bool) -> None:
     """Show the archives a toolkit install needs: versions, sizes, sha256, cached or not, total bytes."""
+    wheels = _pypi_request(recipe_path, version, components, platform, source)
+    if wheels is not None:
+        records = pypi.plan_pypi(*wheels)
+        if as_json:
+            _emit({"schema": 1, "toolkit": wheels[0], "platform": wheels[1], "source": "pypi",
+                   "wheels": [{"component": r.component, "project": r.project, "version": r.version, "file": r.filename,
+                               "sha256": r.sha256, "size": r.size} for r in records],
+                   "total_bytes": sum(r.size for r in records)})
+            return
+        click.echo(f"CUDA {wheels[0]}  {wheels[1]}  source pypi")
+        for r in records:
+            click.echo(f"  {r.component:<14} {r.project + '==' + r.version:<34} {r.size:>13,} B  {r.filename}")
+        click.echo(f"  total {sum(r.size for r in records):,} bytes")
+        return
     plan = _plan(recipe_path, version, components, platform, source, manifest_path)
     cache_dir = c.settings.cache_dir
     cached = redist.cached_map(plan, cache_dir)
@@ -119,6 +146,18 @@ def plan_cmd(c: Any, recipe_path: Path | None, version: str | None, components: 
 def install_cmd(c: Any, recipe_path: Path | None, version: str | None, components: str | None, platform: str | None,
                 source: str | None, manifest_path: Path | None, dest: Path | None, as_json: bool) -> None:
     """Install the toolkit (reused when already installed and intact); print its root."""
+    wheels = _pypi_request(recipe_path, version, components, platform, source)
+    if wheels is not None:
+        start = time.monotonic()
+        tk = pypi.install_from_pypi(version=wheels[0], platform=wheels[1], components=wheels[2], settings=c.settings,
+                                    log=c.log, dest=dest)
+        if as_json:
+            _emit({"schema": 1, "root": str(tk.root), "nvcc": str(tk.nvcc), "toolkit": tk.version, "platform": tk.platform,
+                   "source": tk.source, "seconds": round(time.monotonic() - start, 3)})
+        else:
+            click.echo(f"CUDA {tk.version} ({tk.platform}) from PyPI wheels: {tk.root}")
+            click.echo(f"nvcc  {tk.nvcc}")
+        return
     plan = _plan(recipe_path, version, components, platform, source, manifest_path)
     start = time.monotonic()
     with c.log.step(f"CUDA {plan.version} toolkit ({plan.platform}, {len(plan.archives)} components)"):

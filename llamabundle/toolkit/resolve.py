@@ -3,25 +3,26 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 from .. import data, proc
 from ..errors import ToolchainError
 from ..log import Log
 from ..recipe import Recipe, Settings
 from .layout import Toolkit
-from .system import find_system_toolkit
+from .system import DEFAULT_ROOTS, find_system_toolkit
 
 
 def resolve_toolkit(recipe: Recipe, *, settings: Settings, log: Log, env: Mapping[str, str],
-                    source: str | None = None) -> Toolkit:
+                    source: str | None = None, system_roots: Sequence[Path] = DEFAULT_ROOTS) -> Toolkit:
     """The toolkit for this recipe: an installed one of the same version (`system`), or one installed
     into the user cache from `redist`, `pypi` or `installer` (reused when already there)."""
     assert recipe.cuda is not None
     version = recipe.cuda.toolkit
     source = source or recipe.cuda.source
     if source == "system":
-        tk, notes = find_system_toolkit(version, recipe.platform, env)
+        tk, notes = find_system_toolkit(version, recipe.platform, env, system_roots)
         if tk is not None:
             log.info(f"    CUDA {version}: system toolkit at {tk.root}")
             return tk

@@ -6,14 +6,17 @@ from __future__ import annotations
 import json
 import re
 import shutil
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from .. import data, proc
 from .layout import Toolkit
 
 
-def candidates(env: Mapping[str, str]) -> list[Path]:
+DEFAULT_ROOTS = (Path("/usr/local/cuda"), Path("C:/Program Files/NVIDIA GPU Computing Toolkit/CUDA"))
+
+
+def candidates(env: Mapping[str, str], defaults: Sequence[Path] = DEFAULT_ROOTS) -> list[Path]:
     roots: list[Path] = []
     for var in ("CUDA_PATH", "CUDA_HOME", "CUDA_ROOT"):
         if env.get(var):
@@ -21,7 +24,7 @@ def candidates(env: Mapping[str, str]) -> list[Path]:
     nvcc = shutil.which("nvcc", path=env.get("PATH"))
     if nvcc:
         roots.append(Path(nvcc).resolve().parent.parent)
-    roots += [Path("/usr/local/cuda"), Path("C:/Program Files/NVIDIA GPU Computing Toolkit/CUDA")]
+    roots += list(defaults)
     seen: list[Path] = []
     for r in roots:
         if r not in seen:
@@ -49,10 +52,11 @@ def installed_version(root: Path, want: str | None = None) -> str | None:
     return None
 
 
-def find_system_toolkit(version: str, platform: str, env: Mapping[str, str]) -> tuple[Toolkit | None, list[str]]:
+def find_system_toolkit(version: str, platform: str, env: Mapping[str, str],
+                        defaults: Sequence[Path] = DEFAULT_ROOTS) -> tuple[Toolkit | None, list[str]]:
     """(toolkit, notes): the first installed toolkit whose version equals `version`, and what was seen."""
     notes = []
-    for root in candidates(env):
+    for root in candidates(env, defaults):
         if not root.is_dir():
             continue
         found = installed_version(root, want=version)

@@ -208,7 +208,7 @@ def test_overlapping_components_exit_3(cli_repo: Repo, capsys: pytest.CaptureFix
     (("--version", "9.9.9", "--components", "cuda_nvcc"), "CUDA 9.9.9 is not pinned"),
     ((LINUX_CPU,), "has no cuda: section"),
     ((ROOT / "recipes" / "missing.yaml",), "no such recipe file"),
-    (("--version", "12.8.1", "--components", "cuda_nvcc", "--source", "pypi"), "Invalid value for '--source'"),
+    (("--version", "12.8.1", "--components", "cuda_nvcc", "--source", "installer"), "Invalid value for '--source'"),
 ])
 def test_usage_and_recipe_errors_exit_2(argv: tuple, match: str, capsys: pytest.CaptureFixture[str]) -> None:
     for cmd in ("plan", "install"):
@@ -252,3 +252,16 @@ def test_concurrent_installs_from_two_processes_make_one_root(cli_repo: Repo, re
     assert sorted(cli_repo.server.paths()) == sorted({cli_repo.rel(c) for c in ("cuda_nvcc", "cuda_crt", "libnvvm", "cuda_cudart")})
     assert [p.name for p in (cli_repo.cache / "toolkits").iterdir()] == [root.name]
     assert leftovers(cli_repo) == []
+
+
+def test_pypi_plan_lists_the_pinned_wheels(capsys: pytest.CaptureFixture[str]) -> None:
+    from llamabundle.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["toolkit", "plan", "--source", "pypi", "--version", "13.0.2", "--components", "cuda_nvcc,cuda_cudart", "--json"])
+    assert e.value.code == 0
+    plan = json.loads(capsys.readouterr().out)
+    files = {w["component"]: w for w in plan["wheels"]}
+    assert set(files) == {"cuda_nvcc", "cuda_cudart", "cuda_crt", "libnvvm"}  # crt and nvvm come with nvcc in 13.x
+    assert files["cuda_nvcc"]["version"] == "13.0.88" and files["cuda_cudart"]["version"] == "13.0.96"
+    assert plan["total_bytes"] == sum(w["size"] for w in plan["wheels"]) > 90_000_000
