@@ -50,5 +50,5 @@ def check_archs(archs: Sequence[str], supported: Sequence[str], *, toolkit: str,
         seen.add(text)
         if arch.name not in supported:
             num = int(re.sub(r"\D", "", arch.name))
-            why = f"CUDA {toolkit} dropped architectures below {lowest}" if num < lowest else f"CUDA {toolkit} does not know sm_{arch.name}"
+            why = f"CUDA {toolkit} dropped sm_{arch.name} (it supports nothing below sm_{lowest})" if num < lowest else f"CUDA {toolkit} does not know sm_{arch.name}"
             raise fail(i, f"'{text}': {why}", "supported: " + ", ".join(supported))

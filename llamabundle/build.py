@@ -90,6 +90,8 @@ def plan_build(recipe: Recipe, *, source_dir: Path, build_dir: Path, tools: Buil
     }
     if recipe.cuda is not None:
         defs["CMAKE_CUDA_ARCHITECTURES"] = ";".join(recipe.cuda.archs)
+        if data.cuda_toolkits()[recipe.cuda.toolkit].get("compression") and "GGML_CUDA_COMPRESSION_MODE" not in defs:
+            defs["GGML_CUDA_COMPRESSION_MODE"] = "size"  # nvcc --compress-mode (12.8+): a 6x smaller ggml-cuda
         if cuda_root is not None:
             nvcc = "nvcc.exe" if recipe.platform.startswith("windows") else "nvcc"
             defs["CUDAToolkit_ROOT"] = str(cuda_root)

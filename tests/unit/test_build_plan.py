@@ -60,6 +60,8 @@ def test_windows_cuda_plan_is_made_on_linux() -> None:
     assert plan.programs == ("llama-server.exe",)
     assert plan.backends[-1] == "ggml-cuda.dll" and all(b.endswith(".dll") for b in plan.backends)
     assert plan.build[-2:] == ("--parallel", "8")
+    assert defs["GGML_CUDA_COMPRESSION_MODE"] == "size"
+    assert "GGML_CUDA_COMPRESSION_MODE" not in _defs(_plan(LINUX))
 
 
 def test_ccache_is_used_when_present() -> None:

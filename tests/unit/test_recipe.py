@@ -174,7 +174,7 @@ BROKEN = [
     ("arch-all", "W", "50-virtual,", "all,", "all,", "cuda.archs[0]", "'all' is not valid", "real|virtual"),
     ("arch-unknown-to-toolkit", "W", "120a-real]", "121-real]", "121-real", "cuda.archs[7]", "'121-real': CUDA 12.8.1 does not know sm_121", "supported: 50, 52"),
     ("arch-dropped", "W", "toolkit: 12.8.1", "toolkit: 13.0.2", "archs:", "cuda.archs[0]",
-     "'50-virtual': CUDA 13.0.2 dropped architectures below 75", "supported: 75, 80"),
+     "'50-virtual': CUDA 13.0.2 dropped sm_50 (it supports nothing below sm_75)", "supported: 75, 80"),
     ("arch-duplicate", "W", "89-real,", "86-real,", "archs:", "cuda.archs[6]", "'86-real' is listed twice", "remove one"),
     ("arch-empty", "W", W_ARCHS, "archs: []", "archs:", "cuda.archs", "the arch list is empty", "86-real"),
     ("platform-unknown", "L", "platform: linux-x86_64", "platform: linux-x86-64", "platform:", "platform",
