@@ -31,6 +31,7 @@ import requests
 
 from .. import archive as archive_mod
 from .. import net
+from ..bundle import sha256_file
 from ..errors import ToolchainError, VerifyError
 from ..log import Log
 from ..recipe import Settings
@@ -71,12 +72,6 @@ def cached_map(plan: ToolkitPlan, cache_dir: Path) -> dict[str, bool]:
     return {pa.component: is_cached(cache_dir, pa.archive) for pa in plan.archives}
 
 
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _lock(cache_dir: Path, name: str) -> filelock.FileLock:
@@ -91,7 +86,7 @@ def fetch_archive(a: Archive, *, base_url: str, cache_dir: Path, http: requests.
     path = download_path(cache_dir, a)
     with _lock(cache_dir, f"download-{a.sha256}"):
         if path.is_file():
-            if path.stat().st_size == a.size and _sha256_file(path) == a.sha256:
+            if path.stat().st_size == a.size and sha256_file(path) == a.sha256:
                 return path, False
             log.warn(f"cached {a.name} does not match its pinned sha256/size; downloading it again")
             path.unlink()
