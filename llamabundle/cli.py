@@ -160,7 +160,7 @@ def check(c: Ctx, recipe_path: Path, store_url: str | None, as_json: bool) -> No
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), help="Leave the unpacked bundle in this new directory.")
 @click.option("--jobs", "-j", type=click.IntRange(1), help="Parallel compile jobs (default: ninja's).")
 @click.option("--clean", is_flag=True, help="Remove the cached build directory first.")
-@click.option("--toolkit-source", type=click.Choice(["redist", "pypi", "system"]),
+@click.option("--toolkit-source", type=click.Choice(["redist", "pypi", "installer", "system"]),
               help="Where the CUDA toolkit comes from, overriding cuda.source (not part of the key).")
 @JSON_OPT
 @pass_ctx

@@ -18,6 +18,7 @@ import click
 from . import data
 from .errors import ToolchainError, UsageError
 from .recipe import load_recipe
+from .toolkit import installer as installer_src
 from .toolkit import pypi, redist
 from .toolkit.manifest import PLATFORMS, Manifest, load_manifest
 from .toolkit.plan import SOURCES, ToolkitPlan, plan_for_recipe, plan_toolkit
@@ -37,9 +38,13 @@ def _options(f: Any) -> Any:
         click.option("--version", "version", metavar="V", help="CUDA toolkit version, e.g. 12.8.1 (instead of RECIPE)."),
         click.option("--components", metavar="a,b,c", help="Comma-separated redist components (with --version)."),
         click.option("--platform", type=click.Choice(PLATFORMS), help="Target platform (with --version; default: this host)."),
-        click.option("--source", type=click.Choice((*SOURCES, "pypi")), help="Where the toolkit comes from (default: the recipe's, or redist)."),
+        click.option("--source", type=click.Choice((*SOURCES, "pypi", "installer")), help="Where the toolkit comes from (default: the recipe's, or redist)."),
         click.option("--manifest", "manifest_path", metavar="FILE", type=click.Path(dir_okay=False, path_type=Path),
                      help="A redistrib_*.json to use instead of the pinned one (mirrors, tests)."),
+        click.option("--installer", "installer_path", metavar="PATH", type=click.Path(dir_okay=False, path_type=Path),
+                     help="With --source installer: a local copy of NVIDIA's .exe instead of downloading it."),
+        click.option("--installer-sha256", metavar="HEX",
+                     help="With --source installer: the sha256 of an installer llamabundle has no pin for."),
     ]):
         f = opt(f)
     return f
@@ -84,6 +89,28 @@ def _pypi_request(recipe_path: Path | None, version: str | None, components: str
     return None
 
 
+def _installer_request(recipe_path: Path | None, version: str | None, components: str | None, platform: str | None,
+                       source: str | None, installer_path: Path | None, installer_sha256: str | None,
+                       ) -> installer_src.InstallerPlan | None:
+    """The installer plan when the toolkit comes from the Windows local installer, else None."""
+    plan = None
+    if recipe_path is not None:
+        r = load_recipe(recipe_path)
+        if r.cuda is not None and (source or r.cuda.source) == "installer":
+            plan = installer_src.plan_installer(version=r.cuda.toolkit, components=list(r.cuda.components),
+                                                platform=r.platform, sha256=installer_sha256)
+    elif source == "installer":
+        if version is None or not components:
+            raise UsageError("which toolkit? pass a RECIPE, or --version and --components",
+                             fix="e.g. llamabundle toolkit plan --source installer --version 12.8.1 --components cuda_nvcc,cuda_cudart")
+        plan = installer_src.plan_installer(version=version, components=[c.strip() for c in components.split(",") if c.strip()],
+                                            platform=platform or "windows-x86_64", sha256=installer_sha256)
+    if plan is None and (installer_path is not None or installer_sha256 is not None):
+        raise UsageError("--installer and --installer-sha256 are for the Windows local installer",
+                         fix="add --source installer (or use a recipe with cuda.source: installer)")
+    return plan
+
+
 def _installed_state(plan: ToolkitPlan, root: Path) -> bool:
     try:
         return redist.installed(plan, root) is not None
@@ -101,8 +128,13 @@ def toolkit_group() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON (schema 1) on stdout.")
 @click.pass_obj
 def plan_cmd(c: Any, recipe_path: Path | None, version: str | None, components: str | None, platform: str | None,
-             source: str | None, manifest_path: Path | None, as_json: bool) -> None:
+             source: str | None, manifest_path: Path | None, installer_path: Path | None, installer_sha256: str | None,
+             as_json: bool) -> None:
     """Show the archives a toolkit install needs: versions, sizes, sha256, cached or not, total bytes."""
+    iplan = _installer_request(recipe_path, version, components, platform, source, installer_path, installer_sha256)
+    if iplan is not None:
+        _print_installer_plan(c, iplan, installer_path, as_json)
+        return
     wheels = _pypi_request(recipe_path, version, components, platform, source)
     if wheels is not None:
         records = pypi.plan_pypi(*wheels)
@@ -144,8 +176,29 @@ def plan_cmd(c: Any, recipe_path: Path | None, version: str | None, components: 
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON (schema 1) on stdout.")
 @click.pass_obj
 def install_cmd(c: Any, recipe_path: Path | None, version: str | None, components: str | None, platform: str | None,
-                source: str | None, manifest_path: Path | None, dest: Path | None, as_json: bool) -> None:
+                source: str | None, manifest_path: Path | None, installer_path: Path | None, installer_sha256: str | None,
+                dest: Path | None, as_json: bool) -> None:
     """Install the toolkit (reused when already installed and intact); print its root."""
+    iplan = _installer_request(recipe_path, version, components, platform, source, installer_path, installer_sha256)
+    if iplan is not None:
+        start = time.monotonic()
+        with c.log.step(f"CUDA {iplan.version} toolkit from the local installer ({len(iplan.components)} components)"):
+            res = installer_src.install(iplan, cache_dir=c.settings.cache_dir, log=c.log, installer=installer_path,
+                                        dest=dest, connect_timeout=c.settings.connect_timeout)
+        tk = res.toolkit
+        if as_json:
+            _emit({"schema": 1, "root": str(tk.root), "nvcc": str(tk.nvcc), "toolkit": tk.version, "platform": tk.platform,
+                   "source": tk.source, "components": iplan.components, "reused": res.reused,
+                   "installer": str(res.installer) if res.installer else None, "downloaded": res.downloaded,
+                   "extractor": res.extractor, "seconds": round(time.monotonic() - start, 3)})
+            return
+        if res.reused:
+            click.echo(f"already installed and intact: {tk.root}")
+        else:
+            click.echo(f"installed CUDA {tk.version} ({tk.platform}, {len(iplan.components)} components) from "
+                       f"{res.installer} (extracted by {res.extractor}): {tk.root}")
+        click.echo(f"nvcc  {tk.nvcc}")
+        return
     wheels = _pypi_request(recipe_path, version, components, platform, source)
     if wheels is not None:
         start = time.monotonic()
@@ -178,3 +231,38 @@ def install_cmd(c: Any, recipe_path: Path | None, version: str | None, component
     click.echo(f"downloaded {result.downloaded_bytes:,} bytes ({len(result.downloaded)} archives); "
                f"{len(result.from_cache)} from the download cache; {took:.2f}s")
     click.echo(f"nvcc  {tk.nvcc}")
+
+
+def _print_installer_plan(c: Any, plan: installer_src.InstallerPlan, local: Path | None, as_json: bool) -> None:
+    cache_dir = c.settings.cache_dir
+    root = plan.root(cache_dir)
+    try:
+        installed = installer_src.installed(plan, root) is not None
+    except ToolchainError:
+        installed = False
+    program = installer_src.seven_zip_program()
+    extractor = program or "py7zr"
+    info = plan.to_json(root=root, installed=installed, local=local, cached=installer_src.is_cached(cache_dir, plan),
+                        extractor=extractor)
+    if as_json:
+        _emit(info)
+        return
+    ins = plan.installer
+    click.echo(f"CUDA {plan.version}  {plan.platform}  source installer  (component versions: {plan.manifest_origin})")
+    click.echo(f"installer  {ins.file}")
+    click.echo(f"  from     {local if local is not None else ins.url}"
+               f"{'' if local is not None else ' (cached)' if info['installer']['cached'] else ''}")
+    click.echo(f"  size     {f'{ins.size:,} bytes' if ins.size is not None else 'not pinned (the sha256 is checked)'}")
+    if plan.sha256 is None:
+        click.echo("  sha256   NOT PINNED: install refuses this installer unless --installer-sha256 gives the sha256 of the file")
+    else:
+        origin = f"pinned; {ins.sha256_source}" if plan.sha256_origin == "pinned" and ins.sha256_source else plan.sha256_origin
+        click.echo(f"  sha256   {plan.sha256} ({origin})")
+    click.echo(f"{'component':<16} {'version':<12} folders extracted")
+    for comp, version in plan.components.items():
+        note = f"  (added: needed by {plan.added_by[comp]})" if comp in plan.added_by else ""
+        click.echo(f"{comp:<16} {version:<12} {', '.join(f + '/' for f in plan.folders[comp])}{note}")
+    if plan.shared_licenses:
+        click.echo(f"also             {', '.join(plan.shared_licenses)} (installer-wide license)")
+    click.echo(f"extractor  {extractor if program else 'py7zr (no 7zz, 7z or 7zr on PATH)'}")
+    click.echo(f"root  {root} ({'installed' if installed else 'not installed'})")

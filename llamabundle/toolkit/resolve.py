@@ -33,6 +33,13 @@ def resolve_toolkit(recipe: Recipe, *, settings: Settings, log: Log, env: Mappin
         from .pypi import install_from_pypi
 
         return install_from_pypi(version=version, platform=recipe.platform, components=components, settings=settings, log=log)
+    if source == "installer":
+        from .installer import install_from_installer
+
+        local = env.get("LLAMABUNDLE_CUDA_INSTALLER")  # a local copy of the .exe instead of the pinned URL
+        return install_from_installer(version=version, platform=recipe.platform, components=components, settings=settings,
+                                      log=log, installer=Path(local) if local else None,
+                                      sha256=env.get("LLAMABUNDLE_CUDA_INSTALLER_SHA256") or None)
     if source == "redist":
         from .redist import install_redist
 

@@ -208,7 +208,7 @@ def test_overlapping_components_exit_3(cli_repo: Repo, capsys: pytest.CaptureFix
     (("--version", "9.9.9", "--components", "cuda_nvcc"), "CUDA 9.9.9 is not pinned"),
     ((LINUX_CPU,), "has no cuda: section"),
     ((ROOT / "recipes" / "missing.yaml",), "no such recipe file"),
-    (("--version", "12.8.1", "--components", "cuda_nvcc", "--source", "installer"), "Invalid value for '--source'"),
+    (("--version", "12.8.1", "--components", "cuda_nvcc", "--source", "nope"), "Invalid value for '--source'"),
 ])
 def test_usage_and_recipe_errors_exit_2(argv: tuple, match: str, capsys: pytest.CaptureFixture[str]) -> None:
     for cmd in ("plan", "install"):
@@ -226,7 +226,7 @@ def test_toolkit_errors_exit_3(recipe13: Path, tmp_path: Path, capsys: pytest.Ca
     installer = tmp_path / "installer.yaml"
     installer.write_text(RECIPE_13.replace("source: redist", "source: installer"))
     code, out, err = run(capsys, "toolkit", "plan", installer)
-    assert code == 3 and "source 'installer'" in err
+    assert code == 3 and "no CUDA 13.0.2 local installer" in err
     code, out, err = run(capsys, "toolkit", "plan", recipe13, "--manifest", tmp_path / "nope.json")
     assert code == 3 and "no such manifest" in err
 

@@ -1,0 +1,802 @@
+"""CUDA toolkit from NVIDIA's Windows local installer (`cuda.source: installer`), without running it.
+
+The local installer (``cuda_12.8.1_572.61_windows.exe``) is a 7-Zip self-extractor: a PE stub and
+then a 7z archive. That archive holds one top-level folder per redist component, and in it one folder
+per installer sub-package whose tree mirrors the installed toolkit, next to the sub-package's own file
+list (``<package>.nvi``)::
+
+    cuda_nvcc/nvcc/{bin/nvcc.exe, include/crt/…, lib/x64/…, nvvm/…, nvcc.nvi}
+    cuda_cudart/cudart/{bin/cudart64_12.dll, include/…, lib/x64/cudart.lib, cudart.nvi}
+    libcublas/{cublas/bin/…, cublas_dev/{include,lib/x64}/…}
+
+Only the selected components' folders are extracted — with a 7-Zip program when one is on PATH
+(7zz, 7z, 7zr), else with py7zr reading the archive from its offset in the .exe — then every
+sub-package's files (those its .nvi lists, when it has one) are moved into the one layout of
+layout.py, with each component's license as ``LICENSE.<component>``, version.json (component
+versions from the pinned redist manifest) and the marker last, in a temporary directory beside
+the root that is renamed into place under a file lock.
+
+The installer is trusted only through its sha256: the one pinned in data/cuda_installers.json, or
+one the user passes explicitly. An installer with neither is refused before anything is read.
+"""
+
+from __future__ import annotations
+
+import filecmp
+import hashlib
+import io
+import json
+import lzma
+import os
+import re
+import shutil
+import struct
+import uuid
+import xml.etree.ElementTree as ET
+import zlib
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import filelock
+import py7zr
+import py7zr.exceptions
+import requests
+
+from .. import data, net, proc
+from ..archive import MAX_MEMBERS, MAX_TOTAL_BYTES
+from ..errors import ToolchainError
+from ..log import Log
+from ..recipe import Settings, canonical_json
+from . import layout
+from .manifest import load_manifest
+from .plan import IMPLIED_COMPONENTS, REQUIRED
+
+SOURCE = "installer"
+SIGNATURE = b"7z\xbc\xaf\x27\x1c"  # 7z signature header: 6 bytes, then version, start header CRC, next header
+SIGNATURE_HEADER_SIZE = 32
+SEVEN_ZIP_PROGRAMS = ("7zz", "7z", "7zr")
+EXTRACT_TIMEOUT_S = 3600
+LOCK_TIMEOUT_S = 3600.0
+PROGRAM_SUFFIXES = (".exe", ".dll", ".bat", ".cmd")
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_BOM = b"\xef\xbb\xbf"
+
+
+# ------------------------------------------------------------------------------------------- data
+
+
+@cache
+def installer_data() -> dict[str, Any]:
+    info: dict[str, Any] = json.loads(resources.files(data).joinpath("cuda_installers.json").read_text(encoding="utf-8"))
+    _check_data(info)
+    return info
+
+
+def _check_data(info: Mapping[str, Any]) -> None:
+    assert int(info["sfx_scan_bytes"]) > 0
+    for version, entry in info["installers"].items():
+        assert set(entry) >= {"platform", "file", "url", "size", "sha256", "components"}, version
+        assert entry["sha256"] is None or _HEX64.match(entry["sha256"]), version
+        assert entry["size"] is None or (isinstance(entry["size"], int) and entry["size"] > 0), version
+        assert entry["url"].startswith("https://") and entry["url"].endswith("/" + entry["file"]), version
+        for comp, spec in entry["components"].items():
+            assert spec["folders"] and all(re.fullmatch(r"[A-Za-z0-9_.-]+", f) for f in spec["folders"]), (version, comp)
+
+
+def installer_versions(info: Mapping[str, Any] | None = None) -> list[str]:
+    return sorted((info or installer_data())["installers"])
+
+
+# ------------------------------------------------------------------------------------------- plan
+
+
+@dataclass(frozen=True, kw_only=True)
+class InstallerFile:
+    file: str
+    url: str
+    size: int | None
+    sha256: str | None  # the pinned one (None: not pinned)
+    sha256_source: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class InstallerPlan:
+    """What an install from the local installer needs (pure: from the packaged data and the pinned manifest)."""
+
+    version: str
+    platform: str
+    requested: tuple[str, ...]
+    components: dict[str, str]  # component -> its version (from the redist manifest), in install order
+    folders: dict[str, tuple[str, ...]]  # component -> the installer's top-level folders it comes from
+    added_by: dict[str, str]  # implied component -> the component that needs it
+    installer: InstallerFile
+    sha256: str | None  # the sha256 the .exe must have: pinned or explicit (None: refused at install)
+    sha256_origin: str | None  # "pinned" | "explicit" | None
+    shared_licenses: tuple[str, ...] = ()
+    component_licenses: tuple[str, ...] = ("LICENSE", "LICENSE.txt")
+    manifest_origin: str = ""
+
+    @property
+    def source(self) -> str:
+        return SOURCE
+
+    @property
+    def all_folders(self) -> list[str]:
+        return sorted({f for fs in self.folders.values() for f in fs})
+
+    @property
+    def pin(self) -> str:
+        """The content address of an install: the installer's sha256 and what is taken from it."""
+        return hashlib.sha256(canonical_json({"installer": self.installer.file, "sha256": self.sha256,
+                                              "folders": {c: list(f) for c, f in self.folders.items()},
+                                              "components": self.components}).encode()).hexdigest()
+
+    def root(self, cache_dir: Path) -> Path:
+        return layout.toolkit_root(cache_dir, version=self.version, platform=self.platform, source=SOURCE,
+                                   components=list(self.components), pin=self.pin)
+
+    def to_json(self, *, root: Path | None = None, installed: bool | None = None, local: Path | None = None,
+                cached: bool = False, extractor: str | None = None) -> dict[str, Any]:
+        return {"schema": 1, "toolkit": self.version, "platform": self.platform, "source": SOURCE,
+                "installer": {"file": self.installer.file, "url": self.installer.url, "local": str(local) if local else None,
+                              "size": self.installer.size, "sha256": self.sha256, "sha256_origin": self.sha256_origin,
+                              "pinned_sha256": self.installer.sha256, "sha256_source": self.installer.sha256_source,
+                              "cached": cached},
+                "requested": list(self.requested),
+                "components": [{"name": c, "version": v, "folders": list(self.folders[c]), "added_by": self.added_by.get(c)}
+                               for c, v in self.components.items()],
+                "folders": self.all_folders, "extractor": extractor,
+                "root": str(root) if root is not None else None, "installed": installed}
+
+
+def plan_installer(*, version: str, components: Sequence[str], platform: str = "windows-x86_64",
+                   sha256: str | None = None, info: Mapping[str, Any] | None = None) -> InstallerPlan:
+    """The folders to extract from CUDA `version`'s local installer for `components` (implied ones added).
+
+    `sha256`, when given, is the user's explicit sha256 of the .exe: it must equal the pinned one when
+    there is one. Raises ToolchainError (exit 3) for anything the installer cannot provide."""
+    info = info if info is not None else installer_data()
+    entry = info["installers"].get(version)
+    if entry is None:
+        raise ToolchainError(f"llamabundle knows no CUDA {version} local installer",
+                             why=f"data/cuda_installers.json describes the installers of CUDA {', '.join(installer_versions(info)) or 'none'}",
+                             fix="use one of those versions, or `cuda.source: redist`")
+    if platform != entry["platform"]:
+        raise ToolchainError(f"the CUDA {version} local installer ({entry['file']}) is for {entry['platform']}, not {platform}",
+                             why="NVIDIA's .exe installer holds the Windows toolkit only",
+                             fix="use `cuda.source: redist` (or pypi) for other platforms")
+    if not components:
+        raise ToolchainError("no CUDA components to install", fix="list components, e.g. cuda_nvcc,cuda_cudart")
+    if REQUIRED not in components:
+        raise ToolchainError(f"a toolkit needs {REQUIRED}; the components are {', '.join(components)}",
+                             why="an installed toolkit is usable (and verified) only with its compiler, bin/nvcc",
+                             fix=f"add {REQUIRED} to the components")
+    if sha256 is not None:
+        sha256 = sha256.strip().lower()
+        if not _HEX64.match(sha256):
+            raise ToolchainError(f"'{sha256}' is not a sha256", fix="pass the 64 hex digits `sha256sum` prints for the .exe")
+    pinned = entry["sha256"]
+    if sha256 is not None and pinned is not None and sha256 != pinned:
+        raise ToolchainError(f"the sha256 given for {entry['file']} is not the pinned one",
+                             why=f"given {sha256}; pinned {pinned} ({entry.get('sha256_source') or 'data/cuda_installers.json'})",
+                             fix="drop --installer-sha256 (the pinned sha256 is checked), or check which file you have")
+    manifest = load_manifest(version=version)
+    major = version.split(".")[0]
+    implied = IMPLIED_COMPONENTS.get(major, {})
+    order: list[str] = []
+    added_by: dict[str, str] = {}
+    requested = tuple(dict.fromkeys(components))
+
+    def add(comp: str, by: str | None) -> None:
+        if comp in order:
+            return
+        order.append(comp)
+        if by is not None and comp not in requested:
+            added_by[comp] = by
+        for dep in implied.get(comp, ()):
+            add(dep, comp)
+
+    for comp in requested:
+        add(comp, None)
+    known = entry["components"]
+    unknown = [c for c in order if c not in known]
+    if unknown:
+        raise ToolchainError(f"the CUDA {version} local installer cannot provide {', '.join(unknown)}",
+                             why=f"data/cuda_installers.json maps these components to installer folders: {', '.join(sorted(known))}",
+                             fix="drop them from the components, or use `cuda.source: redist`")
+    versions: dict[str, str] = {}
+    for comp in order:
+        versions[comp] = manifest.archive(comp, platform).version  # raises for a component the manifest lacks
+    return InstallerPlan(version=version, platform=platform, requested=requested, components=versions,
+                         folders={c: tuple(known[c]["folders"]) for c in order}, added_by=added_by,
+                         installer=InstallerFile(file=entry["file"], url=entry["url"], size=entry["size"], sha256=pinned,
+                                                 sha256_source=entry.get("sha256_source")),
+                         sha256=sha256 or pinned, sha256_origin="explicit" if sha256 and not pinned else ("pinned" if pinned else None),
+                         shared_licenses=tuple(entry.get("shared_licenses", ())),
+                         component_licenses=tuple(info.get("component_licenses", ("LICENSE", "LICENSE.txt"))),
+                         manifest_origin=manifest.origin)
+
+
+def seven_zip_program() -> str | None:
+    """The first 7-Zip program on PATH (7zz, 7z, 7zr), or None (py7zr is used then)."""
+    for name in SEVEN_ZIP_PROGRAMS:
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+# --------------------------------------------------------------------------------- the 7z inside
+
+
+def find_7z_offset(exe: Path, *, limit: int | None = None) -> int:
+    """Where the 7z archive starts inside the self-extractor: the first 7z signature after the PE stub
+    whose start header CRC is right and whose next header lies inside the file."""
+    limit = limit if limit is not None else int(installer_data()["sfx_scan_bytes"])
+    size = exe.stat().st_size
+    with open(exe, "rb") as f:
+        if f.read(2) != b"MZ":
+            raise ToolchainError(f"{exe.name} is not a Windows executable",
+                                 why="a CUDA local installer is a 7-Zip self-extractor: a PE stub (MZ) and a 7z archive",
+                                 fix="pass NVIDIA's cuda_<version>_<driver>_windows.exe")
+        pos, tail = 2, b""
+        end = min(size, limit)
+        while pos < end:
+            f.seek(pos)
+            chunk = f.read(min(1 << 20, end - pos))
+            if not chunk:
+                break
+            buf = tail + chunk
+            base = pos - len(tail)
+            i = buf.find(SIGNATURE)
+            while i >= 0:
+                at = base + i
+                if _valid_signature_header(f, at, size):
+                    return at
+                i = buf.find(SIGNATURE, i + 1)
+            tail = buf[-(len(SIGNATURE) - 1):]
+            pos += len(chunk)
+    raise ToolchainError(f"no 7-Zip archive found in {exe.name}",
+                         why=f"no valid 7z signature header in its first {min(size, limit):,} bytes",
+                         fix="pass NVIDIA's CUDA local installer (the network installer holds no toolkit)")
+
+
+def _valid_signature_header(f: io.BufferedReader, at: int, size: int) -> bool:
+    here = f.tell()
+    try:
+        f.seek(at)
+        hdr = f.read(SIGNATURE_HEADER_SIZE)
+    finally:
+        f.seek(here)
+    if len(hdr) != SIGNATURE_HEADER_SIZE or hdr[6] != 0:  # major version 0
+        return False
+    (start_crc,) = struct.unpack_from("<I", hdr, 8)
+    if zlib.crc32(hdr[12:32]) != start_crc:
+        return False
+    next_ofs, next_size, _ = struct.unpack_from("<QQI", hdr, 12)
+    return 0 < next_size and at + SIGNATURE_HEADER_SIZE + next_ofs + next_size <= size
+
+
+class _Window(io.RawIOBase):
+    """The file from `offset` on, as a file of its own (what py7zr reads)."""
+
+    def __init__(self, f: io.BufferedReader, offset: int) -> None:
+        super().__init__()
+        self._f, self._offset, self._pos = f, offset, 0
+        self._size = os.fstat(f.fileno()).st_size - offset
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, pos: int, whence: int = io.SEEK_SET) -> int:
+        new = {io.SEEK_SET: pos, io.SEEK_CUR: self._pos + pos, io.SEEK_END: self._size + pos}[whence]
+        if new < 0:
+            raise OSError(f"seek to {new}: before the archive start")
+        self._pos = new
+        return new
+
+    def readinto(self, b: Any) -> int:
+        self._f.seek(self._offset + self._pos)
+        n = self._f.readinto(b) or 0
+        self._pos += n
+        return n
+
+
+@contextmanager
+def open_7z(exe: Path, offset: int) -> Iterator[Any]:
+    """py7zr's SevenZipFile over the archive that starts at `offset` of the .exe."""
+    with open(exe, "rb") as raw:
+        window = io.BufferedReader(_Window(raw, offset), buffer_size=1 << 20)
+        try:
+            ar = py7zr.SevenZipFile(window, mode="r")
+        except _PY7ZR_ERRORS as e:
+            raise ToolchainError(f"{exe.name}: the 7z archive at offset {offset:,} cannot be read", why=_short(e),
+                                 fix="the file is damaged or not NVIDIA's installer; download it again") from None
+        try:
+            yield ar
+        finally:
+            ar.close()
+
+
+_PY7ZR_ERRORS = (py7zr.exceptions.ArchiveError, OSError, EOFError, lzma.LZMAError, ValueError, KeyError, IndexError,
+                 struct.error)
+
+
+@dataclass(frozen=True)
+class Member:
+    name: str  # as stored (what py7zr and 7-Zip are asked for)
+    path: PurePosixPath  # checked, with forward slashes
+    is_dir: bool
+    is_link: bool
+    size: int
+
+
+def _safe_member(name: str, exe: Path) -> PurePosixPath:
+    norm = name.replace("\\", "/")
+    p = PurePosixPath(norm)
+    bad = ("an empty name" if not norm.strip("/") else
+           "an absolute path" if norm.startswith("/") or p.is_absolute() else
+           "a drive letter or stream name (':')" if ":" in norm else
+           "a NUL character" if "\0" in norm else
+           "'..'" if ".." in p.parts else "")
+    if bad:
+        raise ToolchainError(f"{exe.name}: member '{name}' has {bad}",
+                             why="an installer member may only write inside the directory it is extracted to",
+                             fix="do not use this installer")
+    return p
+
+
+def list_members(ar: Any, exe: Path) -> list[Member]:
+    """Every member, each name checked (one unsafe name refuses the whole installer)."""
+    out = []
+    for f in ar.files:
+        path = _safe_member(f.filename, exe)
+        out.append(Member(name=f.filename, path=path, is_dir=bool(f.is_directory),
+                          is_link=bool(f.is_symlink or getattr(f, "is_junction", False) or getattr(f, "is_socket", False)),
+                          size=int(f.uncompressed or 0)))
+    return out
+
+
+def select_members(members: Sequence[Member], plan: InstallerPlan, exe: Path) -> list[Member]:
+    """The files to extract: everything under the planned components' folders, and the installer-wide licenses."""
+    folders = set(plan.all_folders)
+    shared = set(plan.shared_licenses)
+    present = {m.path.parts[0] for m in members if len(m.path.parts) > 1}
+    missing = sorted(folders - present)
+    if missing:
+        comps = sorted(c for c, fs in plan.folders.items() if set(fs) & set(missing))
+        raise ToolchainError(f"{exe.name} has no {', '.join(f + '/' for f in missing)} folder (for {', '.join(comps)})",
+                             why=f"its top-level folders are: {', '.join(sorted(present)) or 'none'}",
+                             fix="drop the component, use `cuda.source: redist`, or check that this is the CUDA "
+                                 f"{plan.version} local installer")
+    chosen: list[Member] = []
+    seen: dict[str, str] = {}
+    total = 0
+    for m in members:
+        top = m.path.parts[0]
+        if not ((top in folders and len(m.path.parts) > 1) or m.path.as_posix() in shared):
+            continue
+        if m.is_link:
+            raise ToolchainError(f"{exe.name}: member '{m.name}' is a symbolic link (or junction)",
+                                 why="a toolkit from the installer holds regular files only", fix="do not use this installer")
+        if m.is_dir:
+            continue
+        key = m.path.as_posix().lower()
+        if key in seen:
+            raise ToolchainError(f"{exe.name}: '{m.name}' is stored twice (as '{seen[key]}' too)",
+                                 why="one of the two would silently replace the other", fix="do not use this installer")
+        seen[key] = m.name
+        total += m.size
+        chosen.append(m)
+        if total > MAX_TOTAL_BYTES or len(chosen) > MAX_MEMBERS:
+            raise ToolchainError(f"{exe.name}: the selected folders expand beyond the limits "
+                                 f"({MAX_TOTAL_BYTES:,} bytes, {MAX_MEMBERS:,} files)", fix="do not use this installer")
+    return chosen
+
+
+# ---------------------------------------------------------------------------------------- extract
+
+
+def extract(exe: Path, offset: int, wanted: Sequence[Member], xdir: Path, *, log: Log,
+            program: str | None = None) -> str:
+    """Extract exactly `wanted` into the new directory `xdir`; returns what did it (a program path or "py7zr").
+
+    A 7-Zip program is used when given (or found on PATH); when it fails, py7zr is tried."""
+    program = program if program is not None else seven_zip_program()
+    if program:
+        try:
+            _extract_with_program(program, exe, wanted, xdir, log=log)
+            _check_extracted(xdir, wanted, exe)
+            return program
+        except ToolchainError as e:
+            log.warn(f"{os.path.basename(program)} could not extract {exe.name} ({e.what}); trying py7zr")
+            shutil.rmtree(xdir, ignore_errors=True)
+    _extract_with_py7zr(exe, offset, wanted, xdir)
+    _check_extracted(xdir, wanted, exe)
+    return "py7zr"
+
+
+def _extract_with_program(program: str, exe: Path, wanted: Sequence[Member], xdir: Path, *, log: Log) -> None:
+    xdir.mkdir(parents=True)
+    listfile = xdir.parent / f"{xdir.name}.list"
+    listfile.write_text("".join(m.path.as_posix() + "\n" for m in wanted), encoding="utf-8")
+    try:
+        proc.run([program, "x", "-y", "-bd", f"-o{xdir}", "-scsUTF-8", str(exe.absolute()), f"@{listfile}"], log=log,
+                 error=ToolchainError, what=f"extracting {len(wanted):,} files from {exe.name}", timeout=EXTRACT_TIMEOUT_S,
+                 fix="check the free disk space; remove the 7-Zip program from PATH to use py7zr instead")
+    finally:
+        listfile.unlink(missing_ok=True)
+
+
+def _extract_with_py7zr(exe: Path, offset: int, wanted: Sequence[Member], xdir: Path) -> None:
+    xdir.mkdir(parents=True, exist_ok=True)
+    with open_7z(exe, offset) as ar:
+        try:
+            ar.extract(path=xdir.absolute(), targets=[m.name for m in wanted])
+        except py7zr.exceptions.UnsupportedCompressionMethodError as e:
+            raise ToolchainError(f"py7zr cannot decode {exe.name}", why=_short(e),
+                                 fix="install 7-Zip and put 7zz (or 7z, 7zr) on PATH, then retry") from None
+        except _PY7ZR_ERRORS as e:
+            raise ToolchainError(f"{exe.name} cannot be extracted", why=_short(e),
+                                 fix="the file is damaged; download it again") from None
+
+
+def _check_extracted(xdir: Path, wanted: Sequence[Member], exe: Path) -> None:
+    """The extraction holds exactly the wanted files: regular files, no links, nothing else."""
+    expect = {m.path.as_posix() for m in wanted}
+    got: set[str] = set()
+    for dirpath, dirnames, filenames in os.walk(xdir):
+        for name in dirnames + filenames:
+            p = Path(dirpath, name)
+            rel = p.relative_to(xdir).as_posix()
+            if p.is_symlink():
+                raise ToolchainError(f"extracting {exe.name} produced the link {rel}", fix="do not use this installer")
+            if name in filenames:
+                if not p.is_file():
+                    raise ToolchainError(f"extracting {exe.name} produced {rel}, which is not a regular file",
+                                         fix="do not use this installer")
+                got.add(rel)
+    if got != expect:
+        missing, extra = sorted(expect - got), sorted(got - expect)
+        raise ToolchainError(f"extracting {exe.name} did not give the selected files",
+                             why="; ".join(s for s in (f"missing {', '.join(missing[:5])}" if missing else "",
+                                                        f"unexpected {', '.join(extra[:5])}" if extra else "") if s),
+                             fix="the file is damaged or not NVIDIA's installer; download it again")
+
+
+# ---------------------------------------------------------------------------------------- assemble
+
+
+def parse_nvi(path: Path, label: str) -> tuple[list[PurePosixPath], int]:
+    """The files a sub-package's .nvi copies (copyFile targets, relative to the sub-package folder),
+    and how many entries were skipped (those with a `source` or an installer variable: not plain copies)."""
+    raw = path.read_bytes()
+    if raw.startswith(_BOM):
+        raw = raw[len(_BOM):]
+    try:
+        root = ET.fromstring(raw)
+    except ET.ParseError as e:
+        raise ToolchainError(f"{label}: {path.name} is not readable XML", why=str(e),
+                             fix="the installer is damaged; download it again") from None
+    files: list[PurePosixPath] = []
+    skipped = 0
+    for std in root.findall("phases/standard"):
+        if (std.get("phase") or "").lower() != "copyfiles":
+            continue
+        for cf in std.findall("copyFile"):
+            target = cf.get("target")
+            if not target or cf.get("source") is not None or "${" in target:
+                skipped += 1
+                continue
+            norm = target.replace("\\", "/")
+            p = PurePosixPath(norm)
+            if not norm or norm.startswith("/") or ":" in norm or ".." in p.parts or p.is_absolute():
+                raise ToolchainError(f"{label}: {path.name} copies to '{target}', outside the toolkit",
+                                     fix="do not use this installer")
+            files.append(p)
+    return files, skipped
+
+
+def _package_files(pkg: Path, label: str, log: Log | None) -> list[PurePosixPath]:
+    """The files of one sub-package that belong in the toolkit root: those in its sub-directories,
+    limited to what its .nvi lists when it has one (matched case-insensitively, as Windows does)."""
+    inside = sorted(p.relative_to(pkg) for p in pkg.rglob("*") if p.is_file() and len(p.relative_to(pkg).parts) > 1)
+    nvi = pkg / f"{pkg.name}.nvi"
+    if not nvi.is_file():
+        return [PurePosixPath(p.as_posix()) for p in inside]
+    listed, _ = parse_nvi(nvi, label)
+    listed = [p for p in listed if len(p.parts) > 1]
+    if not listed:
+        if log is not None:
+            log.warn(f"{label}: {nvi.name} lists no files; taking the whole folder")
+        return [PurePosixPath(p.as_posix()) for p in inside]
+    by_key = {p.as_posix().lower(): PurePosixPath(p.as_posix()) for p in inside}
+    out, missing = [], []
+    for p in dict.fromkeys(listed):
+        real = by_key.get(p.as_posix().lower())
+        (out if real is not None else missing).append(real if real is not None else p)
+    if missing:
+        raise ToolchainError(f"{label}: {nvi.name} lists {len(missing)} file(s) the installer does not hold",
+                             why=", ".join(p.as_posix() for p in missing[:5]),
+                             fix="the installer is damaged or not NVIDIA's; download it again")
+    return out
+
+
+def _program(name: str) -> bool:
+    return name.lower().endswith(PROGRAM_SUFFIXES)
+
+
+def _place(src: Path, tree: Path, rel: PurePosixPath, comp: str, owners: dict[PurePosixPath, str]) -> None:
+    dst = tree.joinpath(*rel.parts)
+    if dst.exists() or dst.is_symlink():
+        if dst.is_file() and not dst.is_symlink() and filecmp.cmp(src, dst, shallow=False):
+            return
+        raise ToolchainError(f"components {owners.get(rel, 'another component')} and {comp} both ship {rel} with different content",
+                             fix="drop one of the two components from the recipe")
+    try:
+        dst.parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise ToolchainError(f"{comp} ships {rel}, but a parent of it is a file from another component",
+                             fix="drop one of the two components from the recipe") from None
+    os.replace(src, dst)
+    dst.chmod(0o755 if _program(dst.name) else 0o644)
+    owners[rel] = comp
+
+
+def _license(plan: InstallerPlan, comp: str, xdir: Path) -> Path | None:
+    for folder in plan.folders[comp]:
+        top = xdir / folder
+        dirs = [top, *sorted(d for d in top.iterdir() if d.is_dir())] if top.is_dir() else []
+        for d in dirs:
+            for name in plan.component_licenses:
+                if (d / name).is_file():
+                    return d / name
+    for name in plan.shared_licenses:
+        if (xdir / name).is_file():
+            return xdir / name
+    return None
+
+
+def assemble(plan: InstallerPlan, exe: Path, tree: Path, *, log: Log, program: str | None = None) -> str:
+    """Build the whole toolkit tree at `tree` (which must not exist) from the verified installer;
+    returns what extracted it."""
+    tree.mkdir(parents=True)
+    xdir = tree.parent / f"{tree.name}.x"
+    try:
+        offset = find_7z_offset(exe)
+        with open_7z(exe, offset) as ar:
+            members = list_members(ar, exe)
+        wanted = select_members(members, plan, exe)
+        total = sum(m.size for m in wanted)
+        log.info(f"    extract {len(wanted):,} files ({total:,} bytes) of {', '.join(f + '/' for f in plan.all_folders)} "
+                 f"from {exe.name} (7z at offset {offset:,})")
+        how = extract(exe, offset, wanted, xdir, log=log, program=program)
+        owners: dict[PurePosixPath, str] = {}
+        for comp in plan.components:
+            placed = 0
+            for folder in plan.folders[comp]:
+                top = xdir / folder
+                for pkg in sorted(d for d in top.iterdir() if d.is_dir()):
+                    label = f"{comp} ({folder}/{pkg.name})"
+                    for rel in _package_files(pkg, label, log):
+                        _place(pkg.joinpath(*rel.parts), tree, rel, comp, owners)
+                        placed += 1
+            if placed == 0:
+                raise ToolchainError(f"{comp}: the installer's {', '.join(f + '/' for f in plan.folders[comp])} holds no toolkit files",
+                                     fix="check that this is the CUDA local installer; or use `cuda.source: redist`")
+            lic = _license(plan, comp, xdir)
+            if lic is not None:
+                shutil.copyfile(lic, tree / f"LICENSE.{comp}")
+                (tree / f"LICENSE.{comp}").chmod(0o644)
+            else:
+                log.warn(f"{comp}: no license file in the installer's {', '.join(plan.folders[comp])} folder")
+        layout.write_version_json(tree, version=plan.version, components=plan.components)
+        layout.write_marker(tree, version=plan.version, platform=plan.platform, source=SOURCE,
+                            components=plan.components)  # last: its presence means "complete"
+        return how
+    finally:
+        shutil.rmtree(xdir, ignore_errors=True)
+
+
+# ----------------------------------------------------------------------------------------- obtain
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _lock(cache_dir: Path, name: str) -> filelock.FileLock:
+    d = cache_dir / "locks"
+    d.mkdir(parents=True, exist_ok=True)
+    return filelock.FileLock(str(d / f"{name}.lock"), timeout=LOCK_TIMEOUT_S)
+
+
+def download_path(cache_dir: Path, plan: InstallerPlan) -> Path:
+    assert plan.sha256 is not None
+    return cache_dir / "downloads" / plan.sha256 / plan.installer.file
+
+
+def is_cached(cache_dir: Path, plan: InstallerPlan) -> bool:
+    if plan.sha256 is None:
+        return False
+    p = download_path(cache_dir, plan)
+    try:
+        return p.is_file() and (plan.installer.size is None or p.stat().st_size == plan.installer.size)
+    except OSError:
+        return False
+
+
+def _refuse_unpinned(plan: InstallerPlan) -> ToolchainError:
+    return ToolchainError(f"the CUDA {plan.version} installer {plan.installer.file} has no pinned sha256",
+                          why="NVIDIA publishes only MD5 sums for its installers, and llamabundle never unpacks an .exe "
+                              "it cannot verify",
+                          fix="pass --installer-sha256 with the sha256 of the file you trust (LLAMABUNDLE_CUDA_INSTALLER_SHA256 "
+                              "for builds), or use `cuda.source: redist`")
+
+
+def verify_local(plan: InstallerPlan, path: Path) -> Path:
+    """The user's local installer, once its size and sha256 are the expected ones."""
+    if plan.sha256 is None:
+        raise _refuse_unpinned(plan)
+    if not path.is_file():
+        raise ToolchainError(f"{path}: no such installer file", fix=f"pass the path of {plan.installer.file}")
+    size = path.stat().st_size
+    if plan.installer.size is not None and size != plan.installer.size:
+        raise ToolchainError(f"{path} is {size:,} bytes, not the {plan.installer.size:,} of {plan.installer.file}",
+                             fix=f"pass NVIDIA's {plan.installer.file}")
+    got = _sha256_file(path)
+    if got != plan.sha256:
+        raise ToolchainError(f"sha256 mismatch for {path}", why=f"expected {plan.sha256} ({plan.sha256_origin}), got {got}",
+                             fix=f"this is not the {plan.installer.file} that was pinned; never run or unpack it")
+    return path
+
+
+def fetch(plan: InstallerPlan, *, cache_dir: Path, log: Log, http: requests.Session | None = None,
+          connect_timeout: float = 10.0, retries: int = 4, backoff: float = 1.0) -> tuple[Path, bool]:
+    """The verified installer in the download cache; (path, True) when it had to be downloaded."""
+    if plan.sha256 is None:
+        raise _refuse_unpinned(plan)
+    path = download_path(cache_dir, plan)
+    with _lock(cache_dir, f"download-{plan.sha256}"):
+        if path.is_file():
+            if (plan.installer.size is None or path.stat().st_size == plan.installer.size) and _sha256_file(path) == plan.sha256:
+                return path, False
+            log.warn(f"cached {plan.installer.file} does not match its sha256; downloading it again")
+            path.unlink()
+        size = f" ({plan.installer.size:,} bytes)" if plan.installer.size else ""
+        log.info(f"    download {plan.installer.file}{size} from {plan.installer.url}")
+        net.download(plan.installer.url, path, http=http or net.session(), log=log, sha256=plan.sha256,
+                     size=plan.installer.size, retries=retries, backoff=backoff, mismatch_error=ToolchainError,
+                     connect_timeout=connect_timeout)
+        return path, True
+
+
+# ---------------------------------------------------------------------------------------- install
+
+
+@dataclass
+class InstallResult:
+    toolkit: layout.Toolkit
+    reused: bool
+    installer: Path | None = None
+    downloaded: bool = False
+    extractor: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def _marker(root: Path) -> dict | None:
+    try:
+        return json.loads((root / layout.MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _matches(info: Mapping[str, Any], plan: InstallerPlan) -> bool:
+    return (info.get("version"), info.get("platform"), info.get("source"), info.get("components")) == \
+        (plan.version, plan.platform, SOURCE, dict(sorted(plan.components.items())))
+
+
+def installed(plan: InstallerPlan, root: Path) -> layout.Toolkit | None:
+    """The toolkit at root when it is this plan's and complete; None when absent. Raises when changed or foreign."""
+    tk = layout.read_installed(root)
+    if tk is None:
+        return None
+    info = _marker(root)
+    if info is None or not _matches(info, plan):
+        raise ToolchainError(f"{root} holds a different toolkit",
+                             why=f"installed: CUDA {tk.version} {tk.platform} {tk.source} "
+                                 f"{sorted((info or {}).get('components', {}))}; planned: {sorted(plan.components)}",
+                             fix="choose another --dest, or remove that directory")
+    return tk
+
+
+def install(plan: InstallerPlan, *, cache_dir: Path, log: Log, installer: Path | None = None, dest: Path | None = None,
+            http: requests.Session | None = None, connect_timeout: float = 10.0, program: str | None = None) -> InstallResult:
+    """Install the plan into `dest` (default: its content-addressed root under cache_dir) from the local
+    `installer` file or the pinned URL; a complete install of the same plan is reused without the .exe."""
+    if plan.sha256 is None:
+        raise _refuse_unpinned(plan)
+    own_root = dest is None
+    root = (plan.root(cache_dir) if dest is None else dest).absolute()
+    root.parent.mkdir(parents=True, exist_ok=True)
+    lock_name = "toolkit-" + hashlib.sha256(str(root).encode()).hexdigest()[:16]
+    with _lock(cache_dir, lock_name):
+        for pattern in (f".{root.name}.tmp-*", f".{root.name}.old-*"):  # the lock holder is the only writer
+            for stale in root.parent.glob(pattern):
+                if stale.is_dir():
+                    shutil.rmtree(stale, ignore_errors=True)
+                else:
+                    stale.unlink(missing_ok=True)
+        if root.is_symlink() or (root.exists() and not root.is_dir()):
+            raise ToolchainError(f"{root} exists and is not a directory", fix="choose another --dest")
+        replace = False
+        if root.exists():
+            info = _marker(root)
+            try:
+                tk = installed(plan, root)
+            except ToolchainError as e:
+                if info is not None and not _matches(info, plan):
+                    raise  # another toolkit: never overwrite it
+                log.warn(f"{e.what}; installing it again")
+                tk = None
+            if tk is not None:
+                return InstallResult(toolkit=tk, reused=True)
+            if info is None and not own_root and any(root.iterdir()):
+                raise ToolchainError(f"{root} exists and is not a toolkit installed by llamabundle",
+                                     fix="choose a new or empty directory for --dest")
+            replace = True
+
+        if installer is not None:
+            exe, downloaded = verify_local(plan, Path(installer)), False
+        else:
+            exe, downloaded = fetch(plan, cache_dir=cache_dir, log=log, http=http, connect_timeout=connect_timeout)
+        tree = root.with_name(f".{root.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        try:
+            how = assemble(plan, exe, tree, log=log, program=program)
+            if replace and (root.exists() or root.is_symlink()):
+                if any(root.iterdir()):
+                    aside = root.with_name(f".{root.name}.old-{uuid.uuid4().hex[:8]}")
+                    os.rename(root, aside)
+                    shutil.rmtree(aside, ignore_errors=True)
+                else:
+                    root.rmdir()
+            os.rename(tree, root)
+        except BaseException:
+            shutil.rmtree(tree, ignore_errors=True)
+            raise
+        tk = layout.read_installed(root)
+        assert tk is not None
+        return InstallResult(toolkit=tk, reused=False, installer=exe, downloaded=downloaded, extractor=how)
+
+
+def install_from_installer(*, version: str, platform: str, components: Sequence[str], settings: Settings, log: Log,
+                           installer: Path | None = None, sha256: str | None = None, dest: Path | None = None,
+                           http: requests.Session | None = None) -> layout.Toolkit:
+    """The toolkit of `components` from CUDA `version`'s Windows local installer (the local file
+    `installer`, or the pinned URL), in its content-addressed root under settings.cache_dir (or `dest`)."""
+    plan = plan_installer(version=version, components=components, platform=platform, sha256=sha256)
+    result = install(plan, cache_dir=settings.cache_dir, log=log, installer=installer, dest=dest, http=http,
+                     connect_timeout=settings.connect_timeout)
+    state = "installed" if result.reused else f"installed now (extracted by {os.path.basename(result.extractor or '?')})"
+    log.info(f"    CUDA {version} (installer): {result.toolkit.root} {state}")
+    return result.toolkit
+
+
+def _short(e: BaseException) -> str:
+    text = str(e) or type(e).__name__
+    return text if len(text) < 300 else text[:297] + "..."
