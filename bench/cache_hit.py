@@ -61,12 +61,13 @@ def main() -> None:
         manifest = json.loads(zf.read("bundle.json"))
         unpacked = sum(i.file_size for i in zf.infolist())
     files = manifest["files"]
+    zip_size = zip_path.stat().st_size
     shutil.rmtree(work, ignore_errors=True)
     print(f"cache-hit build (median of {a.repeat}) : {t_hit:6.2f} s  (lookup + sha256, fetch, unpack, verify --level load)")
     print(f"cp + unzip      (median of {a.repeat}) : {t_plain:6.2f} s")
     print(f"ratio hit / (cp + unzip)        : {t_hit / t_plain:6.2f}")
     print(f"tool overhead                   : {t_hit - t_plain:6.2f} s  (target < 2 s)")
-    print(f"bundle zip                      : {zip_path.stat().st_size / 1e6:6.1f} MB ({unpacked / 1e6:.1f} MB unpacked), {len(files)} files")
+    print(f"bundle zip                      : {zip_size / 1e6:6.1f} MB ({unpacked / 1e6:.1f} MB unpacked), {len(files)} files")
     print("roles                           : " + ", ".join(f"{r} {sum(f['role'] == r for f in files)}" for r in ("exe", "backend", "runtime", "license")))
     print("runtime libraries               : " + ", ".join(f["path"] for f in files if f["role"] == "runtime"))
     print("system deps (not bundled)       : " + ", ".join(manifest["system_deps"]))
