@@ -25,6 +25,7 @@ start() {
   printf '{"commit": "%s", "origin": "pypi:llama-cpp-python==0.3.36 (proven on the build host; models/ and docs/ left out for transfer)"}' $COMMIT > $src/.llamabundle-source.json
   date +%s > $W/t0
   setsid nohup bash -c "python3 -m llamabundle build $RECIPE --toolkit-source system --store $W/store --json > $W/build.json 2> $W/build.log; echo \$? > $W/build.rc; date +%s > $W/t1" > /dev/null 2>&1 &
+  if [ "${NOCOMP:-1}" = 0 ]; then echo skipped > $W/nocomp.rc; sleep 5; tail -3 $W/build.log; wait_build; return; fi
   # Same source, same archs, compression off: only the ggml-cuda target, at lower priority.
   setsid nohup bash -c "nice -n 10 cmake -S $src -B $W/nocomp -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DGGML_BACKEND_DL=ON -DGGML_NATIVE=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DCMAKE_CUDA_ARCHITECTURES='75-virtual;90-real' -DGGML_CUDA_COMPRESSION_MODE=none > $W/nocomp.log 2>&1 && nice -n 10 cmake --build $W/nocomp --target ggml-cuda >> $W/nocomp.log 2>&1; echo \$? > $W/nocomp.rc" > /dev/null 2>&1 &
   sleep 5; tail -3 $W/build.log
@@ -32,7 +33,7 @@ start() {
 }
 
 wait_build() {
-  for i in $(seq 1 106); do
+  for i in $(seq 1 ${POLLS:-106}); do
     [ -f $W/build.rc ] && [ -f $W/nocomp.rc ] && break
     sleep 5
   done
