@@ -43,8 +43,11 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 import filelock
-import py7zr
-import py7zr.exceptions
+try:  # a dependency, but only this source needs it: the rest of the tool works without it
+    import py7zr
+    import py7zr.exceptions
+except ImportError:  # pragma: no cover - exercised where py7zr is absent
+    py7zr = None  # type: ignore[assignment]
 import requests
 
 from .. import data, net, proc
@@ -329,8 +332,10 @@ def open_7z(exe: Path, offset: int) -> Iterator[Any]:
             ar.close()
 
 
-_PY7ZR_ERRORS = (py7zr.exceptions.ArchiveError, OSError, EOFError, lzma.LZMAError, ValueError, KeyError, IndexError,
-                 struct.error)
+_PY7ZR_ERRORS: tuple[type[BaseException], ...] = (OSError, EOFError, lzma.LZMAError, ValueError, KeyError, IndexError)
+if py7zr is not None:
+    _PY7ZR_ERRORS = (py7zr.exceptions.ArchiveError, OSError, EOFError, lzma.LZMAError, ValueError, KeyError, IndexError,
+                     struct.error)
 
 
 @dataclass(frozen=True)
