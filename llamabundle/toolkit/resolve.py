@@ -67,9 +67,12 @@ def check_toolkit(tk: Toolkit, recipe: Recipe, *, env: Mapping[str, str]) -> dic
 
 def check_host_compiler(recipe: Recipe, *, env: Mapping[str, str]) -> str:
     assert recipe.cuda is not None
-    lo, hi = data.cuda_toolkits()[recipe.cuda.toolkit]["host_compilers"]["gcc"]
+    ranges = data.cuda_toolkits()[recipe.cuda.toolkit]["host_compilers"]
+    if recipe.toolchain.compiler == "msvc":
+        return _check_msvc(recipe.cuda.toolkit, ranges["msvc"], env=env)
+    lo, hi = ranges["gcc"]
     if recipe.toolchain.compiler != "gcc":
-        return recipe.toolchain.compiler  # MSVC's _MSC_VER is checked on Windows (vcvars environment)
+        return recipe.toolchain.compiler
     res = proc.capture(["gcc", "-dumpversion"], env=env)
     major = int(res.stdout.strip().split(".")[0]) if res.returncode == 0 and res.stdout.strip() else -1
     if not lo <= major <= hi:
@@ -77,3 +80,22 @@ def check_host_compiler(recipe: Recipe, *, env: Mapping[str, str]) -> str:
                              why=f"nvcc of CUDA {recipe.cuda.toolkit} supports gcc {lo} to {hi}",
                              fix=f"install a gcc between {lo} and {hi} and put it first on PATH")
     return f"gcc {major}"
+
+
+def _check_msvc(toolkit: str, msc_range: list[int], *, env: Mapping[str, str]) -> str:
+    """_MSC_VER from cl.exe's banner ("… Compiler Version 19.44.35207 for x64" is 1944), in the range this CUDA accepts."""
+    try:
+        res = proc.capture(["cl"], env=env)
+    except OSError:
+        raise ToolchainError("cl.exe (MSVC) was not found", why="the CUDA host compiler on Windows is MSVC",
+                             fix="run from a Visual Studio developer prompt (vcvars64.bat)") from None
+    m = re.search(r"Version (\d+)\.(\d+)\.\d+", res.stderr + res.stdout)
+    if not m:
+        raise ToolchainError("cannot read MSVC's version from cl.exe", details=(res.stderr + res.stdout)[-500:])
+    msc_ver = int(m.group(1)) * 100 + int(m.group(2))
+    lo, hi = msc_range
+    if not lo <= msc_ver <= hi:
+        raise ToolchainError(f"MSVC _MSC_VER {msc_ver} is not a host compiler CUDA {toolkit} accepts",
+                             why=f"nvcc of CUDA {toolkit} supports _MSC_VER {lo} to {hi}",
+                             fix="install a supported Visual Studio toolset, or pin toolchain.msvc_version to one")
+    return f"msvc {msc_ver}"

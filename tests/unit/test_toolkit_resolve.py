@@ -70,3 +70,25 @@ def test_host_compiler_out_of_range(tmp_path: Path) -> None:
         check_host_compiler(CUDA13, env=_fake_gcc(tmp_path, "16"))
     assert e.value.exit_code == 3
     assert "gcc 16" in e.value.what and "8 to 15" in e.value.why
+
+
+WINDOWS = load_recipe(REPO / "recipes" / "windows-x86_64-cuda12.8.yaml")
+
+
+def _fake_cl(tmp_path: Path, version: str) -> dict[str, str]:
+    bindir = tmp_path / f"cl{version}"
+    bindir.mkdir()
+    cl = bindir / "cl"
+    cl.write_text(f"#!/bin/sh\necho 'Microsoft (R) C/C++ Optimizing Compiler Version {version} for x64' >&2\nexit 2\n")
+    cl.chmod(0o755)
+    return {"PATH": f"{bindir}{os.pathsep}/usr/bin:/bin"}
+
+
+def test_msvc_version_in_range(tmp_path: Path) -> None:
+    assert check_host_compiler(WINDOWS, env=_fake_cl(tmp_path, "19.44.35207")) == "msvc 1944"
+
+
+def test_msvc_version_out_of_range(tmp_path: Path) -> None:
+    with pytest.raises(ToolchainError) as e:
+        check_host_compiler(WINDOWS, env=_fake_cl(tmp_path, "19.50.10101"))
+    assert e.value.exit_code == 3 and "_MSC_VER 1950" in e.value.what and "1910 to 1949" in e.value.why
