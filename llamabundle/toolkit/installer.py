@@ -31,7 +31,6 @@ import os
 import re
 import shutil
 import struct
-import uuid
 import xml.etree.ElementTree as ET
 import zlib
 from collections.abc import Iterator, Mapping, Sequence
@@ -42,7 +41,6 @@ from importlib import resources
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-import filelock
 try:  # a dependency, but only this source needs it: the rest of the tool works without it
     import py7zr
     import py7zr.exceptions
@@ -52,6 +50,7 @@ import requests
 
 from .. import data, net, proc
 from ..archive import MAX_MEMBERS, MAX_TOTAL_BYTES
+from ..bundle import sha256_file
 from ..errors import ToolchainError
 from ..log import Log
 from ..recipe import Settings, canonical_json
@@ -64,7 +63,6 @@ SIGNATURE = b"7z\xbc\xaf\x27\x1c"  # 7z signature header: 6 bytes, then version,
 SIGNATURE_HEADER_SIZE = 32
 SEVEN_ZIP_PROGRAMS = ("7zz", "7z", "7zr")
 EXTRACT_TIMEOUT_S = 3600
-LOCK_TIMEOUT_S = 3600.0
 PROGRAM_SUFFIXES = (".exe", ".dll", ".bat", ".cmd")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _BOM = b"\xef\xbb\xbf"
@@ -617,18 +615,8 @@ def assemble(plan: InstallerPlan, exe: Path, tree: Path, *, log: Log, program: s
 # ----------------------------------------------------------------------------------------- obtain
 
 
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
 
 
-def _lock(cache_dir: Path, name: str) -> filelock.FileLock:
-    d = cache_dir / "locks"
-    d.mkdir(parents=True, exist_ok=True)
-    return filelock.FileLock(str(d / f"{name}.lock"), timeout=LOCK_TIMEOUT_S)
 
 
 def download_path(cache_dir: Path, plan: InstallerPlan) -> Path:
@@ -664,7 +652,7 @@ def verify_local(plan: InstallerPlan, path: Path) -> Path:
     if plan.installer.size is not None and size != plan.installer.size:
         raise ToolchainError(f"{path} is {size:,} bytes, not the {plan.installer.size:,} of {plan.installer.file}",
                              fix=f"pass NVIDIA's {plan.installer.file}")
-    got = _sha256_file(path)
+    got = sha256_file(path)
     if got != plan.sha256:
         raise ToolchainError(f"sha256 mismatch for {path}", why=f"expected {plan.sha256} ({plan.sha256_origin}), got {got}",
                              fix=f"this is not the {plan.installer.file} that was pinned; never run or unpack it")
@@ -677,9 +665,9 @@ def fetch(plan: InstallerPlan, *, cache_dir: Path, log: Log, http: requests.Sess
     if plan.sha256 is None:
         raise _refuse_unpinned(plan)
     path = download_path(cache_dir, plan)
-    with _lock(cache_dir, f"download-{plan.sha256}"):
+    with layout.cache_lock(cache_dir, f"download-{plan.sha256}"):
         if path.is_file():
-            if (plan.installer.size is None or path.stat().st_size == plan.installer.size) and _sha256_file(path) == plan.sha256:
+            if (plan.installer.size is None or path.stat().st_size == plan.installer.size) and sha256_file(path) == plan.sha256:
                 return path, False
             log.warn(f"cached {plan.installer.file} does not match its sha256; downloading it again")
             path.unlink()
@@ -704,30 +692,14 @@ class InstallResult:
     notes: list[str] = field(default_factory=list)
 
 
-def _marker(root: Path) -> dict | None:
-    try:
-        return json.loads((root / layout.MARKER).read_text())
-    except (OSError, ValueError):
-        return None
 
 
-def _matches(info: Mapping[str, Any], plan: InstallerPlan) -> bool:
-    return (info.get("version"), info.get("platform"), info.get("source"), info.get("components")) == \
-        (plan.version, plan.platform, SOURCE, dict(sorted(plan.components.items())))
 
 
 def installed(plan: InstallerPlan, root: Path) -> layout.Toolkit | None:
     """The toolkit at root when it is this plan's and complete; None when absent. Raises when changed or foreign."""
-    tk = layout.read_installed(root)
-    if tk is None:
-        return None
-    info = _marker(root)
-    if info is None or not _matches(info, plan):
-        raise ToolchainError(f"{root} holds a different toolkit",
-                             why=f"installed: CUDA {tk.version} {tk.platform} {tk.source} "
-                                 f"{sorted((info or {}).get('components', {}))}; planned: {sorted(plan.components)}",
-                             fix="choose another --dest, or remove that directory")
-    return tk
+    return layout.installed_as(root, layout.Wanted(version=plan.version, platform=plan.platform, source=SOURCE,
+                                                 components=plan.components))
 
 
 def install(plan: InstallerPlan, *, cache_dir: Path, log: Log, installer: Path | None = None, dest: Path | None = None,
@@ -739,53 +711,18 @@ def install(plan: InstallerPlan, *, cache_dir: Path, log: Log, installer: Path |
     own_root = dest is None
     root = (plan.root(cache_dir) if dest is None else dest).absolute()
     root.parent.mkdir(parents=True, exist_ok=True)
-    lock_name = "toolkit-" + hashlib.sha256(str(root).encode()).hexdigest()[:16]
-    with _lock(cache_dir, lock_name):
-        for pattern in (f".{root.name}.tmp-*", f".{root.name}.old-*"):  # the lock holder is the only writer
-            for stale in root.parent.glob(pattern):
-                if stale.is_dir():
-                    shutil.rmtree(stale, ignore_errors=True)
-                else:
-                    stale.unlink(missing_ok=True)
-        if root.is_symlink() or (root.exists() and not root.is_dir()):
-            raise ToolchainError(f"{root} exists and is not a directory", fix="choose another --dest")
-        replace = False
-        if root.exists():
-            info = _marker(root)
-            try:
-                tk = installed(plan, root)
-            except ToolchainError as e:
-                if info is not None and not _matches(info, plan):
-                    raise  # another toolkit: never overwrite it
-                log.warn(f"{e.what}; installing it again")
-                tk = None
-            if tk is not None:
-                return InstallResult(toolkit=tk, reused=True)
-            if info is None and not own_root and any(root.iterdir()):
-                raise ToolchainError(f"{root} exists and is not a toolkit installed by llamabundle",
-                                     fix="choose a new or empty directory for --dest")
-            replace = True
+    wanted = layout.Wanted(version=plan.version, platform=plan.platform, source=SOURCE, components=plan.components)
+    with layout.root_lock(cache_dir, root):
+        tk, replace = layout.claim_root(root, wanted, own_root=own_root, warn=log.warn)
+        if tk is not None:
+            return InstallResult(toolkit=tk, reused=True)
 
         if installer is not None:
             exe, downloaded = verify_local(plan, Path(installer)), False
         else:
             exe, downloaded = fetch(plan, cache_dir=cache_dir, log=log, http=http, connect_timeout=connect_timeout)
-        tree = root.with_name(f".{root.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-        try:
-            how = assemble(plan, exe, tree, log=log, program=program)
-            if replace and (root.exists() or root.is_symlink()):
-                if any(root.iterdir()):
-                    aside = root.with_name(f".{root.name}.old-{uuid.uuid4().hex[:8]}")
-                    os.rename(root, aside)
-                    shutil.rmtree(aside, ignore_errors=True)
-                else:
-                    root.rmdir()
-            os.rename(tree, root)
-        except BaseException:
-            shutil.rmtree(tree, ignore_errors=True)
-            raise
-        tk = layout.read_installed(root)
-        assert tk is not None
+        tk, how = layout.install_tree(root, replace=replace,
+                                      assemble=lambda tree: assemble(plan, exe, tree, log=log, program=program))
         return InstallResult(toolkit=tk, reused=False, installer=exe, downloaded=downloaded, extractor=how)
 
 

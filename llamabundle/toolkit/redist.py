@@ -15,18 +15,14 @@ and the tree is renamed into place under a file lock: two concurrent installs gi
 from __future__ import annotations
 
 import filecmp
-import hashlib
-import json
 import os
 import posixpath
 import shutil
-import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-import filelock
 import requests
 
 from .. import archive as archive_mod
@@ -40,7 +36,6 @@ from .manifest import Archive, Manifest
 from .plan import ToolkitPlan, plan_toolkit
 
 LICENSE_NAMES = ("LICENSE", "LICENSE.txt")
-LOCK_TIMEOUT_S = 3600.0
 
 
 @dataclass
@@ -74,17 +69,13 @@ def cached_map(plan: ToolkitPlan, cache_dir: Path) -> dict[str, bool]:
 
 
 
-def _lock(cache_dir: Path, name: str) -> filelock.FileLock:
-    d = cache_dir / "locks"
-    d.mkdir(parents=True, exist_ok=True)
-    return filelock.FileLock(str(d / f"{name}.lock"), timeout=LOCK_TIMEOUT_S)
 
 
 def fetch_archive(a: Archive, *, base_url: str, cache_dir: Path, http: requests.Session, log: Log,
                   retries: int = 4, backoff: float = 1.0, connect_timeout: float = 10.0) -> tuple[Path, bool]:
     """The verified archive in the download cache; (path, True) when it had to be downloaded."""
     path = download_path(cache_dir, a)
-    with _lock(cache_dir, f"download-{a.sha256}"):
+    with layout.cache_lock(cache_dir, f"download-{a.sha256}"):
         if path.is_file():
             if path.stat().st_size == a.size and sha256_file(path) == a.sha256:
                 return path, False
@@ -192,36 +183,16 @@ def assemble(plan: ToolkitPlan, archives: Mapping[str, Path], tree: Path, *, log
 # -------------------------------------------------------------------------------------- install
 
 
-def _marker(root: Path) -> dict | None:
-    try:
-        return json.loads((root / layout.MARKER).read_text())
-    except (OSError, ValueError):
-        return None
 
 
-def _matches(info: dict, plan: ToolkitPlan) -> bool:
-    return (info.get("version"), info.get("platform"), info.get("source"), info.get("components")) == \
-        (plan.version, plan.platform, plan.source, dict(sorted(plan.components.items())))
 
 
 def installed(plan: ToolkitPlan, root: Path) -> layout.Toolkit | None:
-    """The toolkit at root when it is this plan's and complete; None when absent. Raises when changed."""
-    tk = layout.read_installed(root)
-    if tk is None:
-        return None
-    info = _marker(root)
-    if info is None or not _matches(info, plan):
-        raise ToolchainError(f"{root} holds a different toolkit",
-                             why=f"installed: CUDA {tk.version} {tk.platform} {tk.source} "
-                                 f"{sorted((info or {}).get('components', {}))}; planned: {sorted(plan.components)}",
-                             fix="choose another --dest, or remove that directory")
-    return tk
+    """The toolkit at root when it is this plan's and complete; None when absent. Raises when changed or foreign."""
+    return layout.installed_as(root, layout.Wanted(version=plan.version, platform=plan.platform, source=plan.source,
+                                                 components=plan.components))
 
 
-def _remove_tree(path: Path) -> None:
-    aside = path.with_name(f".{path.name}.old-{uuid.uuid4().hex[:8]}")
-    os.rename(path, aside)
-    shutil.rmtree(aside, ignore_errors=True)
 
 
 def install(plan: ToolkitPlan, *, cache_dir: Path, base_url: str, log: Log, dest: Path | None = None,
@@ -233,29 +204,11 @@ def install(plan: ToolkitPlan, *, cache_dir: Path, base_url: str, log: Log, dest
     own_root = dest is None
     root = (plan.root(cache_dir) if dest is None else dest).absolute()
     root.parent.mkdir(parents=True, exist_ok=True)
-    lock_name = "toolkit-" + hashlib.sha256(str(root).encode()).hexdigest()[:16]
-    with _lock(cache_dir, lock_name):
-        for pattern in (f".{root.name}.tmp-*", f".{root.name}.old-*"):  # the lock holder is the only writer:
-            for stale in root.parent.glob(pattern):                        # these are a killed install's
-                shutil.rmtree(stale, ignore_errors=True)
-        if root.is_symlink() or (root.exists() and not root.is_dir()):
-            raise ToolchainError(f"{root} exists and is not a directory", fix="choose another --dest")
-        replace = False
-        if root.exists():
-            info = _marker(root)
-            try:
-                tk = installed(plan, root)
-            except ToolchainError as e:
-                if info is not None and not _matches(info, plan):
-                    raise  # another toolkit: never overwrite it
-                log.warn(f"{e.what}; installing it again")
-                tk = None
-            if tk is not None:
-                return InstallResult(toolkit=tk, reused=True)
-            if info is None and not own_root and any(root.iterdir()):
-                raise ToolchainError(f"{root} exists and is not a toolkit installed by llamabundle",
-                                     fix="choose a new or empty directory for --dest")
-            replace = True
+    wanted = layout.Wanted(version=plan.version, platform=plan.platform, source=plan.source, components=plan.components)
+    with layout.root_lock(cache_dir, root):
+        tk, replace = layout.claim_root(root, wanted, own_root=own_root, warn=log.warn)
+        if tk is not None:
+            return InstallResult(toolkit=tk, reused=True)
 
         http = http or net.session()
         result_downloaded: list[str] = []
@@ -267,20 +220,7 @@ def install(plan: ToolkitPlan, *, cache_dir: Path, base_url: str, log: Log, dest
             paths[pa.component] = path
             (result_downloaded if fetched else from_cache).append(pa.archive.name)
 
-        tree = root.with_name(f".{root.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-        try:
-            assemble(plan, paths, tree, log=log)
-            if replace and (root.exists() or root.is_symlink()):
-                if any(root.iterdir()):
-                    _remove_tree(root)
-                else:
-                    root.rmdir()
-            os.rename(tree, root)
-        except BaseException:
-            shutil.rmtree(tree, ignore_errors=True)
-            raise
-        tk = layout.read_installed(root)
-        assert tk is not None
+        tk, _ = layout.install_tree(root, replace=replace, assemble=lambda tree: assemble(plan, paths, tree, log=log))
         sizes = {pa.archive.name: pa.archive.size for pa in plan.archives}
         return InstallResult(toolkit=tk, reused=False, downloaded_bytes=sum(sizes[n] for n in result_downloaded),
                              downloaded=result_downloaded, from_cache=from_cache)

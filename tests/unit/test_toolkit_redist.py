@@ -8,6 +8,7 @@ import http.server
 import io
 import json
 import os
+import shutil
 import tarfile
 import threading
 import time
@@ -388,22 +389,19 @@ def test_install_windows_zip_layout(repo: Repo) -> None:
     assert layout.read_installed(root) is not None
 
 
-def test_second_install_downloads_nothing_and_is_fast(repo: Repo) -> None:
+def test_second_install_downloads_nothing(repo: Repo) -> None:
     plan = repo.plan(["cuda_nvcc", "cuda_cudart"])
     repo.install(plan)
     repo.server.reset()
-    t0 = time.monotonic()
-    res = repo.install(plan)
-    took = time.monotonic() - t0
+    res = repo.install(plan)  # its time is measured by bench/toolkit_bytes.py, not asserted here
     assert res.reused and res.downloaded_bytes == 0 and res.downloaded == []
     assert repo.server.requests == [] and repo.server.bytes_sent == 0
-    assert took < 1.0
 
 
 def test_cached_downloads_are_rehashed_before_reuse(repo: Repo) -> None:
     plan = repo.plan(["cuda_nvcc", "cuda_cudart"])
     root = repo.install(plan).toolkit.root
-    redist._remove_tree(root)
+    shutil.rmtree(root)
     # same size, other bytes: re-hashing notices and fetches it again; the others come from the cache
     a = plan.archives[-1].archive
     cached = redist.download_path(repo.cache, a)
