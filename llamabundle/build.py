@@ -126,7 +126,14 @@ def resolve_tools(*, path: str | None, use_ccache: bool = True) -> BuildTools:
     return BuildTools(cmake=cmake[0], cmake_version=cmake[1], ninja=ninja[0], ninja_version=ninja[1], ccache=ccache)
 
 
-def _pick(program: str, path: str | None, minimum: str, pypi: str) -> tuple[str, str]:
+def locate_tools(*, path: str | None) -> BuildTools:
+    """The build tools a build would most likely use, found without running anything (for `show`):
+    the first candidate that exists, or the bare name."""
+    found = {p: next((c for c in _candidates(p, path, p) if c and Path(c).is_file()), p) for p in ("cmake", "ninja")}
+    return BuildTools(cmake=found["cmake"], ninja=found["ninja"], ccache=shutil.which("ccache", path=path))
+
+
+def _candidates(program: str, path: str | None, pypi: str) -> list[str | None]:
     candidates = [shutil.which(program, path=path)]
     try:  # the PyPI package's binary (pip install cmake / ninja)
         mod = __import__(pypi)
@@ -134,6 +141,11 @@ def _pick(program: str, path: str | None, minimum: str, pypi: str) -> tuple[str,
     except ImportError:
         pass
     candidates.append(str(Path(sysconfig.get_path("scripts")) / program))
+    return candidates
+
+
+def _pick(program: str, path: str | None, minimum: str, pypi: str) -> tuple[str, str]:
+    candidates = _candidates(program, path, pypi)
     seen = []
     for exe in candidates:
         if not exe or not Path(exe).is_file():

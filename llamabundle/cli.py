@@ -13,8 +13,8 @@ from typing import Any, NoReturn
 import click
 
 from . import __version__, pipeline
-from .build import resolve_tools
-from .errors import LlamaBundleError, ToolchainError
+from .build import locate_tools
+from .errors import LlamaBundleError
 from .log import Log
 from .recipe import Settings, canonical_json, json_schema, load_recipe
 from .store.base import Store, open_store
@@ -89,14 +89,7 @@ def recipe_schema() -> None:
 def show(c: Ctx, recipe_path: Path, as_json: bool) -> None:
     """Show a recipe, its key and its build plan (nothing is run)."""
     r = load_recipe(recipe_path)
-    try:
-        tools = resolve_tools(path=c.env.get("PATH"), use_ccache=True)
-    except ToolchainError as e:
-        c.log.warn(f"{e.what}; the plan shows bare program names")
-        from .build import BuildTools
-
-        tools = BuildTools(cmake="cmake", ninja="ninja")
-    plan = pipeline.show_plan(r, c.settings, tools)
+    plan = pipeline.show_plan(r, c.settings, locate_tools(path=c.env.get("PATH")))
     data = {"schema": 1, "name": r.name, "key": r.key(), "tag": r.tag(), "platform": r.platform,
             "commit": r.llama_cpp.commit, "backends": list(r.backends), "driver_floor": r.driver_floor,
             "sources": [pipeline.source_mod.describe(s) for s in r.llama_cpp.sources], "plan": plan.to_json()}

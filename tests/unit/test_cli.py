@@ -123,9 +123,10 @@ def test_show_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pyte
     assert data["sources"] == ["github:ggml-org/llama.cpp", "pypi:llama-cpp-python==0.3.36"]
     assert data["tag"] == f"linux-x86_64-cpu-{LINUX_KEY[:12]}"
     plan = data["plan"]
-    assert plan["configure"][0] == "cmake"
+    # found without running anything (the unit-test guard refuses to start cmake): a bare name, or the
+    # cmake of the PyPI package when that is installed
+    assert plan["configure"][0] == "cmake" or plan["configure"][0].endswith("/cmake")
     assert "-DGGML_BACKEND_DL=ON" in plan["configure"]
-    assert "no usable cmake" in err
 
 
 # --------------------------------------------------------------------------------- store commands
