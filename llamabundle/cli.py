@@ -29,7 +29,26 @@ class Ctx:
         self.debug = debug
 
     def store(self, url: str | None) -> Store:
-        return open_store(url or self.env.get("LLAMABUNDLE_STORE") or str(self.settings.cache_dir / "store"))
+        return open_store(url or self.env.get("LLAMABUNDLE_STORE") or str(self.settings.cache_dir / "store"),
+                          settings=self.settings, log=self.log)
+
+
+    def actions_report(self, *, key: str, hit: bool, location: str | None, zip_path: Path | None = None) -> None:
+        """Under GitHub Actions: step outputs (key, hit, asset-url) and a line of the step summary."""
+        s = self.settings
+        if s.github_output is not None:
+            with open(s.github_output, "a", encoding="utf-8") as f:
+                f.write(f"key={key}\nhit={'true' if hit else 'false'}\nasset-url={location or ''}\n")
+        if s.github_step_summary is not None:
+            size = sha = ""
+            if zip_path is not None and zip_path.is_file():
+                from .bundle import sha256_file
+
+                size, sha = f"{zip_path.stat().st_size / 1e6:.1f} MB", f"`{sha256_file(zip_path)}`"
+            with open(s.github_step_summary, "a", encoding="utf-8") as f:
+                if f.tell() == 0:
+                    f.write("| key | result | size | sha256 |\n|---|---|---|---|\n")
+                f.write(f"| `{key[:12]}` | {'hit' if hit else ('built' if zip_path else 'miss')} | {size} | {sha} |\n")
 
 
 pass_ctx = click.make_pass_decorator(Ctx)
@@ -134,6 +153,7 @@ def check(c: Ctx, recipe_path: Path, store_url: str | None, as_json: bool) -> No
     r = load_recipe(recipe_path)
     store = c.store(store_url)
     entry = store.lookup(r.key())
+    c.actions_report(key=r.key(), hit=entry is not None, location=entry.location if entry else None)
     if as_json:
         _emit({"schema": 1, "key": r.key(), "hit": entry is not None, "store": store.url,
                "location": entry.location if entry else None})
@@ -164,6 +184,8 @@ def build(c: Ctx, recipe_path: Path, store_url: str | None, force: bool, publish
     outcome = pipeline.build(r, settings=c.settings, store=c.store(store_url), log=c.log, env=c.env, force=force,
                              publish=True if publish is None else publish, out=out, jobs=jobs, clean=clean,
                              toolkit_source=toolkit_source)
+    c.actions_report(key=outcome.key, hit=outcome.cache_hit, location=outcome.published or str(outcome.zip_path),
+                     zip_path=outcome.zip_path)
     if as_json:
         _emit(outcome.to_json())
         return

@@ -596,6 +596,8 @@ class Settings:
     pip_index_url: str | None = None
     source_date_epoch: int | None = None
     github_actions: bool = False
+    github_output: Path | None = None  # $GITHUB_OUTPUT: key=value lines for later steps
+    github_step_summary: Path | None = None  # $GITHUB_STEP_SUMMARY: markdown shown on the run's page
     connect_timeout: float = 10.0
     cuda_redist_url: str = "https://developer.download.nvidia.com/compute/cuda/redist"
 
@@ -613,6 +615,9 @@ class Settings:
             pip_index_url=env.get("LLAMABUNDLE_PIP_INDEX_URL") or None,
             source_date_epoch=int(sde) if sde and sde.isdigit() else None,
             github_actions=env.get("GITHUB_ACTIONS") == "true",
+            github_output=Path(env["GITHUB_OUTPUT"]) if env.get("GITHUB_ACTIONS") == "true" and env.get("GITHUB_OUTPUT") else None,
+            github_step_summary=Path(env["GITHUB_STEP_SUMMARY"])
+            if env.get("GITHUB_ACTIONS") == "true" and env.get("GITHUB_STEP_SUMMARY") else None,
             connect_timeout=float(env.get("LLAMABUNDLE_CONNECT_TIMEOUT", "10")),
             cuda_redist_url=env.get("LLAMABUNDLE_CUDA_REDIST_URL", "https://developer.download.nvidia.com/compute/cuda/redist").rstrip("/"),
         )

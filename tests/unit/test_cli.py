@@ -328,3 +328,15 @@ def test_help_of_every_command(cmd: list[str], capsys: pytest.CaptureFixture[str
     code, out, _ = run(capsys, *cmd, "--help")
     assert code == 0
     assert out.startswith(f"Usage: llamabundle {' '.join(cmd)}".rstrip())
+
+
+def test_github_actions_outputs_and_summary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    out, summary = tmp_path / "out.txt", tmp_path / "summary.md"
+    monkeypatch.setenv("GITHUB_ACTIONS", "true")
+    monkeypatch.setenv("GITHUB_OUTPUT", str(out))
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    code, _, _ = run(capsys, "check", LINUX, "--store", tmp_path / "store")
+    assert code == 1
+    assert out.read_text().splitlines() == [f"key={LINUX_KEY}", "hit=false", "asset-url="]
+    assert summary.read_text().splitlines()[-1] == f"| `{LINUX_KEY[:12]}` | miss |  |  |"
