@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import UsageError
+
+if TYPE_CHECKING:
+    from ..log import Log
+    from ..recipe import Settings
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -37,13 +41,19 @@ class Store(Protocol):
     def publish(self, zip_path: Path, manifest: dict[str, Any]) -> Published: ...
 
 
-def open_store(url: str) -> Store:
-    """A path or file://… is a local directory store."""
+def open_store(url: str, *, settings: "Settings | None" = None, log: "Log | None" = None) -> Store:
+    """A path or file://… is a local directory store; github:OWNER/REPO the GitHub Releases store
+    (API URL and token from `settings`)."""
     from .local import LocalStore
 
     if url.startswith("github:"):
-        raise UsageError(f"store '{url}': the GitHub Releases store is not available in this version",
-                         fix="use a local directory store (a path)")
+        from .github import GitHubStore
+
+        return GitHubStore(url.removeprefix("github:"),
+                           api_url=settings.github_api_url if settings is not None else None,
+                           token=settings.github_token if settings is not None else None,
+                           connect_timeout=settings.connect_timeout if settings is not None else 10.0,
+                           log=log)
     if "://" in url and not url.startswith("file://"):
         raise UsageError(f"store '{url}' has an unknown scheme", fix="use a directory path, file://PATH or github:OWNER/REPO")
     return LocalStore(Path(url.removeprefix("file://")).expanduser())

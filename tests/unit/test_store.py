@@ -211,12 +211,12 @@ def test_open_store_path_and_file_url(tmp_path: Path) -> None:
     assert open_store(f"file://{tmp_path}/a").lookup(KEY).zip_sha256 == sha256(zip_path)
 
 
-def test_open_store_github_is_a_usage_error_for_now() -> None:
-    with pytest.raises(UsageError) as e:
-        open_store("github:ggml-org/bundles")
-    assert e.value.exit_code == 2
-    assert "github:ggml-org/bundles" in e.value.what
-    assert "not available" in e.value.what
+def test_open_store_github_is_the_releases_store() -> None:
+    from llamabundle.store.github import GitHubStore
+
+    s = open_store("github:ggml-org/bundles")
+    assert isinstance(s, GitHubStore)
+    assert s.url == "github:ggml-org/bundles"
 
 
 @pytest.mark.parametrize("url", ["s3://bucket/x", "https://example.com/store"])

@@ -1,0 +1,606 @@
+"""A GitHub Releases store (DESIGN §6): one release per cache key, tag `llamabundle-<key[:16]>`.
+
+A hit is a *published* release whose assets include `bundle.json` and exactly one uploaded `.zip`
+(its `digest` is the Entry's sha256). Publishing takes the tag first (`POST /git/refs`: exactly one
+concurrent publisher wins), then draft release → zip → SHA256SUMS → bundle.json → publish. A loser
+waits for the winner's release; a tag whose release stays a draft longer than `stale_after` seconds
+is taken over. Every request goes through one `requests` session with retries for connection errors,
+5xx, 429 and rate-limit 403s. The token goes only to the API and upload hosts, never to the download
+(CDN) host, and never into a message.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import random
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+from urllib.parse import quote, urljoin, urlsplit
+
+import requests
+import urllib3
+
+from .. import net
+from ..bundle import MANIFEST, sha256_file
+from ..errors import StoreError, UsageError
+from ..log import Log
+from .base import Entry, Published
+
+API_VERSION = "2022-11-28"
+DEFAULT_API_URL = "https://api.github.com"
+SUMS = "SHA256SUMS"
+_REPO_RE = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
+_KEY_RE = re.compile(r"^[0-9a-f]{64}$")
+_DROPPED = (requests.RequestException, urllib3.exceptions.HTTPError, ConnectionError, TimeoutError, OSError)
+_HOPELESS = (requests.exceptions.InvalidURL, requests.exceptions.MissingSchema, requests.exceptions.InvalidSchema,
+             requests.exceptions.InvalidHeader, urllib3.exceptions.LocationParseError)
+MAX_MANIFEST = 16 << 20
+
+
+# ----------------------------------------------------------------------------------- errors
+
+
+class GitHubError(StoreError):
+    """The GitHub API refused a request; carries the HTTP status and `x-github-request-id`."""
+
+    def __init__(self, what: str, *, status: int | None = None, request_id: str | None = None,
+                 errors: list[Any] | None = None, why: str = "", fix: str = "", details: str = "") -> None:
+        if request_id:
+            details = (details + "\n" if details else "") + f"  GitHub request id: {request_id}"
+        super().__init__(what, why=why, fix=fix, details=details)
+        self.status = status
+        self.request_id = request_id
+        self.errors = errors or []
+
+
+class GitHubValidationError(GitHubError):
+    """HTTP 422 (Validation Failed)."""
+
+
+class RefExistsError(GitHubValidationError):
+    """HTTP 422 `already_exists` on creating a ref."""
+
+
+class AssetConflictError(GitHubError):
+    """A release already holds an uploaded asset of that name with different content."""
+
+
+class RateLimitError(GitHubError):
+    """Rate limited for longer than we are willing to wait."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class GitHubEntry(Entry):
+    asset_url: str  # the zip's API asset URL (download with Accept: application/octet-stream)
+    release_id: int
+
+
+def default_tag(key: str, manifest: dict[str, Any]) -> str:
+    return f"llamabundle-{key[:16]}"
+
+
+# ------------------------------------------------------------------------------------ store
+
+
+class GitHubStore:
+    def __init__(self, repo: str, *, api_url: str | None = None, token: str | None = None, log: Log | None = None,
+                 tag_for_key: Callable[[str, dict[str, Any]], str] | None = None,
+                 stale_after: float = 1800.0, poll_interval: float = 5.0, wait_timeout: float | None = None,
+                 sleep: Callable[[float], None] = time.sleep, max_attempts: int = 5, refused_attempts: int = 2,
+                 max_wait: float = 300.0, max_total: float = 900.0, backoff: float = 1.0, max_backoff: float = 30.0,
+                 connect_timeout: float = 10.0, read_timeout: float = 60.0, upload_timeout: float = 600.0,
+                 http: requests.Session | None = None) -> None:
+        if not _REPO_RE.match(repo):
+            raise UsageError(f"store 'github:{repo}': '{repo}' is not OWNER/REPO", fix="e.g. github:ggml-org/bundles")
+        self.repo = repo
+        self.url = f"github:{repo}"
+        self.api_url = (api_url or DEFAULT_API_URL).rstrip("/")
+        self.token = token or None
+        self.log = log or Log()
+        self.tag_for_key = tag_for_key or default_tag
+        self.stale_after, self.poll_interval, self.sleep = stale_after, poll_interval, sleep
+        # how long a loser waits in all before giving up (the holder's draft goes stale before that)
+        self.wait_timeout = stale_after + 300.0 if wait_timeout is None else wait_timeout
+        self.max_attempts, self.refused_attempts = max(1, max_attempts), max(1, refused_attempts)
+        self.max_wait, self.max_total, self.backoff, self.max_backoff = max_wait, max_total, backoff, max_backoff
+        self.timeout = (connect_timeout, read_timeout)
+        self.upload_timeout = (connect_timeout, upload_timeout)
+        self.http = http or net.session()
+        self._trusted = {net._origin(self.api_url)}  # origins that may see the token
+        self._repo_api = f"{self.api_url}/repos/{repo}"
+
+    # -------------------------------------------------------------------------- protocol
+
+    def lookup(self, key: str) -> GitHubEntry | None:
+        self._check_key(key)
+        tag = self.tag_for_key(key, {})
+        rel = self._release_by_tag(tag)
+        if rel is None:
+            return None
+        return self._entry_from_release(rel, key)
+
+    def fetch(self, entry: Entry, dest: Path) -> Path:
+        asset_url = getattr(entry, "asset_url", None)
+        if not asset_url:
+            found = self.lookup(entry.key)
+            if found is None:
+                raise StoreError(f"bundle {entry.key[:12]} is no longer in {self.url}", fix="build it again")
+            asset_url = found.asset_url
+        out = Path(dest) / entry.zip_name
+        try:
+            net.download(asset_url, out, http=self.http, log=self.log, sha256=entry.zip_sha256, size=entry.zip_size,
+                         headers=self._headers(octet=True, auth=False), token=self.token,
+                         connect_timeout=self.timeout[0], read_timeout=self.timeout[1])
+        except StoreError as e:
+            raise self._redacted(e) from None
+        except OSError as e:
+            raise StoreError(f"cannot write {out}", why=self._redact(str(e)), fix="check the destination") from None
+        return out
+
+    def publish(self, zip_path: Path, manifest: dict[str, Any]) -> Published:
+        key = manifest.get("key", "")
+        self._check_key(key)
+        zip_path = Path(zip_path)
+        if not zip_path.name.endswith(".zip") or zip_path.name in (MANIFEST, SUMS):
+            raise StoreError(f"cannot publish {zip_path.name}", why="a bundle is published as one .zip file",
+                             fix="publish the bundle zip")
+        tag = self.tag_for_key(key, manifest)
+        zip_sha = sha256_file(zip_path)
+        for _round in range(4):
+            existing = self.lookup(key)
+            if existing is not None:
+                return Published(entry=existing, created=False)
+            if self._take_tag(tag):
+                return Published(entry=self._publish_as_winner(tag, key, zip_path, zip_sha, manifest), created=True)
+            entry = self._wait_for_winner(tag, key)
+            if entry is not None:
+                return Published(entry=entry, created=False)
+            # the tag was given up (or found stale and cleared): try to take it again
+        raise StoreError(f"cannot take the tag {tag} in {self.repo}", why="other publishers kept taking it over",
+                         fix="retry later")
+
+    # --------------------------------------------------------------------------- lookup
+
+    def _release_by_tag(self, tag: str) -> dict[str, Any] | None:
+        r = self._api("GET", f"{self._repo_api}/releases/tags/{quote(tag, safe='')}", ok=(200, 404),
+                      what=f"look up the release {tag}")
+        if r.status_code == 404:
+            return None
+        rel = self._json(r, f"the release {tag}")
+        if rel.get("draft"):
+            return None
+        self._trust_upload(rel)
+        return rel
+
+    def _entry_from_release(self, rel: dict[str, Any], key: str) -> GitHubEntry | None:
+        assets = [a for a in rel.get("assets") or [] if isinstance(a, dict)]
+        manifest_asset = next((a for a in assets if a.get("name") == MANIFEST), None)
+        zips = [a for a in assets if str(a.get("name", "")).endswith(".zip")]
+        if (manifest_asset is None or manifest_asset.get("state") != "uploaded" or len(zips) != 1
+                or zips[0].get("state") != "uploaded"):
+            return None  # incomplete: not a hit
+        tag = rel.get("tag_name", "?")
+        raw = self._download_bytes(manifest_asset, f"{MANIFEST} of {tag}")
+        try:
+            manifest = json.loads(raw.decode("utf-8"))
+        except ValueError as e:
+            raise StoreError(f"the {MANIFEST} of release {tag} in {self.repo} is not JSON", why=str(e)[:200],
+                             fix=f"delete the release {tag} and publish again") from None
+        if not isinstance(manifest, dict) or manifest.get("key") != key:
+            raise StoreError(f"release {tag} in {self.repo} is inconsistent",
+                             why=f"its {MANIFEST} does not name the key {key[:12]}",
+                             fix=f"delete the release {tag}, or change the publish tag template")
+        z = zips[0]
+        sha = _digest(z)
+        if sha is None:
+            sums_asset = next((a for a in assets if a.get("name") == SUMS and a.get("state") == "uploaded"), None)
+            if sums_asset is not None:
+                sums = _parse_sums(self._download_bytes(sums_asset, f"{SUMS} of {tag}").decode("utf-8", "replace"))
+                sha = sums.get(z["name"])
+            if sha is None:
+                raise StoreError(f"release {tag} in {self.repo} gives no sha256 for {z['name']}",
+                                 why=f"the asset has no digest and {SUMS} does not list it",
+                                 fix=f"delete the release {tag} and publish again")
+        return GitHubEntry(key=key, zip_name=z["name"], zip_sha256=sha, zip_size=int(z.get("size") or 0),
+                           manifest=manifest, location=z.get("browser_download_url") or z.get("url", ""),
+                           asset_url=z["url"], release_id=int(rel["id"]))
+
+    def _download_bytes(self, asset: dict[str, Any], what: str) -> bytes:
+        r = self._api("GET", asset["url"], headers={"Accept": "application/octet-stream"}, follow=True,
+                      what=f"download {what}", stream=True)
+        with r:
+            data = r.raw.read(MAX_MANIFEST + 1, decode_content=False)
+        if len(data) > MAX_MANIFEST:
+            raise StoreError(f"{what} in {self.repo} is too large", fix="delete the release and publish again")
+        return data
+
+    # -------------------------------------------------------------------------- publish
+
+    def _default_head(self) -> str:
+        repo = self._json(self._api("GET", self._repo_api, what=f"read the repository {self.repo}"), self.repo)
+        branch = repo.get("default_branch") or "main"
+        ref = self._json(self._api("GET", f"{self._repo_api}/git/ref/heads/{quote(branch, safe='/')}",
+                                   what=f"read the head of {branch}"), f"refs/heads/{branch}")
+        sha = (ref.get("object") or {}).get("sha")
+        if not isinstance(sha, str) or not sha:
+            raise StoreError(f"cannot read the head of {branch} in {self.repo}", why="the answer has no object.sha")
+        return sha
+
+    def _take_tag(self, tag: str) -> bool:
+        sha = self._default_head()
+        try:
+            self._api("POST", f"{self._repo_api}/git/refs", json_body={"ref": f"refs/tags/{tag}", "sha": sha},
+                      ok=(201,), what=f"create the tag {tag}")
+        except RefExistsError:
+            return False
+        return True
+
+    def _publish_as_winner(self, tag: str, key: str, zip_path: Path, zip_sha: str,
+                           manifest: dict[str, Any]) -> GitHubEntry:
+        self.log.info(f"    github: took the tag {tag} in {self.repo}; creating a draft release")
+        rel_id: int | None = None
+        try:
+            rel = self._json(self._api("POST", f"{self._repo_api}/releases", ok=(201,),
+                                       what=f"create the release {tag}",
+                                       json_body={"tag_name": tag, "name": tag, "draft": True,
+                                                  "body": f"llamabundle bundle, cache key `{key}`"}), "the release")
+            rel_id = int(rel["id"])
+            upload = self._trust_upload(rel)
+            sums = f"{zip_sha}  {zip_path.name}\n".encode()
+            mbytes = (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode("utf-8")
+            zip_asset = self._upload(rel_id, upload, zip_path.name, "application/zip",
+                                     lambda: open(zip_path, "rb"), zip_path.stat().st_size, zip_sha)
+            self._upload(rel_id, upload, SUMS, "text/plain", lambda: sums, len(sums), _sha(sums))
+            self._upload(rel_id, upload, MANIFEST, "application/json", lambda: mbytes, len(mbytes), _sha(mbytes))
+            done = self._json(self._api("PATCH", f"{self._repo_api}/releases/{rel_id}", json_body={"draft": False},
+                                        what=f"publish the release {tag}"), "the release")
+        except AssetConflictError:
+            raise  # never clean up an uploaded asset with a different digest
+        except BaseException:
+            self._give_up(tag, rel_id)
+            raise
+        if done.get("draft"):
+            raise StoreError(f"the release {tag} in {self.repo} stayed a draft after publishing", fix="retry")
+        z = next((a for a in done.get("assets") or [] if a.get("name") == zip_path.name), zip_asset)
+        self.log.info(f"    github: published {tag} in {self.repo}")
+        return GitHubEntry(key=key, zip_name=zip_path.name, zip_sha256=zip_sha, zip_size=zip_path.stat().st_size,
+                           manifest=json.loads(mbytes), location=z.get("browser_download_url") or z.get("url", ""),
+                           asset_url=z["url"], release_id=int(rel_id))
+
+    def _give_up(self, tag: str, rel_id: int | None) -> None:
+        """Best effort after a failed publish: remove our draft and the tag so that others need not wait."""
+        try:
+            if rel_id is not None:
+                self._api("DELETE", f"{self._repo_api}/releases/{rel_id}", ok=(204, 404), attempts=1,
+                          what="delete our draft release")
+            self._delete_ref(tag, attempts=1)
+        except Exception:  # noqa: BLE001 - the original error is what matters
+            pass
+
+    def _upload(self, rel_id: int, upload_url: str, name: str, ctype: str, body: Callable[[], IO[bytes] | bytes],
+                size: int, sha: str) -> dict[str, Any]:
+        url = f"{upload_url}?name={quote(name, safe='')}"
+        start = time.monotonic()
+        attempt = 0
+        while True:
+            attempt += 1
+            if attempt > 1:
+                done = self._reconcile(rel_id, name, sha)
+                if done is not None:
+                    return done
+            data = body()
+            try:
+                headers = {**self._headers(), "Content-Type": ctype, "Content-Length": str(size)}
+                why, delay = None, None
+                try:
+                    r = self.http.post(url, data=data, headers=headers, timeout=self.upload_timeout,
+                                       allow_redirects=False)
+                except _HOPELESS as e:
+                    raise StoreError(f"cannot upload {name} to {self.repo}", why=self._redact(str(e))) from None
+                except _DROPPED as e:
+                    why = net._short(e)
+                else:
+                    with r:
+                        if r.status_code == 201:
+                            asset = self._json(r, name)
+                            got = _digest(asset)
+                            if asset.get("state", "uploaded") == "uploaded" and (got is None or got == sha):
+                                return asset
+                            why = f"the uploaded {name} came back as {asset.get('state')} with digest {got}"
+                            if "id" in asset:  # ours, and damaged: remove it before trying again
+                                self._api("DELETE", f"{self._repo_api}/releases/assets/{asset['id']}", ok=(204, 404),
+                                          what=f"delete the damaged asset {name}")
+                        elif r.status_code == 422:
+                            err = self._error(r, f"upload {name}")
+                            if not _already_exists(err.errors, err.why):
+                                raise err
+                            why = "an asset of that name is already there"
+                            delay = 0.0
+                        else:
+                            delay = self._retry_delay(r, attempt)
+                            if delay is None:
+                                raise self._error(r, f"upload {name}")
+                            why = f"HTTP {r.status_code}"
+            finally:
+                if hasattr(data, "close"):
+                    data.close()  # type: ignore[union-attr]
+            if delay is None:
+                delay = self._backoff(attempt)
+            if attempt >= self.max_attempts or time.monotonic() - start + delay > self.max_total:
+                raise net.NetworkError(f"cannot upload {name} to {self.repo}",
+                                       why=self._redact(f"{why} (gave up after {attempt} attempts)"),
+                                       fix="check the network and retry; the publish cleans up its leftovers")
+            self.log.info(self._redact(f"    github: upload {name}: {why}; retry in {delay:.1f}s"))
+            if delay:
+                self.sleep(delay)
+
+    def _reconcile(self, rel_id: int, name: str, sha: str) -> dict[str, Any] | None:
+        """Before re-uploading: an asset of that name that is complete with our digest is done; a partial one
+        (state != uploaded) is deleted; a complete one with another digest is a conflict."""
+        r = self._api("GET", f"{self._repo_api}/releases/{rel_id}/assets?per_page=100",
+                      what="list the release's assets")
+        for a in self._json(r, "the asset list"):
+            if not isinstance(a, dict) or a.get("name") != name:
+                continue
+            if a.get("state") != "uploaded":
+                self.log.info(f"    github: removing the incomplete asset {name} (state {a.get('state')})")
+                self._api("DELETE", f"{self._repo_api}/releases/assets/{a['id']}", ok=(204, 404),
+                          what=f"delete the incomplete asset {name}")
+                return None
+            got = _digest(a)
+            if got == sha:
+                return a
+            raise AssetConflictError(f"the release in {self.repo} already holds a different {name}",
+                                     why=f"its digest is {a.get('digest') or 'unknown'}, ours is sha256:{sha}",
+                                     fix="delete that release (or asset) by hand if it is wrong, then retry")
+        return None
+
+    # ----------------------------------------------------------------------------- loser
+
+    def _wait_for_winner(self, tag: str, key: str) -> GitHubEntry | None:
+        """Wait until the tag's release is published (its entry), or the tag is gone or stale (None)."""
+        start = time.monotonic()
+        last_note = -1e9
+        while True:
+            rel = self._release_by_tag(tag)
+            if rel is not None:
+                entry = self._entry_from_release(rel, key)
+                if entry is None:
+                    raise StoreError(f"release {tag} in {self.repo} is published but incomplete",
+                                     why=f"it lacks {MANIFEST} or exactly one uploaded .zip",
+                                     fix=f"delete the release {tag} (and its tag) and publish again")
+                return entry
+            r = self._api("GET", f"{self._repo_api}/git/ref/tags/{quote(tag, safe='')}", ok=(200, 404),
+                          what=f"read the tag {tag}")
+            if r.status_code == 404:
+                return None  # the holder gave up
+            draft = self._find_draft(tag)
+            waited = time.monotonic() - start
+            age = waited if draft is None else _age(draft.get("created_at"))
+            if age > self.stale_after:
+                self.log.info(f"    github: the tag {tag} has had no published release for {age:.0f}s; taking it over")
+                if draft is not None:
+                    d = self._api("DELETE", f"{self._repo_api}/releases/{draft['id']}", ok=(204, 404),
+                                  what="delete a stale draft release")
+                    if d.status_code == 404:
+                        continue  # someone else is taking it over: look again
+                self._delete_ref(tag)
+                return None
+            if waited > self.wait_timeout:
+                raise StoreError(f"timed out waiting for the release {tag} in {self.repo}",
+                                 why=f"another publisher holds the tag (waited {waited:.0f}s)", fix="retry later")
+            if waited - last_note >= 30 or last_note < 0:
+                last_note = waited
+                self.log.info(f"    github: another publisher holds {tag}; waiting for its release "
+                              f"({waited:.0f}s so far)")
+            self.sleep(self.poll_interval)
+
+    def _find_draft(self, tag: str) -> dict[str, Any] | None:
+        r = self._api("GET", f"{self._repo_api}/releases?per_page=100", what="list releases")
+        rels = [x for x in self._json(r, "the release list") if isinstance(x, dict)]
+        drafts = [x for x in rels if x.get("tag_name") == tag and x.get("draft")]
+        return min(drafts, key=lambda x: x.get("created_at") or "", default=None)
+
+    def _delete_ref(self, tag: str, *, attempts: int | None = None) -> None:
+        # GitHub answers 422 "Reference does not exist" for a missing ref
+        self._api("DELETE", f"{self._repo_api}/git/refs/tags/{quote(tag, safe='')}", ok=(204, 404, 422),
+                  attempts=attempts, what=f"delete the tag {tag}")
+
+    # ------------------------------------------------------------------------ HTTP client
+
+    def _headers(self, *, octet: bool = False, auth: bool = True) -> dict[str, str]:
+        h = {"Accept": "application/octet-stream" if octet else "application/vnd.github+json",
+             "X-GitHub-Api-Version": API_VERSION}
+        if auth and self.token:
+            h["Authorization"] = f"Bearer {self.token}"
+        return h
+
+    def _trust_upload(self, rel: dict[str, Any]) -> str:
+        upload = str(rel.get("upload_url") or "").split("{", 1)[0]
+        if upload:
+            self._trusted.add(net._origin(upload))
+        return upload
+
+    def _api(self, method: str, url: str, *, ok: tuple[int, ...] = (200,), json_body: Any = None,
+             headers: dict[str, str] | None = None, follow: bool = False, stream: bool = False,
+             attempts: int | None = None, what: str = "") -> requests.Response:
+        """One API call with retries; a status outside `ok` raises a typed GitHubError."""
+        what = what or f"{method} {url}"
+        max_attempts = attempts or self.max_attempts
+        start = time.monotonic()
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                r = self._send(method, url, json_body=json_body, headers=headers, follow=follow, stream=stream)
+            except _HOPELESS as e:
+                raise net.NetworkError(f"cannot {what} in {self.repo}", why=self._redact(str(e)),
+                                       fix="check LLAMABUNDLE_GITHUB_API_URL") from None
+            except _DROPPED as e:
+                refused = net._refused(e)
+                why = net._short(e)
+                delay = self._backoff(attempt)
+                limit = min(max_attempts, self.refused_attempts) if refused else max_attempts
+                if attempt >= limit or time.monotonic() - start + delay > self.max_total:
+                    raise net.NetworkError(f"cannot {what} in {self.repo}: {self.api_url} is unreachable",
+                                           why=self._redact(f"{why} (gave up after {attempt} attempts)"),
+                                           fix="check the network, or LLAMABUNDLE_GITHUB_API_URL") from None
+                self.log.info(self._redact(f"    github: {what}: {why}; retry {attempt}/{limit - 1} in {delay:.1f}s"))
+                self.sleep(delay)
+                continue
+            if r.status_code in ok:
+                return r
+            delay = self._retry_delay(r, attempt)
+            if delay is None:
+                err = self._error(r, what)
+                r.close()
+                raise err
+            if delay > self.max_wait:
+                err = self._error(r, what)
+                r.close()
+                raise RateLimitError(f"cannot {what} in {self.repo}: GitHub asks to wait {delay:.0f}s",
+                                     status=err.status, request_id=err.request_id, why=err.why,
+                                     fix="wait and retry, or use a token with a higher rate limit (GITHUB_TOKEN)")
+            if attempt >= max_attempts or time.monotonic() - start + delay > self.max_total:
+                err = self._error(r, what)
+                r.close()
+                err.why = self._redact(f"{err.why} (gave up after {attempt} attempts)".strip())
+                raise err
+            self.log.info(f"    github: {what}: HTTP {r.status_code}; retry {attempt}/{max_attempts - 1} "
+                          f"in {delay:.1f}s")
+            r.close()
+            self.sleep(delay)
+
+    def _send(self, method: str, url: str, *, json_body: Any, headers: dict[str, str] | None, follow: bool,
+              stream: bool) -> requests.Response:
+        cur = url
+        for _hop in range(net.MAX_REDIRECTS + 1):
+            h: dict[str, str | None] = {**self._headers(auth=False), **(headers or {})}
+            if self.token and net._origin(cur) in self._trusted:
+                h["Authorization"] = f"Bearer {self.token}"
+            else:
+                h["Authorization"] = None  # None drops a session-level header too
+            r = self.http.request(method, cur, headers=h, json=json_body, timeout=self.timeout, stream=stream,
+                                  allow_redirects=False)
+            if not (follow and method == "GET" and r.is_redirect):
+                return r
+            cur = urljoin(cur, r.headers["Location"])
+            r.close()
+            if urlsplit(cur).scheme not in ("http", "https"):
+                raise requests.exceptions.InvalidSchema("redirected to a non-http(s) URL")
+        raise requests.exceptions.TooManyRedirects(f"more than {net.MAX_REDIRECTS} redirects")
+
+    def _retry_delay(self, r: requests.Response, attempt: int) -> float | None:
+        """Seconds to wait before retrying this answer, or None when it is final."""
+        code = r.status_code
+        h = r.headers
+        rate_limited = code == 429 or (code == 403 and (
+            h.get("x-ratelimit-remaining") == "0" or "retry-after" in h or "rate limit" in _body_text(r).lower()))
+        if not (rate_limited or 500 <= code <= 599):
+            return None
+        ra = h.get("retry-after", "").strip()
+        if ra.isdigit():
+            return float(ra)
+        reset = h.get("x-ratelimit-reset", "").strip()
+        if h.get("x-ratelimit-remaining") == "0" and reset.isdigit():
+            return max(0.0, int(reset) - time.time()) + 1.0
+        return self._backoff(attempt)
+
+    def _backoff(self, attempt: int) -> float:
+        return min(self.max_backoff, self.backoff * 2 ** (attempt - 1)) * random.uniform(0.5, 1.0)
+
+    def _error(self, r: requests.Response, what: str) -> GitHubError:
+        rid = r.headers.get("x-github-request-id")
+        try:
+            body = r.json()
+        except ValueError:
+            body = {}
+        body = body if isinstance(body, dict) else {}
+        msg = str(body.get("message") or r.reason or "")
+        errors = body.get("errors") if isinstance(body.get("errors"), list) else []
+        detail = "; ".join(str(e.get("message") or e.get("code") or e) if isinstance(e, dict) else str(e)
+                           for e in errors)
+        why = self._redact(f"HTTP {r.status_code}: {msg}" + (f" ({detail})" if detail else ""))
+        fix = {401: "check GITHUB_TOKEN / GH_TOKEN",
+               403: "the token needs contents: write on the repository (or wait for the rate limit)",
+               404: f"check that {self.repo} exists and the token can see it"}.get(r.status_code, "retry later")
+        cls: type[GitHubError] = GitHubError
+        if r.status_code == 422:
+            cls = GitHubValidationError
+            if "/git/refs" in r.url and _already_exists(errors, msg):
+                cls = RefExistsError
+            fix = "see GitHub's message"
+        return cls(self._redact(f"cannot {what} in {self.repo}"), status=r.status_code, request_id=rid,
+                   errors=errors, why=why, fix=fix)
+
+    def _json(self, r: requests.Response, what: str) -> Any:
+        try:
+            return r.json()
+        except ValueError:
+            raise StoreError(f"GitHub answered something that is not JSON for {what}",
+                             why=f"HTTP {r.status_code}", fix="check LLAMABUNDLE_GITHUB_API_URL") from None
+
+    def _redact(self, text: str) -> str:
+        return text.replace(self.token, "***") if self.token else text
+
+    def _redacted(self, e: StoreError) -> StoreError:
+        e.what, e.why, e.fix, e.details = (self._redact(x) for x in (e.what, e.why, e.fix, e.details))
+        e.args = (e.what,)
+        return e
+
+    @staticmethod
+    def _check_key(key: str) -> None:
+        if not isinstance(key, str) or not _KEY_RE.match(key):
+            raise StoreError(f"'{key}' is not a cache key", fix="a key is 64 hex digits (llamabundle key RECIPE)")
+
+
+# ---------------------------------------------------------------------------------- helpers
+
+
+def _digest(asset: dict[str, Any]) -> str | None:
+    d = asset.get("digest")
+    if isinstance(d, str) and d.lower().startswith("sha256:"):
+        return d[7:].lower()
+    return None
+
+
+def _sha(data: bytes) -> str:
+    import hashlib
+
+    return hashlib.sha256(data).hexdigest()
+
+
+def _parse_sums(text: str) -> dict[str, str]:
+    out = {}
+    for line in text.splitlines():
+        parts = line.split(None, 1)
+        if len(parts) == 2:
+            out[parts[1].strip().lstrip("*")] = parts[0].lower()
+    return out
+
+
+def _already_exists(errors: list[Any], message: str) -> bool:
+    return (any(isinstance(e, dict) and e.get("code") == "already_exists" for e in errors)
+            or "already exists" in message.lower())
+
+
+def _age(created_at: Any) -> float:
+    try:
+        when = dt.datetime.fromisoformat(str(created_at).replace("Z", "+00:00"))
+    except ValueError:
+        return 0.0
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.UTC)
+    return max(0.0, (dt.datetime.now(dt.UTC) - when).total_seconds())
+
+
+def _body_text(r: requests.Response) -> str:
+    try:
+        return r.text[:2000]
+    except Exception:  # noqa: BLE001
+        return ""

@@ -1,0 +1,480 @@
+"""A GitHub-compatible HTTP server for tests: the REST endpoints the GitHub store uses, on 127.0.0.1, and a
+"CDN" on another host (127.0.0.2) that asset downloads redirect to, as on github.com.
+
+- API (127.0.0.1): repos/{o}/{r}, git/ref(s) (create: 422 already_exists on a duplicate; delete), releases
+  (create, get by tag — drafts are not visible by tag —, list, get, patch, delete), release assets (list,
+  get, delete, download: `Accept: application/octet-stream` answers 302 to the CDN), uploads on
+  `/uploads/repos/{o}/{r}/releases/{id}/assets?name=…` (the release's `upload_url` template).
+- CDN (127.0.0.2): the asset bytes, with ETag, Accept-Ranges, Range and If-Range.
+- Every request is recorded in `requests` (host "api" or "cdn", method, path, lower-cased headers).
+- Fault injection: `faults` is a list of callables `(req, handler) -> bool` tried before normal handling
+  (True: handled, and removed when `once`); helpers below add the usual ones.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.server
+import itertools
+import json
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
+
+CDN_HOST = "127.0.0.2"
+
+
+@dataclass
+class Request:
+    host: str  # "api" or "cdn"
+    method: str
+    path: str
+    headers: dict[str, str]
+
+
+@dataclass
+class Fault:
+    fn: Callable[["Request", "_Handler"], bool]
+    once: bool = True
+
+
+@dataclass
+class Asset:
+    id: int
+    release_id: int
+    name: str
+    data: bytes
+    state: str = "uploaded"
+    content_type: str = "application/octet-stream"
+    digest: str | None = None
+    created_at: str = ""
+
+
+@dataclass
+class Release:
+    id: int
+    tag_name: str
+    name: str
+    draft: bool
+    created_at: str
+    published_at: str | None = None
+    assets: list[int] = field(default_factory=list)
+
+
+def iso(t: float | None = None) -> str:
+    return datetime.fromtimestamp(time.time() if t is None else t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class FakeGitHub:
+    def __init__(self, repo: str = "acme/bundles", *, token: str | None = None, default_branch: str = "main") -> None:
+        self.repo = repo
+        self.token = token  # when set, API requests must carry it as a bearer token
+        self.default_branch = default_branch
+        self.head_sha = "c0ffee" + "0" * 34
+        self.refs: dict[str, str] = {f"refs/heads/{default_branch}": self.head_sha}
+        self.releases: dict[int, Release] = {}
+        self.assets: dict[int, Asset] = {}
+        self.requests: list[Request] = []
+        self.faults: list[Fault] = []
+        self.lock = threading.RLock()
+        self._ids = itertools.count(1000)
+        self.rate_remaining = 5000
+        self.api = _Server(self, "127.0.0.1", "api")
+        self.cdn = _Server(self, CDN_HOST, "cdn")
+        self.api_url = self.api.url
+        self.cdn_url = self.cdn.url
+
+    def close(self) -> None:
+        self.api.close()
+        self.cdn.close()
+
+    def __enter__(self) -> "FakeGitHub":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ state helpers for tests
+
+    def add_ref(self, tag: str) -> None:
+        with self.lock:
+            self.refs[f"refs/tags/{tag}"] = self.head_sha
+
+    def add_release(self, tag: str, *, draft: bool, created_at: float | None = None,
+                    assets: dict[str, bytes] | None = None, state: str = "uploaded") -> Release:
+        with self.lock:
+            rel = Release(id=next(self._ids), tag_name=tag, name=tag, draft=draft, created_at=iso(created_at),
+                          published_at=None if draft else iso())
+            self.releases[rel.id] = rel
+            for name, data in (assets or {}).items():
+                self._add_asset(rel, name, data, state=state)
+            return rel
+
+    def release_by_tag(self, tag: str, *, drafts: bool = True) -> list[Release]:
+        with self.lock:
+            return [r for r in self.releases.values() if r.tag_name == tag and (drafts or not r.draft)]
+
+    def asset_names(self, rel: Release) -> list[str]:
+        with self.lock:
+            return sorted(self.assets[a].name for a in rel.assets)
+
+    def count(self, method: str | None = None, path_part: str = "", host: str = "api") -> int:
+        return sum(1 for r in self.requests if r.host == host and (method is None or r.method == method)
+                   and path_part in r.path)
+
+    # ------------------------------------------------------------------------------ faults
+
+    def add_fault(self, fn: Callable[[Request, "_Handler"], bool], *, once: bool = True) -> None:
+        with self.lock:
+            self.faults.append(Fault(fn, once))
+
+    def fail_upload_once(self, name: str, *, status: int = 502, keep: int = 10) -> None:
+        """The next upload of `name` stores its first `keep` bytes as a `starter` asset and answers `status`."""
+        def fault(req: Request, h: _Handler) -> bool:
+            if not (req.host == "api" and req.method == "POST" and req.path.startswith("/uploads/")
+                    and parse_qs(urlsplit(req.path).query).get("name") == [name]):
+                return False
+            data = h.read_body()
+            rel = self.releases[int(urlsplit(req.path).path.split("/")[-2])]
+            self._add_asset(rel, name, data[:keep], state="starter", digest=False)
+            h.reply_json(status, {"message": "Bad Gateway"})
+            return True
+
+        self.add_fault(fault)
+
+    def conflict_upload_once(self, name: str, other: bytes) -> None:
+        """The next upload of `name` finds that an uploaded asset with other content got there first (and
+        the upload itself answers 502, as if the connection had been lost)."""
+        def fault(req: Request, h: _Handler) -> bool:
+            if not (req.host == "api" and req.method == "POST" and req.path.startswith("/uploads/")
+                    and parse_qs(urlsplit(req.path).query).get("name") == [name]):
+                return False
+            h.read_body()
+            rel = self.releases[int(urlsplit(req.path).path.split("/")[-2])]
+            self._add_asset(rel, name, other)
+            h.reply_json(502, {"message": "Bad Gateway"})
+            return True
+
+        self.add_fault(fault)
+
+    def rate_limit_once(self, reset_in: int = 3, *, path_part: str = "") -> None:
+        """The next API request (whose path contains `path_part`) answers 403 with x-ratelimit-remaining 0."""
+        def fault(req: Request, h: _Handler) -> bool:
+            if req.host != "api" or path_part not in req.path:
+                return False
+            h.reply_json(403, {"message": "API rate limit exceeded for user ID 1.",
+                               "documentation_url": "https://docs.github.com/rest/rate-limit"},
+                         headers={"x-ratelimit-remaining": "0", "x-ratelimit-reset": str(int(time.time()) + reset_in)})
+            return True
+
+        self.add_fault(fault)
+
+    def status_once(self, status: int, *, path_part: str = "", method: str | None = None, times: int = 1,
+                    headers: dict[str, str] | None = None) -> None:
+        for _ in range(times):
+            def fault(req: Request, h: _Handler) -> bool:
+                if req.host != "api" or path_part not in req.path or (method and req.method != method):
+                    return False
+                h.reply_json(status, {"message": f"fault {status}"}, headers=headers)
+                return True
+
+            self.add_fault(fault)
+
+    def drop_download_once(self, after: int) -> None:
+        """The next CDN download announces the full length but hangs up after `after` bytes."""
+        def fault(req: Request, h: _Handler) -> bool:
+            if req.host != "cdn":
+                return False
+            h.serve_cdn(cut=after)
+            return True
+
+        self.add_fault(fault)
+
+    # ---------------------------------------------------------------------------- internals
+
+    def _add_asset(self, rel: Release, name: str, data: bytes, *, state: str = "uploaded",
+                   content_type: str = "application/octet-stream", digest: bool = True) -> Asset:
+        with self.lock:
+            a = Asset(id=next(self._ids), release_id=rel.id, name=name, data=data, state=state,
+                      content_type=content_type, created_at=iso(),
+                      digest=f"sha256:{hashlib.sha256(data).hexdigest()}" if digest else None)
+            self.assets[a.id] = a
+            rel.assets.append(a.id)
+            return a
+
+    def asset_json(self, a: Asset) -> dict[str, Any]:
+        rel = self.releases.get(a.release_id)
+        tag = rel.tag_name if rel else "untagged"
+        return {"id": a.id, "name": a.name, "label": None, "state": a.state, "size": len(a.data),
+                "digest": a.digest, "content_type": a.content_type, "created_at": a.created_at,
+                "url": f"{self.api_url}/repos/{self.repo}/releases/assets/{a.id}",
+                "browser_download_url": f"{self.cdn_url}/{self.repo}/releases/download/{tag}/{a.name}"}
+
+    def release_json(self, rel: Release) -> dict[str, Any]:
+        return {"id": rel.id, "tag_name": rel.tag_name, "name": rel.name, "draft": rel.draft, "prerelease": False,
+                "created_at": rel.created_at, "published_at": rel.published_at,
+                "url": f"{self.api_url}/repos/{self.repo}/releases/{rel.id}",
+                "html_url": f"{self.cdn_url}/{self.repo}/releases/tag/{rel.tag_name}",
+                "upload_url": f"{self.api_url}/uploads/repos/{self.repo}/releases/{rel.id}/assets{{?name,label}}",
+                "assets": [self.asset_json(self.assets[i]) for i in rel.assets if i in self.assets]}
+
+
+class _HTTPServer(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+    owner: FakeGitHub
+    role: str
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        pass  # a client hanging up (or a fault hanging up on purpose) is no error here
+
+
+class _Server:
+    def __init__(self, gh: FakeGitHub, host: str, role: str) -> None:
+        self.httpd = _HTTPServer((host, 0), _Handler)
+        self.httpd.owner = gh
+        self.httpd.role = role
+        self.url = f"http://{host}:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    server: _HTTPServer
+    _body: bytes | None = None
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    # ------------------------------------------------------------------------------ replies
+
+    def read_body(self) -> bytes:
+        if self._body is None:
+            n = int(self.headers.get("Content-Length") or 0)
+            self._body = self.rfile.read(n) if n else b""
+        return self._body
+
+    def reply_json(self, status: int, body: Any, headers: dict[str, str] | None = None) -> None:
+        data = b"" if body is None else json.dumps(body).encode()
+        gh = self.server.owner
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json; charset=utf-8")
+        hdrs = {"x-github-request-id": uuid.uuid4().hex[:16].upper(), "x-ratelimit-limit": "5000", "x-ratelimit-remaining": str(gh.rate_remaining),
+                "x-ratelimit-reset": str(int(time.time()) + 3600), **(headers or {})}
+        for k, v in hdrs.items():
+            self.send_header(k, v)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def not_found(self) -> None:
+        self.reply_json(404, {"message": "Not Found", "documentation_url": "https://docs.github.com/rest",
+                              "status": "404"})
+
+    def validation(self, code: str, message: str, resource: str, field_: str) -> None:
+        self.reply_json(422, {"message": message, "errors": [{"resource": resource, "code": code, "field": field_}],
+                              "documentation_url": "https://docs.github.com/rest", "status": "422"})
+
+    # ---------------------------------------------------------------------------- dispatch
+
+    def do_GET(self) -> None:  # noqa: N802
+        self._dispatch("GET")
+
+    def do_POST(self) -> None:  # noqa: N802
+        self._dispatch("POST")
+
+    def do_PATCH(self) -> None:  # noqa: N802
+        self._dispatch("PATCH")
+
+    def do_DELETE(self) -> None:  # noqa: N802
+        self._dispatch("DELETE")
+
+    def _dispatch(self, method: str) -> None:
+        gh = self.server.owner
+        req = Request(self.server.role, method, self.path, {k.lower(): v for k, v in self.headers.items()})
+        with gh.lock:
+            gh.requests.append(req)
+            fault = next((f for f in gh.faults if f.fn(req, self)), None)
+            if fault is not None:
+                if fault.once:
+                    gh.faults.remove(fault)
+                return
+        if req.host == "cdn":
+            self.serve_cdn()
+            return
+        if gh.token is not None and req.headers.get("authorization") != f"Bearer {gh.token}":
+            self.reply_json(401, {"message": "Bad credentials", "documentation_url": "https://docs.github.com/rest"})
+            return
+        with gh.lock:
+            self._api(method, req)
+
+    # -------------------------------------------------------------------------------- API
+
+    def _api(self, method: str, req: Request) -> None:
+        gh = self.server.owner
+        path = urlsplit(self.path).path
+        query = parse_qs(urlsplit(self.path).query)
+        uploads = path.startswith("/uploads/")
+        if uploads:
+            path = path[len("/uploads"):]
+        prefix = f"/repos/{gh.repo}"
+        if not path.startswith(prefix):
+            return self.not_found()
+        rest = path[len(prefix):]
+        parts = [unquote(p) for p in rest.split("/") if p]
+
+        if uploads:
+            if method == "POST" and len(parts) == 3 and parts[0] == "releases" and parts[2] == "assets":
+                return self._upload(int(parts[1]), query.get("name", [""])[0])
+            return self.not_found()
+        if method == "GET" and not parts:
+            return self.reply_json(200, {"full_name": gh.repo, "default_branch": gh.default_branch})
+        if parts[:2] == ["git", "ref"] and method == "GET":
+            ref = "refs/" + "/".join(parts[2:])
+            if ref not in gh.refs:
+                return self.not_found()
+            return self.reply_json(200, {"ref": ref, "object": {"sha": gh.refs[ref], "type": "commit"}})
+        if parts[:2] == ["git", "refs"]:
+            if method == "POST" and len(parts) == 2:
+                body = json.loads(self.read_body() or b"{}")
+                ref, sha = body.get("ref", ""), body.get("sha", "")
+                if not ref.startswith("refs/") or ref.count("/") < 2 or not sha:
+                    return self.reply_json(422, {"message": "Reference name invalid"})
+                if ref in gh.refs:
+                    return self.reply_json(422, {
+                        "message": "Reference already exists",
+                        "errors": [{"resource": "Reference", "code": "already_exists", "field": "ref"}],
+                        "documentation_url": "https://docs.github.com/rest/git/refs#create-a-reference",
+                        "status": "422"})
+                gh.refs[ref] = sha
+                return self.reply_json(201, {"ref": ref, "object": {"sha": sha, "type": "commit"}})
+            if method == "DELETE" and len(parts) > 2:
+                ref = "refs/" + "/".join(parts[2:])
+                if ref not in gh.refs:
+                    return self.reply_json(422, {"message": "Reference does not exist"})
+                del gh.refs[ref]
+                return self.reply_json(204, None)
+        if parts and parts[0] == "releases":
+            return self._releases(method, parts[1:])
+        return self.not_found()
+
+    def _releases(self, method: str, parts: list[str]) -> None:
+        gh = self.server.owner
+        if not parts:
+            if method == "GET":
+                rels = sorted(gh.releases.values(), key=lambda r: -r.id)
+                return self.reply_json(200, [gh.release_json(r) for r in rels])
+            if method == "POST":
+                body = json.loads(self.read_body() or b"{}")
+                tag = body.get("tag_name") or ""
+                if any(r.tag_name == tag and not r.draft for r in gh.releases.values()):
+                    return self.validation("already_exists", "Validation Failed", "Release", "tag_name")
+                rel = gh.add_release(tag, draft=bool(body.get("draft")))
+                rel.name = body.get("name") or tag
+                if not rel.draft:
+                    gh.refs.setdefault(f"refs/tags/{tag}", gh.head_sha)
+                return self.reply_json(201, gh.release_json(rel))
+            return self.not_found()
+        if parts[0] == "tags" and len(parts) == 2 and method == "GET":
+            rels = [r for r in gh.releases.values() if r.tag_name == parts[1] and not r.draft]
+            return self.reply_json(200, gh.release_json(rels[0])) if rels else self.not_found()
+        if parts[0] == "assets" and len(parts) == 2:
+            a = gh.assets.get(int(parts[1])) if parts[1].isdigit() else None
+            if a is None:
+                return self.not_found()
+            if method == "DELETE":
+                del gh.assets[a.id]
+                rel = gh.releases.get(a.release_id)
+                if rel and a.id in rel.assets:
+                    rel.assets.remove(a.id)
+                return self.reply_json(204, None)
+            if method == "GET":
+                if "application/octet-stream" in self.headers.get("Accept", ""):
+                    self.send_response(302)
+                    self.send_header("Location", f"{gh.cdn_url}/cdn/{a.id}/{a.name}?sig=abc")
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return None
+                return self.reply_json(200, gh.asset_json(a))
+            return self.not_found()
+        if not parts[0].isdigit() or int(parts[0]) not in gh.releases:
+            return self.not_found()
+        rel = gh.releases[int(parts[0])]
+        if len(parts) == 1:
+            if method == "GET":
+                return self.reply_json(200, gh.release_json(rel))
+            if method == "PATCH":
+                body = json.loads(self.read_body() or b"{}")
+                if "draft" in body:
+                    if rel.draft and not body["draft"]:
+                        rel.published_at = iso()
+                        gh.refs.setdefault(f"refs/tags/{rel.tag_name}", gh.head_sha)
+                    rel.draft = bool(body["draft"])
+                return self.reply_json(200, gh.release_json(rel))
+            if method == "DELETE":
+                for a in rel.assets:
+                    gh.assets.pop(a, None)
+                del gh.releases[rel.id]
+                return self.reply_json(204, None)
+        if len(parts) == 2 and parts[1] == "assets" and method == "GET":
+            return self.reply_json(200, [gh.asset_json(gh.assets[i]) for i in rel.assets if i in gh.assets])
+        return self.not_found()
+
+    def _upload(self, rel_id: int, name: str) -> None:
+        gh = self.server.owner
+        rel = gh.releases.get(rel_id)
+        data = self.read_body()
+        if rel is None:
+            return self.not_found()
+        if not name:
+            return self.validation("missing_field", "Validation Failed", "ReleaseAsset", "name")
+        if any(gh.assets[i].name == name for i in rel.assets if i in gh.assets):
+            return self.validation("already_exists", "Validation Failed", "ReleaseAsset", "name")
+        a = gh._add_asset(rel, name, data, content_type=self.headers.get("Content-Type", ""))
+        return self.reply_json(201, gh.asset_json(a))
+
+    # -------------------------------------------------------------------------------- CDN
+
+    def serve_cdn(self, cut: int | None = None) -> None:
+        gh = self.server.owner
+        parts = urlsplit(self.path).path.split("/")
+        with gh.lock:
+            a = gh.assets.get(int(parts[2])) if len(parts) > 2 and parts[1] == "cdn" and parts[2].isdigit() else None
+            body = a.data if a else None
+        if body is None:
+            self.send_response(404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        etag = f'"{hashlib.sha256(body).hexdigest()[:16]}"'
+        start = 0
+        rng, if_range = self.headers.get("Range"), self.headers.get("If-Range")
+        if rng and rng.startswith("bytes=") and rng.endswith("-") and (if_range is None or if_range == etag):
+            start = int(rng[len("bytes="):-1])
+            if start >= len(body):
+                self.send_response(416)
+                self.send_header("Content-Range", f"bytes */{len(body)}")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            self.send_response(206)
+            self.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
+        else:
+            self.send_response(200)
+        self.send_header("Accept-Ranges", "bytes")
+        self.send_header("ETag", etag)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Content-Length", str(len(body) - start))
+        self.end_headers()
+        rest = body[start:]
+        self.wfile.write(rest if cut is None else rest[:cut])
+        self.wfile.flush()
+        self.close_connection = True
