@@ -18,6 +18,7 @@ from .errors import LlamaBundleError
 from .log import Log
 from .recipe import Settings, canonical_json, json_schema, load_recipe
 from .store.base import Store, open_store
+from .store.local import LocalStore
 from .verify import Level, verify_bundle
 
 
@@ -53,7 +54,7 @@ class Ctx:
 
 pass_ctx = click.make_pass_decorator(Ctx)
 STORE_OPT = click.option("--store", "store_url", metavar="URL",
-                         help="Bundle store: a directory (default: $LLAMABUNDLE_STORE or <cache>/store).")
+                         help="Bundle store: a directory, file://DIR or github:OWNER/REPO (default: $LLAMABUNDLE_STORE or <cache>/store).")
 JSON_OPT = click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON (schema 1) on stdout.")
 RECIPE_ARG = click.argument("recipe_path", metavar="RECIPE", type=click.Path(dir_okay=False, path_type=Path))
 
@@ -169,7 +170,7 @@ def check(c: Ctx, recipe_path: Path, store_url: str | None, as_json: bool) -> No
 @STORE_OPT
 @click.option("--force", is_flag=True, help="Build even when the store has this key.")
 @click.option("--publish/--no-publish", default=None,
-              help="Store the result (default: yes for a local directory store).")
+              help="Store the result (default: yes for a local directory store, no for github:).")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), help="Leave the unpacked bundle in this new directory.")
 @click.option("--jobs", "-j", type=click.IntRange(1), help="Parallel compile jobs (default: ninja's).")
 @click.option("--clean", is_flag=True, help="Remove the cached build directory first.")
@@ -181,8 +182,11 @@ def build(c: Ctx, recipe_path: Path, store_url: str | None, force: bool, publish
           jobs: int | None, clean: bool, toolkit_source: str | None, as_json: bool) -> None:
     """Build the recipe's bundle, or fetch and verify it when the store already has it."""
     r = load_recipe(recipe_path)
-    outcome = pipeline.build(r, settings=c.settings, store=c.store(store_url), log=c.log, env=c.env, force=force,
-                             publish=True if publish is None else publish, out=out, jobs=jobs, clean=clean,
+    store = c.store(store_url)
+    if publish is None:  # a local directory store is a cache: fill it; a remote one only when asked
+        publish = isinstance(store, LocalStore)
+    outcome = pipeline.build(r, settings=c.settings, store=store, log=c.log, env=c.env, force=force,
+                             publish=publish, out=out, jobs=jobs, clean=clean,
                              toolkit_source=toolkit_source)
     c.actions_report(key=outcome.key, hit=outcome.cache_hit, location=outcome.published or str(outcome.zip_path),
                      zip_path=outcome.zip_path)
