@@ -56,7 +56,7 @@ from ..log import Log
 from ..recipe import Settings, canonical_json
 from . import layout
 from .manifest import load_manifest
-from .plan import IMPLIED_COMPONENTS, REQUIRED
+from .plan import IMPLIED_COMPONENTS, check_components
 
 SOURCE = "installer"
 SIGNATURE = b"7z\xbc\xaf\x27\x1c"  # 7z signature header: 6 bytes, then version, start header CRC, next header
@@ -171,12 +171,7 @@ def plan_installer(*, version: str, components: Sequence[str], platform: str = "
         raise ToolchainError(f"the CUDA {version} local installer ({entry['file']}) is for {entry['platform']}, not {platform}",
                              why="NVIDIA's .exe installer holds the Windows toolkit only",
                              fix="use `cuda.source: redist` (or pypi) for other platforms")
-    if not components:
-        raise ToolchainError("no CUDA components to install", fix="list components, e.g. cuda_nvcc,cuda_cudart")
-    if REQUIRED not in components:
-        raise ToolchainError(f"a toolkit needs {REQUIRED}; the components are {', '.join(components)}",
-                             why="an installed toolkit is usable (and verified) only with its compiler, bin/nvcc",
-                             fix=f"add {REQUIRED} to the components")
+    check_components(components)
     if sha256 is not None:
         sha256 = sha256.strip().lower()
         if not _HEX64.match(sha256):

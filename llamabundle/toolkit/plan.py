@@ -87,12 +87,7 @@ def plan_toolkit(*, version: str, components: Sequence[str], platform: str, sour
                              why=f"supported sources: {', '.join(SOURCES)}", fix="use --source redist (cuda.source: redist)")
     if platform not in PLATFORMS:
         raise ToolchainError(f"unknown platform '{platform}'", fix="use one of: " + ", ".join(PLATFORMS))
-    if not components:
-        raise ToolchainError("no CUDA components to install", fix="list components, e.g. cuda_nvcc,cuda_cudart")
-    if REQUIRED not in components:
-        raise ToolchainError(f"a toolkit needs {REQUIRED}; the components are {', '.join(components)}",
-                             why="an installed toolkit is usable (and verified) only with its compiler, bin/nvcc",
-                             fix=f"add {REQUIRED} to the components")
+    check_components(components)
     m = manifest if isinstance(manifest, Manifest) else load_manifest(manifest, version=version)
     if m.release != version:
         raise ToolchainError(f"the manifest {m.origin} is for CUDA {m.release}, not {version}")
@@ -126,3 +121,13 @@ def plan_for_recipe(recipe: Recipe, *, source: str | None = None,
                           fix="use a recipe with backends [cpu, cuda] and a cuda: section, or pass --version/--components")
     return plan_toolkit(version=recipe.cuda.toolkit, components=recipe.cuda.components, platform=recipe.platform,
                         source=source or recipe.cuda.source, manifest=manifest)
+
+
+def check_components(components: Sequence[str]) -> None:
+    """Every toolkit source installs a usable toolkit: at least its compiler."""
+    if not components:
+        raise ToolchainError("no CUDA components to install", fix="list components, e.g. cuda_nvcc,cuda_cudart")
+    if REQUIRED not in components:
+        raise ToolchainError(f"a toolkit needs {REQUIRED}; the components are {', '.join(components)}",
+                             why="an installed toolkit is usable (and verified) only with its compiler, bin/nvcc",
+                             fix=f"add {REQUIRED} to the components")

@@ -24,11 +24,12 @@ FILES = {"llama-server": b"#!/bin/sh\necho not an ELF\n", "LICENSE": b"MIT Licen
 ROLES = {"llama-server": "exe", "LICENSE": "license"}
 
 
-def make_bundle(tmp: Path, key: str = KEY, *, name: str = "bundle.zip") -> tuple[Path, dict]:
+def make_bundle(tmp: Path, key: str = KEY, *, name: str = "bundle.zip",
+                files: dict[str, bytes] = FILES) -> tuple[Path, dict]:
     """A small valid bundle zip (non-ELF files) whose manifest has `key`."""
-    stage = tmp / f"stage-{name}"
+    stage = tmp / f"stage-{name}-{key[:4]}"
     stage.mkdir(parents=True)
-    for rel, data in FILES.items():
+    for rel, data in files.items():
         (stage / rel).write_bytes(data)
     manifest = bundle.write_manifest(stage, {
         "name": "test-bundle", "key": key, "platform": "linux-x86_64",

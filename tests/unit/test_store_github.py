@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import test_store
 from rich.console import Console
 
 from llamabundle import bundle
@@ -41,18 +42,8 @@ ROLES = {"llama-server": "exe", "LICENSE": "license"}
 
 
 def make_bundle(tmp: Path, key: str = KEY, *, name: str = "bundle.zip") -> tuple[Path, dict]:
-    stage = tmp / f"stage-{name}-{key[:4]}"
-    stage.mkdir(parents=True)
-    for rel, data in FILES.items():
-        (stage / rel).write_bytes(data)
-    manifest = bundle.write_manifest(stage, {
-        "name": "test-bundle", "key": key, "platform": "linux-x86_64",
-        "llama_cpp": {"commit": "0c1e57098bba43ac29e6e3b677cdceebdd22334f"},
-        "files": bundle.file_entries(stage, ROLES),
-    })
-    zip_path = tmp / f"{key[:4]}-{name}" if key != KEY else tmp / name
-    bundle.pack(stage, zip_path, source_date_epoch=0)
-    return zip_path, manifest
+    """test_store's small bundle, with a larger llama-server so downloads span several chunks."""
+    return test_store.make_bundle(tmp, key, name=name if key == KEY else f"{key[:4]}-{name}", files=FILES)
 
 
 def sha256(path: Path) -> str:
