@@ -17,7 +17,6 @@ Everything is local (loopback); nothing is left behind.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import shutil
 import statistics
@@ -68,12 +67,6 @@ def make_bundle(work: Path, key: str, size: int) -> Path:
     return zip_path
 
 
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def run(argv: list[str], env: dict[str, str], ok: tuple[int, ...] = (0,)) -> tuple[float, subprocess.CompletedProcess]:
@@ -103,7 +96,7 @@ def main() -> None:
 
             t0 = time.perf_counter()
             zip_path = make_bundle(work, key, a.size_mb << 20)
-            zip_size, zip_sha = zip_path.stat().st_size, sha256(zip_path)
+            zip_size, zip_sha = zip_path.stat().st_size, bundle.sha256_file(zip_path)
             print(f"bundle    {zip_path.name}: {zip_size / 1e6:.1f} MB (made in {time.perf_counter() - t0:.1f} s)")
             env["LLAMABUNDLE_CACHE_DIR"] = str(work / "cache-publish")
             dt, _ = run([*lb, "publish", str(zip_path), "--store", STORE], env)
@@ -149,7 +142,7 @@ def main() -> None:
                 f = work / f"curl-{i}.zip"
                 dt, _ = run([x.replace("{out}", str(f)) for x in baseline], env)
                 base_t.append(dt)
-                if sha256(f) != zip_sha:
+                if bundle.sha256_file(f) != zip_sha:
                     sys.exit("the baseline download does not match the published zip")
                 f.unlink()
 

@@ -52,13 +52,17 @@ def test_a_mismatching_system_toolkit_falls_back_to_redist_and_says_so(tmp_path:
     assert getattr(e.value, "exit_code", None) == 6
 
 
-def _fake_gcc(tmp_path: Path, major: str) -> dict[str, str]:
-    bindir = tmp_path / f"gcc{major}"
+def _fake_program(tmp_path: Path, name: str, script: str) -> dict[str, str]:
+    """An environment whose PATH finds a stand-in `name` running `script` first."""
+    bindir = tmp_path / f"{name}-{len(list(tmp_path.iterdir()))}"
     bindir.mkdir()
-    gcc = bindir / "gcc"
-    gcc.write_text(f"#!/bin/sh\necho {major}\n")
-    gcc.chmod(0o755)
+    (bindir / name).write_text(f"#!/bin/sh\n{script}\n")
+    (bindir / name).chmod(0o755)
     return {"PATH": f"{bindir}{os.pathsep}/usr/bin:/bin"}
+
+
+def _fake_gcc(tmp_path: Path, major: str) -> dict[str, str]:
+    return _fake_program(tmp_path, "gcc", f"echo {major}")
 
 
 def test_host_compiler_in_range(tmp_path: Path) -> None:
@@ -76,12 +80,7 @@ WINDOWS = load_recipe(REPO / "recipes" / "windows-x86_64-cuda12.8.yaml")
 
 
 def _fake_cl(tmp_path: Path, version: str) -> dict[str, str]:
-    bindir = tmp_path / f"cl{version}"
-    bindir.mkdir()
-    cl = bindir / "cl"
-    cl.write_text(f"#!/bin/sh\necho 'Microsoft (R) C/C++ Optimizing Compiler Version {version} for x64' >&2\nexit 2\n")
-    cl.chmod(0o755)
-    return {"PATH": f"{bindir}{os.pathsep}/usr/bin:/bin"}
+    return _fake_program(tmp_path, "cl", f"echo 'Microsoft (R) C/C++ Optimizing Compiler Version {version} for x64' >&2\nexit 2")
 
 
 def test_msvc_version_in_range(tmp_path: Path) -> None:
