@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
-from .archive import extract_zip
+from . import zipstream
+from .archive import _tmp_beside, extract_zip
 from .errors import VerifyError
 
 MANIFEST = "bundle.json"
@@ -87,8 +88,9 @@ class ContentCheck:
     bytes: int
 
 
-def check_contents(root: Path, manifest: dict[str, Any]) -> ContentCheck:
-    """Every listed file exists with its size and sha256; no file outside the list."""
+def check_contents(root: Path, manifest: dict[str, Any], *, hashes: dict[str, str] | None = None) -> ContentCheck:
+    """Every listed file exists with its size and sha256; no file outside the list. `hashes` (path → sha256)
+    are the digests of files just written (by an unpack that hashed them as it went), so they are not read again."""
     listed = {}
     for entry in manifest["files"]:
         path = entry.get("path", "")
@@ -109,7 +111,8 @@ def check_contents(root: Path, manifest: dict[str, Any]) -> ContentCheck:
         if size != entry.get("size"):
             raise VerifyError(f"{path} has size {size}, {MANIFEST} says {entry.get('size')}",
                               why="the file was changed after the bundle was made", fix="fetch or rebuild the bundle")
-        if sha256_file(f) != entry.get("sha256"):
+        got = hashes[path] if hashes is not None and path in hashes else sha256_file(f)
+        if got != entry.get("sha256"):
             raise VerifyError(f"{path} does not match its sha256 in {MANIFEST}",
                               why="the file was changed after the bundle was made", fix="fetch or rebuild the bundle")
         total += size
@@ -142,14 +145,27 @@ def pack(root: Path, zip_path: Path, *, source_date_epoch: int | None = None) ->
     return zip_path
 
 
-def unpack(zip_path: Path, dest: Path) -> dict[str, Any]:
-    """Safely extract a bundle zip into dest (new directory) and check it against its manifest.
+def unpack(zip_path: Path, dest: Path) -> tuple[dict[str, Any], ContentCheck]:
+    """Safely extract a bundle zip into dest (new directory) and check it against its manifest, in one read
+    of the zip (zipstream), or with archive.extract_zip for zips that cannot be streamed.
     On any failure dest is not left behind."""
-    extract_zip(zip_path, dest)
+    tmp = _tmp_beside(dest)
     try:
-        manifest = read_manifest(dest)
-        check_contents(dest, manifest)
+        try:
+            members = zipstream.unpack_file(zip_path, tmp)
+            hashes: dict[str, str] | None = {m.name: m.sha256 for m in members}
+        except zipstream.NotStreamable:
+            extract_zip(zip_path, tmp)
+            hashes = None
+        manifest, check = check_unpacked(tmp, hashes=hashes)
+        os.replace(tmp, dest)
+        return manifest, check
     except BaseException:
-        shutil.rmtree(dest, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return manifest
+
+
+def check_unpacked(root: Path, *, hashes: dict[str, str] | None) -> tuple[dict[str, Any], ContentCheck]:
+    """The manifest of a freshly unpacked bundle, and its contents checked against it."""
+    manifest = read_manifest(root)
+    return manifest, check_contents(root, manifest, hashes=hashes)

@@ -12,14 +12,16 @@ from typing import Any, NoReturn
 
 import click
 
-from . import __version__, pipeline
-from .build import locate_tools
+from . import __version__
 from .errors import LlamaBundleError
 from .log import Log
-from .recipe import Settings, canonical_json, json_schema, load_recipe
+from .recipe import Recipe, Settings, canonical_json, json_schema, load_recipe
+from .lazy import lazy_import
 from .store.base import Store, open_store
-from .store.local import LocalStore
-from .verify import Level, verify_bundle
+
+pipeline = lazy_import("llamabundle.pipeline")
+verify_mod = lazy_import("llamabundle.verify")
+LEVELS = ("static", "load", "gpu")  # verify.Level, spelled out so that the CLI starts without importing it
 
 
 class Ctx:
@@ -29,9 +31,10 @@ class Ctx:
         self.log = Log(quiet=quiet, github_actions=self.settings.github_actions)
         self.debug = debug
 
-    def store(self, url: str | None) -> Store:
+    def store(self, url: str | None, recipe: Recipe | None = None) -> Store:
+        """The store; given the recipe, a GitHub store looks its release up by the recipe's tag."""
         return open_store(url or self.env.get("LLAMABUNDLE_STORE") or str(self.settings.cache_dir / "store"),
-                          settings=self.settings, log=self.log)
+                          settings=self.settings, log=self.log, tags={recipe.key(): recipe.tag()} if recipe else None)
 
 
     def actions_report(self, *, key: str, hit: bool, location: str | None, zip_path: Path | None = None) -> None:
@@ -109,6 +112,8 @@ def recipe_schema() -> None:
 def show(c: Ctx, recipe_path: Path, as_json: bool) -> None:
     """Show a recipe, its key and its build plan (nothing is run)."""
     r = load_recipe(recipe_path)
+    from .build import locate_tools
+
     plan = pipeline.show_plan(r, c.settings, locate_tools(path=c.env.get("PATH")))
     data = {"schema": 1, "name": r.name, "key": r.key(), "tag": r.tag(), "platform": r.platform,
             "commit": r.llama_cpp.commit, "backends": list(r.backends), "driver_floor": r.driver_floor,
@@ -152,7 +157,7 @@ def key(recipe_path: Path, explain: bool, as_json: bool) -> None:
 def check(c: Ctx, recipe_path: Path, store_url: str | None, as_json: bool) -> None:
     """Is a bundle for this recipe's inputs in the store? Exit 0 on a hit, 1 on a miss."""
     r = load_recipe(recipe_path)
-    store = c.store(store_url)
+    store = c.store(store_url, r)
     entry = store.lookup(r.key())
     c.actions_report(key=r.key(), hit=entry is not None, location=entry.location if entry else None)
     if as_json:
@@ -182,8 +187,10 @@ def build(c: Ctx, recipe_path: Path, store_url: str | None, force: bool, publish
           jobs: int | None, clean: bool, toolkit_source: str | None, as_json: bool) -> None:
     """Build the recipe's bundle, or fetch and verify it when the store already has it."""
     r = load_recipe(recipe_path)
-    store = c.store(store_url)
+    store = c.store(store_url, r)
     if publish is None:  # a local directory store is a cache: fill it; a remote one only when asked
+        from .store.local import LocalStore
+
         publish = isinstance(store, LocalStore)
     outcome = pipeline.build(r, settings=c.settings, store=store, log=c.log, env=c.env, force=force,
                              publish=publish, out=out, jobs=jobs, clean=clean,
@@ -203,18 +210,21 @@ def build(c: Ctx, recipe_path: Path, store_url: str | None, force: bool, publish
 @click.argument("what", metavar="RECIPE|KEY")
 @STORE_OPT
 @click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path), help="New directory to unpack into.")
+@click.option("--level", type=click.Choice(LEVELS), default="static", show_default=True,
+              help="Verification level (load runs llama-server from the bundle; gpu also wants a CUDA device).")
 @pass_ctx
-def fetch(c: Ctx, what: str, store_url: str | None, out: Path) -> None:
-    """Fetch a bundle from the store, verify it and unpack it."""
+def fetch(c: Ctx, what: str, store_url: str | None, out: Path, level: str) -> None:
+    """Fetch a bundle from the store, verify it and unpack it (download, sha256 and unpack in one pass)."""
     is_key = re.fullmatch(r"[0-9a-f]{64}", what) is not None and not os.path.exists(what)
-    key_ = what if is_key else load_recipe(Path(what)).key()  # anything else is a recipe path (exit 2 if not)
-    outcome = pipeline.fetch(key_, store=c.store(store_url), settings=c.settings, log=c.log, out=out)
+    r = None if is_key else load_recipe(Path(what))  # anything else is a recipe path (exit 2 if not)
+    key_ = what if r is None else r.key()
+    outcome = pipeline.fetch(key_, store=c.store(store_url, r), settings=c.settings, log=c.log, out=out, level=verify_mod.Level(level))
     click.echo(f"fetched and verified: {outcome.out_dir}")
 
 
 @cli.command()
 @click.argument("path", metavar="BUNDLE", type=click.Path(path_type=Path))
-@click.option("--level", type=click.Choice([lv.value for lv in Level]), default=Level.STATIC.value, show_default=True,
+@click.option("--level", type=click.Choice(LEVELS), default="static", show_default=True,
               help="static: manifest, imports, GPU archs; load: also run llama-server --list-devices from a copy; "
                    "gpu: also a CUDA device must be listed (skipped without an NVIDIA driver).")
 @click.option("--require-gpu", is_flag=True, help="Fail, rather than skip, the gpu level when no GPU is usable.")
@@ -222,7 +232,7 @@ def fetch(c: Ctx, what: str, store_url: str | None, out: Path) -> None:
 @pass_ctx
 def verify(c: Ctx, path: Path, level: str, require_gpu: bool, as_json: bool) -> None:
     """Verify a bundle zip or directory."""
-    report = verify_bundle(path, level=Level(level), require_gpu=require_gpu)
+    report = verify_mod.verify_bundle(path, level=verify_mod.Level(level), require_gpu=require_gpu)
     if as_json:
         _emit(report.to_json())
         return

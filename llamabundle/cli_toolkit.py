@@ -18,10 +18,13 @@ import click
 from . import data
 from .errors import ToolchainError, UsageError
 from .recipe import load_recipe
-from .toolkit import installer as installer_src
-from .toolkit import pypi, redist
+from .lazy import lazy_import
 from .toolkit.manifest import PLATFORMS, Manifest, load_manifest
 from .toolkit.plan import SOURCES, ToolkitPlan, plan_for_recipe, plan_toolkit
+
+installer_src = lazy_import("llamabundle.toolkit.installer")
+pypi = lazy_import("llamabundle.toolkit.pypi")
+redist = lazy_import("llamabundle.toolkit.redist")
 
 
 def _emit(value: Any) -> None:

@@ -15,6 +15,7 @@ import os
 import time
 from http.client import HTTPException
 from pathlib import Path
+from typing import Protocol
 from urllib.parse import urljoin, urlsplit
 
 import requests
@@ -51,21 +52,47 @@ def session() -> requests.Session:
 def download(url: str, dest: Path, *, http: requests.Session, log: Log, sha256: str | None = None,
              connect_timeout: float = 10.0, read_timeout: float = 60.0, headers: dict[str, str] | None = None,
              size: int | None = None, retries: int = 4, backoff: float = 0.5,
-             mismatch_error: type[LlamaBundleError] = VerifyError, token: str | None = None) -> str:
+             mismatch_error: type[LlamaBundleError] = VerifyError, token: str | None = None,
+             sink: Sink | None = None) -> str:
     """Download url to dest atomically; return the sha256 of the bytes as served.
 
     `size`/`sha256`, when given, must match, else the partial file is deleted and `mismatch_error` raised
     (more bytes than `size` abort at once). Network failures raise NetworkError after `retries` retries
     (backoff doubling from `backoff` seconds); the `.part` is kept so that a later call resumes it, as it
     is on KeyboardInterrupt. `token` goes as `Authorization: Bearer` to the origin of `url` only, never to
-    a redirect target elsewhere.
+    a redirect target elsewhere. `sink` is fed every byte of the file in order as it arrives (again from
+    the start after a restart, which it is told by `reset()`), e.g. a zipstream.ZipStream unpacking on the
+    fly; an error it raises discards the partial download.
     """
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
     job = _Download(url, dest, http=http, log=log, sha256=sha256.lower() if sha256 else None,
                     timeout=(connect_timeout, read_timeout), headers=dict(headers or {}), size=size,
-                    retries=max(0, retries), backoff=max(0.0, backoff), mismatch_error=mismatch_error, token=token)
+                    retries=max(0, retries), backoff=max(0.0, backoff), mismatch_error=mismatch_error, token=token, sink=sink)
     return job.run()
+
+
+class Sink(Protocol):
+    def update(self, data: bytes) -> None: ...
+
+    def reset(self) -> None: ...
+
+
+class _Digest:
+    """sha256 of the bytes so far, teed into the caller's sink; a new one restarts the sink."""
+
+    def __init__(self, sink: Sink | None) -> None:
+        self.sha, self.sink = hashlib.sha256(), sink
+        if sink is not None:
+            sink.reset()
+
+    def update(self, data: bytes) -> None:
+        self.sha.update(data)
+        if self.sink is not None:
+            self.sink.update(data)
+
+    def hexdigest(self) -> str:
+        return self.sha.hexdigest()
 
 
 class _Retry(Exception):
@@ -80,13 +107,14 @@ class _Retry(Exception):
 class _Download:
     def __init__(self, url: str, dest: Path, *, http: requests.Session, log: Log, sha256: str | None,
                  timeout: tuple[float, float], headers: dict[str, str], size: int | None, retries: int,
-                 backoff: float, mismatch_error: type[LlamaBundleError], token: str | None) -> None:
+                 backoff: float, mismatch_error: type[LlamaBundleError], token: str | None,
+                 sink: Sink | None = None) -> None:
         self.url, self.dest, self.http, self.log, self.sha256 = url, dest, http, log, sha256
         self.timeout, self.headers, self.size, self.retries, self.backoff = timeout, headers, size, retries, backoff
-        self.mismatch_error, self.token = mismatch_error, token
+        self.mismatch_error, self.token, self.sink = mismatch_error, token, sink
         self.part = dest.with_name(dest.name + ".part")
         self.meta = dest.with_name(dest.name + ".part.json")
-        self.digest = hashlib.sha256()
+        self.digest = _Digest(None)
         self.hashed = 0  # how many leading bytes of .part `digest` covers
         self.validator: str | None = None  # strong ETag or Last-Modified of the bytes in .part
         self.total: int | None = None  # the whole file's size as served, when the server said
@@ -119,7 +147,11 @@ class _Download:
                                       f" in {delay:.1f}s")
                         _sleep(delay)
                 got = self._verify()
-            except (KeyboardInterrupt, LlamaBundleError):
+            except KeyboardInterrupt:
+                raise  # .part kept for a resume
+            except LlamaBundleError as e:
+                if self.sink is not None and not isinstance(e, NetworkError):
+                    self._discard()  # the sink refused these bytes: they are of no use to a resume either
                 raise  # .part kept for a resume; a mismatch has deleted it already
             except BaseException:
                 self._discard()
@@ -191,7 +223,7 @@ class _Download:
                 offset = 0
                 total = self._length(r, 0)
                 self.validator = validator
-                self.digest, self.hashed = hashlib.sha256(), 0
+                self.digest, self.hashed = _Digest(self.sink), 0
             self.total = total
             if self.size is not None and total is not None and total != self.size:
                 self._mismatch("size", f"the server announces {total} bytes, expected {self.size}")
@@ -294,7 +326,7 @@ class _Download:
         """Make `digest` cover exactly the first `upto` bytes of .part (re-reading them after a resume)."""
         if self.hashed == upto:
             return
-        self.digest, self.hashed = hashlib.sha256(), 0
+        self.digest, self.hashed = _Digest(self.sink), 0
         with open(self.part, "rb") as f:
             while self.hashed < upto:
                 chunk = f.read(min(CHUNK, upto - self.hashed))
@@ -316,7 +348,7 @@ class _Download:
     def _discard(self) -> None:
         self.part.unlink(missing_ok=True)
         self.meta.unlink(missing_ok=True)
-        self.digest, self.hashed, self.validator, self.total = hashlib.sha256(), 0, None, None
+        self.digest, self.hashed, self.validator, self.total = _Digest(self.sink), 0, None, None
 
     def _progress(self, total: int | None) -> ProgressHandle:
         if self.bar is None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import json
+import os
 import re
 import zipfile
 from importlib import resources
@@ -19,7 +20,8 @@ from filelock import FileLock, Timeout
 
 from . import bundle as bundle_mod
 from . import source as source_mod
-from . import data
+from . import data, zipstream
+from .archive import _tmp_beside, extract_zip
 from .build import BuildPlan, BuildTools, library_file, plan_build, resolve_tools, run_build
 from .cudabin import binary_archs
 from .deps import elf
@@ -30,7 +32,7 @@ from .recipe import Recipe, Settings
 from .store.base import Entry, Published, Store
 from .toolkit.layout import Toolkit
 from .toolkit.resolve import check_toolkit, resolve_toolkit
-from .verify import Level, VerifyReport, host_platform_name, verify_bundle
+from .verify import Level, VerifyReport, host_platform_name, verify_bundle, verify_unpacked
 
 LICENSE_FILES = {"LICENSE": "LICENSE", "licenses/LICENSE-jsonhpp": "LICENSE-jsonhpp"}
 
@@ -150,6 +152,7 @@ def _build_locked(recipe: Recipe, *, key: str, settings: Settings, store: Store,
             "glibc_floor": closure.glibc_floor,
             "files": bundle_mod.file_entries(stage, roles),
             "built_at": bundle_mod.built_at(settings.source_date_epoch),
+            "publish": {"tag": recipe.tag()},
         }
         manifest = bundle_mod.write_manifest(stage, manifest_fields)
         out_zip = settings.cache_dir / "out" / zip_name(recipe)
@@ -258,29 +261,49 @@ def llama_version(build_dir: Path) -> str | None:
     return None
 
 
-def _from_store(entry: Entry, *, store: Store, settings: Settings, log: Log, out: Path | None) -> BuildOutcome:
+def _from_store(entry: Entry, *, store: Store, settings: Settings, log: Log, out: Path | None,
+                level: Level | None = None) -> BuildOutcome:
+    """Download, unpack and verify in one pass over the bytes (zipstream), then move into `out` (when given).
+    The zip stays in the cache; nothing is left in `out` unless everything passed."""
     dest = settings.cache_dir / "fetched" / entry.key
-    with log.step("fetch from the store"):
-        zip_path = store.fetch(entry, dest)
-    level = verify_level_for(entry.manifest.get("platform", ""))
-    with log.step(f"verify ({level})"):
-        report = verify_bundle(zip_path, level=level)
-        _log_report(report, log)
+    level = level or verify_level_for(entry.manifest.get("platform", ""))
+    target = out if out is not None else settings.cache_dir / "tmp" / f"unpack-{entry.key[:16]}-{os.getpid()}"
+    if out is not None and out.exists():
+        out.rmdir()  # empty (checked before any work)
+    tmp = _tmp_beside(target)
+    stream = zipstream.Pipelined(zipstream.ZipStream(tmp, label=entry.zip_name))
+    try:
+        with log.step("fetch from the store"):
+            zip_path = store.fetch(entry, dest, sink=stream)
+            try:
+                hashes: dict[str, str] | None = {m.name: m.sha256 for m in stream.finish()}
+            except zipstream.NotStreamable:
+                extract_zip(zip_path, tmp)
+                hashes = None
+        with log.step(f"verify ({level})"):
+            manifest, check = bundle_mod.check_unpacked(tmp, hashes=hashes)
+            report = verify_unpacked(tmp, manifest, check, level=level, label=str(zip_path))
+            _log_report(report, log)
+        if out is not None:
+            os.replace(tmp, out)
+    finally:
+        stream.close()
+        shutil.rmtree(tmp, ignore_errors=True)
     outcome = BuildOutcome(key=entry.key, cache_hit=True, zip_path=zip_path, manifest=entry.manifest, verify=report,
                            published=entry.location)
     if out is not None:
-        outcome.out_dir = _unpack_to(zip_path, out)
+        outcome.out_dir = out
         log.info(f"bundle unpacked in {out}")
     return outcome
 
 
-def fetch(key: str, *, store: Store, settings: Settings, log: Log, out: Path, level: Level | None = None) -> BuildOutcome:
+def fetch(key: str, *, store: Store, settings: Settings, log: Log, out: Path, level: Level = Level.STATIC) -> BuildOutcome:
     entry = store.lookup(key)
     if entry is None:
         raise UsageError(f"no bundle with key {key[:12]} in {store.url}", fix="build it first: llamabundle build RECIPE")
     if out.exists() and any(out.iterdir()):
         raise UsageError(f"--out {out} exists and is not empty", fix="pass a new or empty directory")
-    return _from_store(entry, store=store, settings=settings, log=log, out=out)
+    return _from_store(entry, store=store, settings=settings, log=log, out=out, level=level)
 
 
 def publish_zip(zip_path: Path, *, store: Store) -> tuple[VerifyReport, Published]:

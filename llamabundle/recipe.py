@@ -519,6 +519,10 @@ def _check_template(tag: str, ctx: _Ctx) -> None:
                            fix=(f"did you mean '{{{hint[0]}}}'? " if hint else "") + "fields: " + ", ".join(TEMPLATE_FIELDS))
     if not re.fullmatch(r"^[A-Za-z0-9._{}-]+$", tag):
         raise ctx.fail(None, "publish.tag", f"'{tag}' has characters a git tag cannot hold")
+    if not tag.endswith(("{key}", "{key12}")):
+        raise ctx.fail(None, "publish.tag", f"template '{tag}' does not end with {{key}} or {{key12}}",
+                       fix="one release per cache key: end the tag with the key, e.g. '{name}-{key12}' "
+                           "(a store that knows only the key finds the release by it)")
 
 
 # --------------------------------------------------------------------------------- JSON schema

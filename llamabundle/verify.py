@@ -64,8 +64,7 @@ def verify_bundle(path: Path, *, level: Level, require_gpu: bool = False) -> Ver
     with tempfile.TemporaryDirectory(prefix="llamabundle-verify-") as tmp:
         if path.is_file():
             root = Path(tmp) / "bundle"
-            manifest = bundle_mod.unpack(path, root)
-            check = bundle_mod.ContentCheck(files=len(manifest["files"]), bytes=sum(f["size"] for f in manifest["files"]))
+            manifest, check = bundle_mod.unpack(path, root)
         elif path.is_dir():
             manifest = bundle_mod.read_manifest(path)
             check = bundle_mod.check_contents(path, manifest)
@@ -76,18 +75,25 @@ def verify_bundle(path: Path, *, level: Level, require_gpu: bool = False) -> Ver
                 root = path
         else:
             raise VerifyError(f"{path} does not exist", fix="pass a bundle zip or an unpacked bundle directory")
-        report = VerifyReport(path=str(path), key=manifest["key"], platform=manifest["platform"],
-                              files=check.files, bytes=check.bytes)
-        report.levels["manifest"] = "passed"
-        check_static(root, manifest)
-        report.levels["static"] = "passed"
-        if manifest.get("cuda"):
-            report.levels["archs"] = check_archs(root, manifest)
-        if level is not Level.STATIC:
-            check_load(root, manifest, report)
-        if level is Level.GPU:
-            check_gpu(manifest, report, require_gpu=require_gpu)
-        return report
+        return verify_unpacked(root, manifest, check, level=level, require_gpu=require_gpu, label=str(path))
+
+
+def verify_unpacked(root: Path, manifest: dict[str, Any], check: bundle_mod.ContentCheck, *, level: Level,
+                    require_gpu: bool = False, label: str) -> VerifyReport:
+    """The levels above the manifest, on a bundle directory whose contents were just checked (`check`).
+    The load level runs the binaries in `root`: pass a copy, or a directory of one's own."""
+    report = VerifyReport(path=label, key=manifest["key"], platform=manifest["platform"],
+                          files=check.files, bytes=check.bytes)
+    report.levels["manifest"] = "passed"
+    check_static(root, manifest)
+    report.levels["static"] = "passed"
+    if manifest.get("cuda"):
+        report.levels["archs"] = check_archs(root, manifest)
+    if level is not Level.STATIC:
+        check_load(root, manifest, report)
+    if level is Level.GPU:
+        check_gpu(manifest, report, require_gpu=require_gpu)
+    return report
 
 
 def check_archs(root: Path, manifest: dict[str, Any]) -> str:

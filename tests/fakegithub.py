@@ -84,6 +84,7 @@ class FakeGitHub:
         self.lock = threading.RLock()
         self._ids = itertools.count(1000)
         self.rate_remaining = 5000
+        self.cdn_rate: float | None = None  # bytes per second of CDN downloads; None: as fast as loopback goes
         self.api = _Server(self, "127.0.0.1", "api")
         self.cdn = _Server(self, CDN_HOST, "cdn")
         self.api_url = self.api.url
@@ -474,7 +475,19 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.send_header("Content-Type", "application/octet-stream")
         self.send_header("Content-Length", str(len(body) - start))
         self.end_headers()
-        rest = body[start:]
-        self.wfile.write(rest if cut is None else rest[:cut])
+        rest = memoryview(body)[start:]
+        if cut is not None:
+            rest = rest[:cut]
+        rate = gh.cdn_rate
+        if rate is None:
+            self.wfile.write(rest)
+        else:  # paced like a real link: at most `rate` bytes per second
+            t0, sent, step = time.monotonic(), 0, 256 << 10
+            while sent < len(rest):
+                self.wfile.write(rest[sent:sent + step])
+                sent += min(step, len(rest) - sent)
+                ahead = t0 + sent / rate - time.monotonic()
+                if ahead > 0:
+                    time.sleep(ahead)
         self.wfile.flush()
         self.close_connection = True

@@ -10,6 +10,7 @@ from ..errors import UsageError
 
 if TYPE_CHECKING:
     from ..log import Log
+    from ..net import Sink
     from ..recipe import Settings
 
 
@@ -34,14 +35,16 @@ class Store(Protocol):
 
     def lookup(self, key: str) -> Entry | None: ...
 
-    def fetch(self, entry: Entry, dest: Path) -> Path:
-        """Download the entry's zip into dest (a directory); return the verified zip's path."""
+    def fetch(self, entry: Entry, dest: Path, *, sink: Sink | None = None) -> Path:
+        """Download the entry's zip into dest (a directory); return the verified zip's path. `sink`, when
+        given, is fed the zip's bytes in order as they arrive (net.Sink), to unpack while downloading."""
         ...
 
     def publish(self, zip_path: Path, manifest: dict[str, Any]) -> Published: ...
 
 
-def open_store(url: str, *, settings: "Settings | None" = None, log: "Log | None" = None) -> Store:
+def open_store(url: str, *, settings: "Settings | None" = None, log: "Log | None" = None,
+               tags: "dict[str, str] | None" = None) -> Store:
     """A path or file://… is a local directory store; github:OWNER/REPO the GitHub Releases store
     (API URL and token from `settings`)."""
     from .local import LocalStore
@@ -53,7 +56,7 @@ def open_store(url: str, *, settings: "Settings | None" = None, log: "Log | None
                            api_url=settings.github_api_url if settings is not None else None,
                            token=settings.github_token if settings is not None else None,
                            connect_timeout=settings.connect_timeout if settings is not None else 10.0,
-                           log=log)
+                           log=log, tags=tags)
     if "://" in url and not url.startswith("file://"):
         raise UsageError(f"store '{url}' has an unknown scheme", fix="use a directory path, file://PATH or github:OWNER/REPO")
     return LocalStore(Path(url.removeprefix("file://")).expanduser())

@@ -1,4 +1,5 @@
-"""A GitHub Releases store (DESIGN §6): one release per cache key, tag `llamabundle-<key[:16]>`.
+"""A GitHub Releases store (DESIGN §6): one release per cache key, tagged by the recipe's template
+(`publish.tag`, e.g. `{name}-{key12}`; bundle.json records it).
 
 A hit is a *published* release whose assets include `bundle.json` and exactly one uploaded `.zip`
 (its `digest` is the Entry's sha256). Publishing takes the tag first (`POST /git/refs`: exactly one
@@ -16,7 +17,7 @@ import json
 import random
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -80,8 +81,13 @@ class GitHubEntry(Entry):
     release_id: int
 
 
-def default_tag(key: str, manifest: dict[str, Any]) -> str:
-    return f"llamabundle-{key[:16]}"
+def manifest_tag(key: str, manifest: dict[str, Any]) -> str:
+    """The release tag a bundle is published under: the one its recipe's template gave at build time
+    (bundle.json `publish.tag`), else the schema's default template `{name}-{key12}`."""
+    tag = (manifest.get("publish") or {}).get("tag")
+    if isinstance(tag, str) and tag:
+        return tag
+    return f"{manifest.get('name') or 'llamabundle'}-{key[:12]}"
 
 
 # ------------------------------------------------------------------------------------ store
@@ -89,7 +95,7 @@ def default_tag(key: str, manifest: dict[str, Any]) -> str:
 
 class GitHubStore:
     def __init__(self, repo: str, *, api_url: str | None = None, token: str | None = None, log: Log | None = None,
-                 tag_for_key: Callable[[str, dict[str, Any]], str] | None = None,
+                 tags: Mapping[str, str] | None = None,
                  stale_after: float = 1800.0, poll_interval: float = 5.0, wait_timeout: float | None = None,
                  sleep: Callable[[float], None] = time.sleep, max_attempts: int = 5, refused_attempts: int = 2,
                  max_wait: float = 300.0, max_total: float = 900.0, backoff: float = 1.0, max_backoff: float = 30.0,
@@ -102,7 +108,7 @@ class GitHubStore:
         self.api_url = (api_url or DEFAULT_API_URL).rstrip("/")
         self.token = token or None
         self.log = log or Log()
-        self.tag_for_key = tag_for_key or default_tag
+        self.tags = dict(tags or {})  # key -> tag, from the recipe when the command has one
         self.stale_after, self.poll_interval, self.sleep = stale_after, poll_interval, sleep
         # how long a loser waits in all before giving up (the holder's draft goes stale before that)
         self.wait_timeout = stale_after + 300.0 if wait_timeout is None else wait_timeout
@@ -118,13 +124,13 @@ class GitHubStore:
 
     def lookup(self, key: str) -> GitHubEntry | None:
         self._check_key(key)
-        tag = self.tag_for_key(key, {})
-        rel = self._release_by_tag(tag)
+        tag = self.tags.get(key)
+        rel = self._release_by_tag(tag) if tag else self._release_by_key(key)
         if rel is None:
             return None
         return self._entry_from_release(rel, key)
 
-    def fetch(self, entry: Entry, dest: Path) -> Path:
+    def fetch(self, entry: Entry, dest: Path, *, sink: net.Sink | None = None) -> Path:
         asset_url = getattr(entry, "asset_url", None)
         if not asset_url:
             found = self.lookup(entry.key)
@@ -135,7 +141,7 @@ class GitHubStore:
         try:
             net.download(asset_url, out, http=self.http, log=self.log, sha256=entry.zip_sha256, size=entry.zip_size,
                          headers=self._headers(octet=True, auth=False), token=self.token,
-                         connect_timeout=self.timeout[0], read_timeout=self.timeout[1])
+                         connect_timeout=self.timeout[0], read_timeout=self.timeout[1], sink=sink)
         except StoreError as e:
             raise self._redacted(e) from None
         except OSError as e:
@@ -149,7 +155,7 @@ class GitHubStore:
         if not zip_path.name.endswith(".zip") or zip_path.name in (MANIFEST, SUMS):
             raise StoreError(f"cannot publish {zip_path.name}", why="a bundle is published as one .zip file",
                              fix="publish the bundle zip")
-        tag = self.tag_for_key(key, manifest)
+        tag = self.tags.get(key) or manifest_tag(key, manifest)
         zip_sha = sha256_file(zip_path)
         for _round in range(4):
             existing = self.lookup(key)
@@ -165,6 +171,20 @@ class GitHubStore:
                          fix="retry later")
 
     # --------------------------------------------------------------------------- lookup
+
+    def _release_by_key(self, key: str, *, max_pages: int = 10) -> dict[str, Any] | None:
+        """Without the recipe (a bare key) the tag is unknown: the newest published release whose tag ends
+        with the key's first 12 digits (every tag template holds {key} or {key12}), 100 per request."""
+        for page in range(1, max_pages + 1):
+            r = self._api("GET", f"{self._repo_api}/releases?per_page=100&page={page}", ok=(200,))
+            rels = r.json() if isinstance(r.json(), list) else []
+            for rel in rels:
+                tag = str(rel.get("tag_name") or "")
+                if not rel.get("draft") and (tag.endswith(key[:12]) or tag.endswith(key)):
+                    return rel
+            if len(rels) < 100:
+                return None
+        return None
 
     def _release_by_tag(self, tag: str) -> dict[str, Any] | None:
         r = self._api("GET", f"{self._repo_api}/releases/tags/{quote(tag, safe='')}", ok=(200, 404),

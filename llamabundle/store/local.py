@@ -4,18 +4,22 @@ so a reader never sees a partial entry and two publishers leave exactly one."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from filelock import FileLock, Timeout
 
 from ..bundle import MANIFEST, sha256_file
 from ..errors import StoreError, VerifyError
 from .base import Entry, Published
+
+if TYPE_CHECKING:
+    from ..net import Sink
 
 SUMS = "SHA256SUMS"
 LOCK_TIMEOUT = 600
@@ -56,16 +60,25 @@ class LocalStore:
         return Entry(key=key, zip_name=zip_name, zip_sha256=digest, zip_size=zip_path.stat().st_size,
                      manifest=manifest, location=str(zip_path))
 
-    def fetch(self, entry: Entry, dest: Path) -> Path:
+    def fetch(self, entry: Entry, dest: Path, *, sink: Sink | None = None) -> Path:
         src = self._entry_dir(entry.key) / entry.zip_name
         out = dest / entry.zip_name
         tmp = out.with_name(out.name + ".part")
         try:
             dest.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(src, tmp)
-            if sha256_file(tmp) != entry.zip_sha256:
+            h = hashlib.sha256()
+            if sink is not None:
+                sink.reset()
+            with open(src, "rb") as f, open(tmp, "wb") as w:  # one pass: copy, hash, feed
+                while chunk := f.read(1 << 20):
+                    w.write(chunk)
+                    h.update(chunk)
+                    if sink is not None:
+                        sink.update(chunk)
+            if h.hexdigest() != entry.zip_sha256:
                 tmp.unlink()
-                raise VerifyError(f"{src} changed while it was copied", fix="retry")
+                raise VerifyError(f"{src} does not match its sha256 in the store", why="it changed or was damaged "
+                                  "after it was published", fix="publish the bundle again")
             os.replace(tmp, out)
         except OSError as e:
             if tmp.parent.is_dir():

@@ -280,8 +280,9 @@ def test_unpack_round_trip(tmp_path: Path) -> None:
     written = make_bundle(root)
     z = pack(root, tmp_path / "b.zip")
     dest = tmp_path / "x" / "unpacked"
-    m = unpack(z, dest)
+    m, check = unpack(z, dest)
     assert m == written
+    assert (check.files, check.bytes) == (4, sum(len(d) for d, _m, _r in FILES.values()))
     assert sorted(p.name for p in dest.iterdir()) == sorted([*FILES, "bundle.json"])
     for name, (data, mode, _) in FILES.items():
         assert (dest / name).read_bytes() == data

@@ -162,11 +162,11 @@ def test_check_publish_check_fetch(tmp_path: Path, capsys: pytest.CaptureFixture
     assert data == {"schema": 1, "key": LINUX_KEY, "hit": True, "store": str(store.resolve()), "location": str(stored)}
 
     dest = tmp_path / "new" / "bundle"
-    code, out, err = run(capsys, "fetch", LINUX_KEY, "--store", store, "--out", dest)
+    code, out, err = run(capsys, "fetch", LINUX_KEY, "--store", store, "--out", dest, "--level", "load")
     assert code == 0, err
     assert out == f"fetched and verified: {dest}\n"
     assert "load: passed" in err
-    assert re.search(r"CPU backend loaded from \S*llamabundle-verify-\S*/libggml-cpu\.so", err)
+    assert re.search(r"CPU backend loaded from \S*/\.bundle\.partial-\d+/libggml-cpu\.so", err)  # verified before the rename
     assert sorted(p.name for p in dest.iterdir()) == ["LICENSE", "bundle.json", "llama-server"]
     for rel, data_ in FILES.items():
         assert (dest / rel).read_bytes() == data_

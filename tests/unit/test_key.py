@@ -229,7 +229,7 @@ def test_bundle_format_and_schema_version_are_inputs(monkeypatch: pytest.MonkeyP
     ("L", ((L_SOURCES, "    - path: ../llama.cpp"),)),
     ("L", (("- github: ggml-org/llama.cpp    # archive tarball; commit read from its pax header\n", ""),)),
     ("W", (("version: 0.3.36", "version: 0.3.37"),)),
-    ("L", (('publish: {tag: "{name}-{key12}"}', 'publish: {tag: "llama-{commit12}-{platform}"}'),)),
+    ("L", (('publish: {tag: "{name}-{key12}"}', 'publish: {tag: "llama-{commit12}-{platform}-{key12}"}'),)),
     ("L", (('publish: {tag: "{name}-{key12}"}\n', ""),)),
     ("L", (("name: linux-x86_64-cpu", "name: something-else"),)),
     ("W", (("name: windows-x86_64-cuda12.8", "name: w"),)),
@@ -263,5 +263,5 @@ def test_key_ignores_file_path(tmp_path: Path) -> None:
 
 
 def test_tag_uses_the_key() -> None:
-    r = load("L", ('publish: {tag: "{name}-{key12}"}', 'publish: {tag: "{name}-{key}-{commit12}-{platform}"}'))
-    assert r.tag() == f"linux-x86_64-cpu-{r.key()}-{COMMIT[:12]}-linux-x86_64"
+    r = load("L", ('publish: {tag: "{name}-{key12}"}', 'publish: {tag: "{name}-{commit12}-{platform}-{key}"}'))
+    assert r.tag() == f"linux-x86_64-cpu-{COMMIT[:12]}-linux-x86_64-{r.key()}"

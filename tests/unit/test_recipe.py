@@ -206,6 +206,8 @@ BROKEN = [
     ("template-bad-chars", "L", 'publish: {tag: "{name}-{key12}"}', 'publish: {tag: "{name} {key12}"}', "publish:", "publish.tag", "characters a git tag cannot hold", ""),
     ("template-trailing-newline", "L", 'publish: {tag: "{name}-{key12}"}', 'publish: {tag: "{name}-{key12}\\n"}', "publish:", "publish.tag",
      "characters a git tag cannot hold", ""),
+    ("template-without-key", "L", 'publish: {tag: "{name}-{key12}"}', 'publish: {tag: "{name}-{commit12}"}', "publish:", "publish.tag",
+     "template '{name}-{commit12}' does not end with {key} or {key12}", "one release per cache key"),
     ("cmake-build-type", "L", "  GGML_NATIVE: OFF", "  CMAKE_BUILD_TYPE: Debug", "CMAKE_BUILD_TYPE", "cmake.CMAKE_BUILD_TYPE",
      "CMAKE_BUILD_TYPE is set by llamabundle and cannot be set in cmake:", "remove it"),
     ("cmake-ggml-cuda", "L", "  GGML_NATIVE: OFF", "  GGML_CUDA: ON", "GGML_CUDA", "cmake.GGML_CUDA", "GGML_CUDA is set by llamabundle", "remove it"),

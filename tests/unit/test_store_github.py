@@ -34,7 +34,7 @@ except ImportError:  # pytest run without the project root on sys.path
 
 KEY = "ab" * 32
 OTHER_KEY = "cd" * 32
-TAG = f"llamabundle-{KEY[:16]}"
+TAG = f"test-bundle-{KEY[:12]}"  # test_store.make_bundle names its bundles test-bundle
 TOKEN = "ghp_SeCrEtT0kEn0123456789abcdefABCDEF"
 REPO = "acme/bundles"
 FILES = {"llama-server": b"#!/bin/sh\necho not an ELF\n" + bytes(range(256)) * 64, "LICENSE": b"MIT License\n"}
@@ -69,6 +69,7 @@ def gh() -> Any:
 def store_for(gh: FakeGitHub, *, log: Log | None = None, sleeps: list[float] | None = None, **kw: Any) -> GitHubStore:
     rec = sleeps if sleeps is not None else []
     kw.setdefault("sleep", rec.append)
+    kw.setdefault("tags", {KEY: TAG})  # as a command that has the recipe passes its tag
     return GitHubStore(REPO, api_url=gh.api_url, token=TOKEN, log=log or Captured().log, **kw)
 
 
@@ -89,6 +90,23 @@ def test_lookup_miss_is_one_request(gh: FakeGitHub) -> None:
     assert h["x-github-api-version"] == "2022-11-28"
     assert h["accept"] == "application/vnd.github+json"
     assert h["user-agent"].startswith("llamabundle/")
+
+
+def test_a_bare_key_finds_its_release_by_listing_and_the_tag_comes_from_the_manifest(gh: FakeGitHub,
+                                                                                    tmp_path: Path) -> None:
+    zip_path, manifest = make_bundle(tmp_path)
+    manifest_with_tag = {**manifest, "publish": {"tag": f"custom-{KEY}"}}
+    store_for(gh, tags={}).publish(zip_path, manifest_with_tag)  # `publish ZIP`: the tag recorded at build time
+    assert [r.tag_name for r in gh.releases.values()] == [f"custom-{KEY}"]
+    mark = len(gh.requests)
+    entry = store_for(gh, tags={}).lookup(KEY)  # `fetch KEY`: no recipe, so no tag
+    assert entry is not None and entry.zip_sha256 == sha256(zip_path)
+    assert [r.path.split("?")[0] for r in api_requests(gh, mark)][0].endswith("/releases")
+    assert store_for(gh, tags={}).lookup(OTHER_KEY) is None
+    # without a recorded tag, the schema's default template {name}-{key12}
+    zip2, manifest2 = make_bundle(tmp_path / "b", OTHER_KEY)
+    store_for(gh, tags={}).publish(zip2, manifest2)
+    assert f"test-bundle-{OTHER_KEY[:12]}" in [r.tag_name for r in gh.releases.values()]
 
 
 def test_lookup_refuses_a_non_key(gh: FakeGitHub) -> None:
@@ -187,7 +205,7 @@ def test_fetch_verifies_and_never_sends_the_token_to_the_cdn(gh: FakeGitHub, tmp
     assert got == tmp_path / "dl" / "bundle.zip"
     assert sha256(got) == entry.zip_sha256 == sha256(zip_path)
     assert sorted(p.name for p in (tmp_path / "dl").iterdir()) == ["bundle.zip"]
-    assert bundle.unpack(got, tmp_path / "unpacked") == manifest
+    assert bundle.unpack(got, tmp_path / "unpacked")[0] == manifest
 
     cdn = [r for r in gh.requests if r.host == "cdn"]
     assert len(cdn) >= 3  # bundle.json on lookup, the cut download, the resume

@@ -1,0 +1,353 @@
+"""Unpack a bundle zip while its bytes arrive: download, extraction and the per-file sha256 in one pass.
+
+A zip written by `bundle.pack` (or any zip whose local headers carry the sizes, i.e. no data descriptors)
+is a sequence of local entries followed by the central directory. `ZipStream` is fed those bytes in order
+(`update`), writes each member into a new directory as it goes, hashing it, and at the end (`finish`)
+checks the central directory against what it streamed: the same members, sizes, CRCs and offsets, regular
+files only. The safety rules are archive.py's: no absolute paths, no `..`, no links, bounded size.
+`reset` forgets everything (a download that starts over); nothing is left behind on failure.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import queue
+import shutil
+import stat
+import struct
+import threading
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from .archive import MAX_MEMBERS, MAX_TOTAL_BYTES, UnsafeArchive, _safe_name
+from .errors import VerifyError
+
+LOCAL = b"PK\x03\x04"
+CENTRAL = b"PK\x01\x02"
+END = b"PK\x05\x06"
+END64 = b"PK\x06\x06"
+LOCAL_FMT = struct.Struct("<4sHHHHHIIIHH")  # 30 bytes
+CENTRAL_FMT = struct.Struct("<4sHHHHHHIIIHHHHHII")  # 46 bytes
+END_FMT = struct.Struct("<4sHHHHIIH")  # 22 bytes
+OUT_CHUNK = 1 << 20
+MAX_TAIL = 64 << 20  # the central directory of a bundle is a few KB
+
+
+class NotStreamable(Exception):
+    """The zip uses a layout this reader does not stream (data descriptors, zip64, another method):
+    the caller extracts it from the finished file instead."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Member:
+    name: str
+    offset: int
+    crc: int
+    csize: int
+    usize: int
+    sha256: str
+
+
+class ZipStream:
+    def __init__(self, dest: Path, *, label: str, max_total: int = MAX_TOTAL_BYTES) -> None:
+        self.dest, self.label, self.max_total = dest, label, max_total
+        self._start()
+
+    # ---------------------------------------------------------------------------------- feeding
+
+    def update(self, data: bytes) -> None:
+        """Feed the next bytes. A layout this reader does not stream is not an error here: it stops
+        unpacking, and `finish` raises NotStreamable so that the caller extracts the finished file."""
+        if not self.streamable:
+            return
+        try:
+            mv = memoryview(data)
+            while mv:
+                if self.tail is not None:
+                    self._to_tail(mv)
+                    break
+                if self.cur is not None and not self.buf:  # member data: straight from the caller's buffer
+                    n = min(self.cur["left"], len(mv))
+                    self._data(mv[:n])
+                    mv = mv[n:]
+                    continue
+                self.buf += mv  # a header, possibly split across calls
+                mv = memoryview(b"")
+                while self._step():
+                    pass
+        except NotStreamable:
+            self.discard()
+            self.streamable = False
+        except BaseException:
+            self.discard()  # a refused member leaves nothing behind
+            raise
+
+    def reset(self) -> None:
+        self.discard()
+        self._start()
+
+    def discard(self) -> None:
+        if self.out is not None:
+            self.out.close()
+            self.out = None
+        shutil.rmtree(self.dest, ignore_errors=True)
+
+    def finish(self) -> list[Member]:
+        """Check the central directory against the streamed members and apply their modes."""
+        if not self.streamable:
+            raise NotStreamable(self.label)
+        try:
+            if self.cur is not None or self.tail is None:
+                raise VerifyError(f"{self.label} ends in the middle of a member", why="the download is incomplete",
+                                  fix="download it again")
+            try:
+                modes = self._central()
+            except NotStreamable:
+                self.discard()
+                raise
+            for m, mode in zip(self.members, modes):
+                if not m.name.endswith("/"):
+                    os.chmod(self.dest / m.name, 0o755 if mode & 0o111 else 0o644)
+            if not self.dest.exists():
+                self.dest.mkdir(parents=True)
+            return list(self.members)
+        except BaseException:
+            self.discard()
+            raise
+
+    # ---------------------------------------------------------------------------------- internals
+
+    def _start(self) -> None:
+        self.streamable = True
+        self.buf = bytearray()
+        self.pos = 0  # offset in the zip of buf[0]
+        self.members: list[Member] = []
+        self.names: set[str] = set()
+        self.total = 0
+        self.cur: dict | None = None
+        self.out = None
+        self.tail: bytearray | None = None
+
+    def _to_tail(self, data: bytes | bytearray) -> None:
+        assert self.tail is not None
+        self.tail += data
+        if len(self.tail) > MAX_TAIL:
+            self.discard()
+            raise UnsafeArchive(f"{self.label}: a central directory of more than {MAX_TAIL} bytes")
+
+    def _step(self) -> bool:
+        """Consume what buf allows; True while progress is possible."""
+        if self.cur is not None:
+            if not self.buf:
+                return False
+            n = min(self.cur["left"], len(self.buf))
+            piece = bytes(self.buf[:n])
+            del self.buf[:n]
+            self._data(piece)
+            return True
+        if len(self.buf) < 4:
+            return False
+        sig = bytes(self.buf[:4])
+        if sig in (CENTRAL, END, END64):
+            self.tail_at = self.pos
+            self.tail = bytearray()
+            self._to_tail(self.buf)
+            self.buf = bytearray()
+            return False
+        if sig != LOCAL:
+            raise VerifyError(f"{self.label} is not a zip file (or is damaged at offset {self.pos})",
+                              fix="download it again")
+        if len(self.buf) < LOCAL_FMT.size:
+            return False
+        (_s, _ver, flags, method, _t, _d, crc, csize, usize, nlen, xlen) = LOCAL_FMT.unpack_from(self.buf)
+        head = LOCAL_FMT.size + nlen + xlen
+        if len(self.buf) < head:
+            return False
+        if flags & 0x08 or csize == 0xFFFFFFFF or usize == 0xFFFFFFFF or method not in (0, 8):
+            raise NotStreamable(f"flags {flags:#x}, method {method}")
+        if flags & 0x01:
+            raise UnsafeArchive(f"{self.label}: member at offset {self.pos} is encrypted", fix="do not use this archive")
+        raw = bytes(self.buf[LOCAL_FMT.size:LOCAL_FMT.size + nlen])
+        name = raw.decode("utf-8" if flags & 0x800 else "cp437")
+        path = _safe_name(name, Path(self.label))
+        if name in self.names:
+            raise UnsafeArchive(f"{self.label}: member '{name}' appears twice", fix="do not use this archive")
+        if len(self.members) >= MAX_MEMBERS:
+            raise UnsafeArchive(f"{self.label}: more than {MAX_MEMBERS} members")
+        self.total += usize
+        if self.total > self.max_total:
+            raise UnsafeArchive(f"{self.label}: expands to more than {self.max_total} bytes",
+                                why="a zip bomb or a damaged archive", fix="do not use this archive")
+        self.names.add(name)
+        self.cur = {"name": name, "offset": self.pos, "crc": crc, "csize": csize, "usize": usize, "left": csize,
+                    "written": 0, "crc_now": 0, "sha": hashlib.sha256(),
+                    "z": zlib.decompressobj(-15) if method == 8 else None}
+        self.dest.mkdir(parents=True, exist_ok=True)
+        target = self.dest / path
+        if name.endswith("/"):
+            target.mkdir(parents=True, exist_ok=True)
+        else:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            self.out = open(target, "xb")
+        self._consume(head)
+        if not csize:
+            self._data(b"")
+        return True
+
+    def _consume(self, n: int) -> None:
+        del self.buf[:n]
+        self.pos += n
+
+    def _data(self, piece: bytes | memoryview) -> None:
+        """The next `piece` (at most what is left) of the current member's data; closes it at its end."""
+        cur = self.cur
+        assert cur is not None
+        self.pos += len(piece)
+        cur["left"] -= len(piece)
+        z = cur["z"]
+        try:
+            if z is None:
+                self._emit(piece)
+            else:
+                data = z.decompress(piece, OUT_CHUNK)
+                self._emit(data)
+                while z.unconsumed_tail:
+                    self._emit(z.decompress(z.unconsumed_tail, OUT_CHUNK))
+                if not cur["left"]:
+                    self._emit(z.flush())
+                    if not z.eof:
+                        raise zlib.error("the deflate stream is truncated")
+        except zlib.error as e:
+            raise VerifyError(f"{self.label}: member '{cur['name']}' is damaged", why=str(e),
+                              fix="download it again") from None
+        if cur["left"]:
+            return
+        if cur["written"] != cur["usize"] or cur["crc_now"] != cur["crc"]:
+            raise VerifyError(f"{self.label}: member '{cur['name']}' is damaged", why="its size or CRC does not match "
+                              "its header", fix="download it again")
+        if self.out is not None:
+            self.out.close()
+            self.out = None
+        self.members.append(Member(name=cur["name"], offset=cur["offset"], crc=cur["crc"], csize=cur["csize"],
+                                   usize=cur["usize"], sha256=cur["sha"].hexdigest()))
+        self.cur = None
+
+    def _emit(self, data: bytes | memoryview) -> None:
+        if not data:
+            return
+        cur = self.cur
+        assert cur is not None
+        cur["written"] += len(data)
+        if cur["written"] > cur["usize"]:
+            raise UnsafeArchive(f"{self.label}: member '{cur['name']}' is larger than its header says",
+                                why="a zip bomb or a damaged archive", fix="do not use this archive")
+        cur["crc_now"] = zlib.crc32(data, cur["crc_now"])
+        cur["sha"].update(data)
+        if self.out is not None:
+            self.out.write(data)
+
+    def _central(self) -> list[int]:
+        """Parse the central directory; it must describe exactly the streamed members. Returns their modes."""
+        assert self.tail is not None
+        t = bytes(self.tail)
+        bad = VerifyError(f"{self.label}: the central directory does not match the members",
+                          why="a damaged or crafted zip", fix="download it again; do not use this archive")
+        end = t.rfind(END)
+        if end < 0 or len(t) < end + END_FMT.size:
+            raise VerifyError(f"{self.label} has no end of central directory", why="the download is incomplete",
+                              fix="download it again")
+        (_s, _disk, _cd_disk, _n_here, count, cd_size, cd_offset, _clen) = END_FMT.unpack_from(t, end)
+        if count == 0xFFFF or cd_offset == 0xFFFFFFFF:
+            raise NotStreamable("zip64 central directory")
+        if cd_offset != self.tail_at or count != len(self.members) or cd_size > end:
+            raise bad
+        modes, at = [], 0
+        for m in self.members:
+            if t[at:at + 4] != CENTRAL or len(t) < at + CENTRAL_FMT.size:
+                raise bad
+            f = CENTRAL_FMT.unpack_from(t, at)
+            (_sig, made_by, _ver, flags, _method, _tm, _dt, crc, csize, usize, nlen, xlen, clen,
+             _disk, _iattr, eattr, offset) = f
+            raw = t[at + CENTRAL_FMT.size:at + CENTRAL_FMT.size + nlen]
+            name = raw.decode("utf-8" if flags & 0x800 else "cp437")
+            if (name, crc, csize, usize, offset) != (m.name, m.crc, m.csize, m.usize, m.offset):
+                raise bad
+            mode = eattr >> 16 if made_by >> 8 == 3 else 0
+            if stat.S_IFMT(mode) not in (0, stat.S_IFREG, stat.S_IFDIR):  # 0: no type recorded, a file
+                kind = "a symbolic link" if stat.S_ISLNK(mode) else "not a regular file"
+                raise UnsafeArchive(f"{self.label}: member '{name}' is {kind}", why="bundles hold regular files only",
+                                    fix="do not use this archive")
+            modes.append(mode)
+            at += CENTRAL_FMT.size + nlen + xlen + clen
+        if at != cd_size:
+            raise bad
+        return modes
+
+
+class Pipelined:
+    """A ZipStream fed from a second thread, so that receiving (and hashing, and writing the .part) overlaps
+    with unpacking: hashlib, zlib and file writes release the GIL. Same interface as ZipStream; an error of
+    the worker surfaces at the next `update` or at `finish`. `close()` stops the worker (call it before
+    removing what it writes)."""
+
+    def __init__(self, inner: ZipStream, *, depth: int = 64) -> None:
+        self.inner, self.depth = inner, depth
+        self.q: queue.Queue[bytes | None] = queue.Queue(depth)
+        self.thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+
+    def _work(self) -> None:
+        while (item := self.q.get()) is not None:
+            if self.error is None:
+                try:
+                    self.inner.update(item)
+                except BaseException as e:  # handed to the feeding thread
+                    self.error = e
+
+    def _check(self) -> None:
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise error
+
+    def update(self, data: bytes) -> None:
+        self._check()
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._work, name="zipstream", daemon=True)
+            self.thread.start()
+        self.q.put(bytes(data))
+
+    def close(self) -> None:
+        if self.thread is not None:
+            self.q.put(None)
+            self.thread.join()
+            self.thread = None
+
+    def reset(self) -> None:
+        self.close()
+        self.error = None
+        self.inner.reset()
+
+    def finish(self) -> list[Member]:
+        self.close()
+        try:
+            self._check()
+        except BaseException:
+            self.inner.discard()
+            raise
+        return self.inner.finish()
+
+
+def unpack_file(archive: Path, dest: Path) -> list[Member]:
+    """Stream a zip file from disk through ZipStream (one read pass). Raises NotStreamable for layouts
+    it does not stream; dest is left only on success."""
+    zs = ZipStream(dest, label=archive.name)
+    try:
+        with open(archive, "rb") as f:
+            while chunk := f.read(OUT_CHUNK):
+                zs.update(chunk)
+        return zs.finish()
+    except BaseException:
+        zs.discard()
+        raise

@@ -1,0 +1,233 @@
+"""zipstream: a bundle zip unpacked while its bytes arrive, from a file or a download that drops and resumes."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import random
+import stat
+import struct
+import sys
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+import test_store_github as tsg
+
+from llamabundle import bundle, pipeline, zipstream
+from llamabundle.archive import UnsafeArchive
+from llamabundle.errors import VerifyError
+from llamabundle.recipe import Settings
+from llamabundle.verify import Level
+
+try:
+    from tests.fakegithub import FakeGitHub
+except ImportError:  # pytest run without the project root on sys.path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from tests.fakegithub import FakeGitHub
+
+FILES = {"bundle.json": b'{"format": 1}\n', "llama-server": os.urandom(300_000),
+         "libggml-base.so": b"\x7fELF" + bytes(range(256)) * 2000, "LICENSE": b"MIT License\n" * 50}
+
+
+def make_zip(path: Path, files: dict[str, bytes] = FILES, *, modes: dict[str, int] | None = None) -> Path:
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
+        for name, data in files.items():
+            info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
+            info.create_system = 3
+            info.external_attr = (modes or {}).get(name, 0o100644) << 16
+            info.compress_type = zipfile.ZIP_STORED if name == "llama-server" else zipfile.ZIP_DEFLATED
+            zf.writestr(info, data)
+    return path
+
+
+def feed(z: Path, dest: Path, sizes: list[int] | None = None) -> list[zipstream.Member]:
+    data = z.read_bytes()
+    zs = zipstream.ZipStream(dest, label=z.name)
+    at, i = 0, 0
+    while at < len(data):
+        n = sizes[i % len(sizes)] if sizes else len(data)
+        zs.update(data[at:at + n])
+        at, i = at + n, i + 1
+    return zs.finish()
+
+
+@pytest.mark.parametrize("sizes", [None, [1], [7, 4096, 3], [65536]], ids=["whole", "bytewise", "ragged", "64k"])
+def test_any_chunking_gives_the_same_files_and_hashes(tmp_path: Path, sizes: list[int] | None) -> None:
+    z = make_zip(tmp_path / "b.zip", FILES if sizes != [1] else {k: v[:3000] for k, v in FILES.items()},
+                 modes={"llama-server": 0o100755})
+    dest = tmp_path / "out"
+    members = feed(z, dest, sizes)
+    with zipfile.ZipFile(z) as zf:
+        expected = {i.filename: zf.read(i) for i in zf.infolist()}
+    assert [m.name for m in members] == list(expected)
+    for m in members:
+        assert (dest / m.name).read_bytes() == expected[m.name]
+        assert m.sha256 == hashlib.sha256(expected[m.name]).hexdigest()
+    assert stat.S_IMODE((dest / "llama-server").stat().st_mode) == 0o755
+    assert stat.S_IMODE((dest / "LICENSE").stat().st_mode) == 0o644
+
+
+def test_reset_forgets_what_was_written(tmp_path: Path) -> None:
+    z = make_zip(tmp_path / "b.zip")
+    data = z.read_bytes()
+    dest = tmp_path / "out"
+    zs = zipstream.ZipStream(dest, label="b.zip")
+    zs.update(data[: len(data) // 2])
+    assert (dest / "bundle.json").is_file()
+    zs.reset()
+    assert not dest.exists()
+    zs.update(data)
+    assert len(zs.finish()) == len(FILES)
+    assert (dest / "LICENSE").read_bytes() == FILES["LICENSE"]
+
+
+def test_a_zip_with_data_descriptors_is_not_streamed_and_unpack_falls_back(tmp_path: Path) -> None:
+    class Unseekable(io.RawIOBase):
+        def __init__(self) -> None:
+            self.buf = bytearray()
+
+        def writable(self) -> bool:
+            return True
+
+        def write(self, b: Any) -> int:
+            self.buf += b
+            return len(b)
+
+    sink = Unseekable()
+    with zipfile.ZipFile(sink, "w", zipfile.ZIP_DEFLATED) as zf:  # not seekable: sizes go after the data
+        for name, data in FILES.items():
+            with zf.open(name, "w") as w:
+                w.write(data)
+    z = tmp_path / "dd.zip"
+    z.write_bytes(bytes(sink.buf))
+    with pytest.raises(zipstream.NotStreamable):
+        feed(z, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_truncated_zip_fails_and_leaves_nothing(tmp_path: Path) -> None:
+    z = make_zip(tmp_path / "b.zip")
+    cut = tmp_path / "cut.zip"
+    for n in (100, z.stat().st_size // 2, z.stat().st_size - 10):
+        cut.write_bytes(z.read_bytes()[:n])
+        with pytest.raises(VerifyError):
+            feed(cut, tmp_path / "out")
+        assert not (tmp_path / "out").exists()
+
+
+def test_a_symlink_member_is_refused(tmp_path: Path) -> None:
+    z = make_zip(tmp_path / "b.zip", {"LICENSE": b"x", "evil": b"/etc/passwd"}, modes={"evil": 0o120777})
+    with pytest.raises(UnsafeArchive, match="'evil' is a symbolic link"):
+        feed(z, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("name", ["../escape", "/abs/path", "C:/windows"])
+def test_a_member_escaping_the_destination_is_refused_before_it_is_written(tmp_path: Path, name: str) -> None:
+    z = make_zip(tmp_path / "b.zip", {"LICENSE": b"x", name: b"boo"})
+    with pytest.raises(UnsafeArchive):
+        feed(z, tmp_path / "d" / "out")
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["b.zip", "d"]
+
+
+def test_a_central_directory_that_disagrees_with_the_members_is_refused(tmp_path: Path) -> None:
+    z = make_zip(tmp_path / "b.zip")
+    data = bytearray(z.read_bytes())
+    cd = data.rindex(b"PK\x01\x02" + data[data.index(b"PK\x01\x02") + 4: data.index(b"PK\x01\x02") + 8])
+    first = data.index(b"PK\x01\x02")
+    name_at = first + 46
+    assert data[name_at:name_at + 11] == b"bundle.json"
+    data[name_at:name_at + 11] = b"bundle.jsoo"  # the listing names a member that was never streamed
+    bad = tmp_path / "bad.zip"
+    bad.write_bytes(bytes(data))
+    assert cd >= first
+    with pytest.raises(VerifyError, match="central directory does not match"):
+        feed(bad, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_member_larger_than_its_header_is_refused(tmp_path: Path) -> None:
+    z = make_zip(tmp_path / "b.zip", {"big": b"\0" * 1_000_000})
+    data = bytearray(z.read_bytes())
+    struct.pack_into("<I", data, 22, 1000)  # the local header's uncompressed size: a lie, as in a zip bomb
+    bomb = tmp_path / "bomb.zip"
+    bomb.write_bytes(bytes(data))
+    with pytest.raises(UnsafeArchive, match="larger than its header says"):
+        feed(bomb, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_declared_size_over_the_limit_is_refused_before_inflating(tmp_path: Path) -> None:
+    z = make_zip(tmp_path / "b.zip", {"a": b"\0" * 5000, "b": b"\0" * 5000})
+    zs = zipstream.ZipStream(tmp_path / "out", label="b.zip", max_total=8000)
+    with pytest.raises(UnsafeArchive, match="expands to more than 8000 bytes"):
+        zs.update(z.read_bytes())
+    zs.discard()
+    assert not (tmp_path / "out").exists()
+
+
+# ------------------------------------------------------------------- fetch: download + unpack in one pass
+
+
+def make_bundle(tmp: Path, files: dict[str, bytes]) -> tuple[Path, dict[str, Any]]:
+    stage = tmp / "stage"
+    stage.mkdir()
+    for rel, data in files.items():
+        (stage / rel).write_bytes(data)
+    roles = {rel: "license" if rel == "LICENSE" else "runtime" for rel in files}
+    manifest = bundle.write_manifest(stage, {"name": "t", "key": tsg.KEY, "platform": "linux-x86_64",
+                                             "llama_cpp": {"commit": "0" * 40},
+                                             "files": bundle.file_entries(stage, roles)})
+    return bundle.pack(stage, tmp / "bundle.zip", source_date_epoch=0), manifest
+
+
+def test_fetch_cut_at_half_resumes_unpacks_and_transfers_under_1_6x(tmp_path: Path) -> None:
+    files = {"payload.bin": random.Random(1).randbytes(400_000), "LICENSE": b"MIT License\n"}
+    zip_path, manifest = make_bundle(tmp_path, files)
+    size = zip_path.stat().st_size
+    with FakeGitHub(tsg.REPO, token=tsg.TOKEN) as gh:
+        tsg.store_for(gh).publish(zip_path, manifest)
+        store = tsg.store_for(gh)
+        def cut_zip_once(req: Any, h: Any) -> bool:  # the zip download (not the manifest's) hangs up half-way
+            if req.host == "cdn" and "/bundle.zip?" in req.path:
+                h.serve_cdn(cut=size // 2)
+                return True
+            return False
+
+        gh.add_fault(cut_zip_once)
+        since = len(gh.requests)
+        out = tmp_path / "out"
+        settings = Settings.from_env({"LLAMABUNDLE_CACHE_DIR": str(tmp_path / "cache")})
+        outcome = pipeline.fetch(tsg.KEY, store=store, settings=settings, log=tsg.Captured().log, out=out,
+                                 level=Level.STATIC)
+        zip_gets = [r for r in gh.requests[since:] if r.host == "cdn" and "/bundle.zip?" in r.path]
+    assert outcome.out_dir == out
+    assert sorted(p.name for p in out.iterdir()) == ["LICENSE", "bundle.json", "payload.bin"]
+    assert (out / "payload.bin").read_bytes() == files["payload.bin"]
+    assert outcome.verify is not None and outcome.verify.levels == {"manifest": "passed", "static": "passed"}
+    # the cut GET brought half, the resumed one (Range from there) the rest: 1.5x the asset at most
+    assert [r.headers.get("range") for r in zip_gets] == [None, f"bytes={size // 2}-"]
+    transferred = size // 2 + (size - size // 2)
+    assert transferred < 1.6 * size
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bundle.zip", "cache", "out", "stage"]  # no temp dir left
+
+
+def test_fetch_of_a_tampered_asset_leaves_no_output(tmp_path: Path) -> None:
+    zip_path, manifest = make_bundle(tmp_path, {"payload.bin": os.urandom(200_000), "LICENSE": b"MIT\n"})
+    with FakeGitHub(tsg.REPO, token=tsg.TOKEN) as gh:
+        store = tsg.store_for(gh)
+        store.publish(zip_path, manifest)
+        (asset,) = [a for a in gh.assets.values() if a.name == "bundle.zip"]
+        data = bytearray(asset.data)
+        data[len(data) // 2] ^= 1
+        asset.data = bytes(data)
+        out = tmp_path / "out"
+        settings = Settings.from_env({"LLAMABUNDLE_CACHE_DIR": str(tmp_path / "cache")})
+        with pytest.raises(VerifyError) as e:
+            pipeline.fetch(tsg.KEY, store=store, settings=settings, log=tsg.Captured().log, out=out)
+    assert e.value.exit_code == 5
+    assert not out.exists()
+    assert [p for p in (tmp_path / "cache").rglob("*") if p.is_file()] == []  # no zip, no partial, no unpacked files
