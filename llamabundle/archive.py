@@ -1,5 +1,5 @@
 """Safe extraction of zip and tar archives: no absolute paths, no `..`, no links out of the tree,
-no device files, bounded total size. A refused archive leaves nothing behind in dest."""
+no device files, bounded total size and compression ratio. A refused archive leaves nothing behind in dest."""
 
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ from .errors import VerifyError
 
 MAX_TOTAL_BYTES = 16 * 1024**3
 MAX_MEMBERS = 200_000
+MAX_RATIO = 200  # uncompressed / compressed, per member; real bundles and redist archives stay far below
+RATIO_FLOOR = 1 << 20  # members smaller than this are not ratio-checked (a few KiB of zeros compress well)
 
 
 class UnsafeArchive(VerifyError):
@@ -51,6 +53,13 @@ def extract_zip(archive: Path, dest: Path, *, max_total: int = MAX_TOTAL_BYTES) 
             if stat.S_ISLNK(mode):
                 raise UnsafeArchive(f"{archive.name}: member '{info.filename}' is a symbolic link",
                                     why="bundles hold regular files only", fix="do not use this archive")
+            if stat.S_IFMT(mode) not in (0, stat.S_IFREG, stat.S_IFDIR):
+                raise UnsafeArchive(f"{archive.name}: member '{info.filename}' is a device, pipe or socket",
+                                    why="bundles hold regular files only", fix="do not use this archive")
+            if info.file_size > RATIO_FLOOR and info.file_size > MAX_RATIO * max(info.compress_size, 1):
+                raise UnsafeArchive(f"{archive.name}: member '{info.filename}' expands {info.file_size // max(info.compress_size, 1)}"
+                                    f" times (more than {MAX_RATIO})", why="a zip bomb or a damaged archive",
+                                    fix="do not use this archive")
             total += info.file_size
             if total > max_total:
                 raise UnsafeArchive(f"{archive.name}: expands to more than {max_total} bytes",

@@ -284,3 +284,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
 
 
 from .cli_toolkit import toolkit_group; cli.add_command(toolkit_group)  # noqa: E402,E702
+from .cli_archs import archs_cmd; cli.add_command(archs_cmd)  # noqa: E402,E702
+from .cli_app import register as register_app; register_app(cli)  # noqa: E402,E702
+from .cli_plan import plan_command; cli.add_command(plan_command)  # noqa: E402,E702
+from .cli_deps import deps_command; cli.add_command(deps_command)  # noqa: E402,E702

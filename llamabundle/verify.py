@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from . import bundle as bundle_mod
-from .deps import elf
+from .deps import elf, pe
 from .deps.policy import LibClass, linux_policy
 from .archs import split_archs
 from .cudabin import binary_archs
@@ -139,8 +139,11 @@ def check_gpu(manifest: dict[str, Any], report: VerifyReport, *, require_gpu: bo
                           fix="run the check on a machine with an NVIDIA GPU and driver")
 
 
-def check_static(root: Path, manifest: dict[str, Any]) -> None:
-    """Every import of every binary resolves inside the bundle, in the system allowlist or the driver set."""
+def check_static(root: Path, manifest: dict[str, Any]) -> list[str] | None:
+    """Every import of every binary resolves inside the bundle, in the system allowlist or the driver set.
+    For a Windows bundle, returns the system and driver DLLs its binaries import."""
+    if manifest["platform"].startswith("windows"):
+        return _check_static_pe(root, manifest)
     if not manifest["platform"].startswith("linux"):
         raise VerifyError(f"static verification of {manifest['platform']} bundles is not supported yet",
                           fix="verify it on a llamabundle version with PE support")
@@ -160,6 +163,22 @@ def check_static(root: Path, manifest: dict[str, Any]) -> None:
         if bad:
             raise VerifyError(f"{entry['path']} has RUNPATH {':'.join(info.runpath)}",
                               why="only $ORIGIN keeps a bundle relocatable", fix="rebuild the bundle")
+    return None
+
+
+def _check_static_pe(root: Path, manifest: dict[str, Any]) -> list[str]:
+    """The PE import closure of every .exe/.dll (imports and delay-imports, x64 only) stays inside the bundle."""
+    names = [e["path"] for e in manifest["files"]]
+    for name in names:
+        if elf.is_elf(root / name):
+            raise VerifyError(f"{name} is an ELF binary in a {manifest['platform']} bundle",
+                              why="a Windows bundle holds PE binaries only", fix="rebuild the bundle")
+    closure = pe.resolve_closure([root / n for n in names if n.lower().endswith((".exe", ".dll"))], bundle_dir=root)
+    missing = [f"{dll} (imported by {', '.join(by)}) is not in the bundle" for dll, by in closure.missing.items()]
+    if missing:
+        raise VerifyError("; ".join(missing), why="Windows would refuse to load these binaries on a clean machine",
+                          fix="rebuild the bundle so that it collects every runtime DLL")
+    return closure.system_deps
 
 
 def check_load(root: Path, manifest: dict[str, Any], report: VerifyReport) -> None:

@@ -1,0 +1,74 @@
+"""`llamabundle deps [--json] FILE...`: the runtime closure of PE or ELF binaries, each library with its
+class and where it was found. click only: parse, call deps.pe / deps.elf, print (DESIGN §8)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+
+from .deps.policy import linux_policy
+from .lazy import lazy_import
+
+elf = lazy_import("llamabundle.deps.elf")
+pe = lazy_import("llamabundle.deps.pe")
+from .errors import UsageError
+
+
+def elf_closure(files: list[Path], search: list[Path]) -> dict[str, Any]:
+    """deps.elf's closure in the shape of PeClosure.to_json()."""
+    policy = linux_policy()
+    dirs = [*search, *elf.system_library_dirs(policy, ldconfig_output=elf.ldconfig_cache())]
+    c = elf.resolve_closure(files, products=[files[0].parent], policy=policy, system_dirs=dirs)
+    roots = {f.name for f in files}
+    deps = []
+    for name, by in c.needed_by.items():
+        cls = ("driver" if name in c.driver else "system" if name in c.system else "missing" if name in c.missing
+               else "bundled")
+        path = c.bundled.get(name) if cls == "bundled" else None
+        deps.append({"name": name, "class": cls, "kind": None, "path": str(path) if path else None,
+                     "imported_by": list(by), "delay_only": False})
+    return {"schema": 1, "format": "elf", "binaries": [str(p) for n, p in c.bundled.items() if n in roots or n in c.needed_by],
+            "deps": deps, "companions": [], "missing": {k: list(v) for k, v in c.missing.items()},
+            "system_deps": c.system_deps, "glibc_floor": c.glibc_floor}
+
+
+@click.command("deps")
+@click.argument("files", metavar="FILE...", nargs=-1, required=True,
+                type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--search", "search", metavar="DIR", multiple=True, type=click.Path(file_okay=False, path_type=Path),
+              help="Also look for libraries here (e.g. a mingw sysroot bin, the MSVC redist, the CUDA toolkit bin); repeatable.")
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON (schema 1) on stdout.")
+def deps_command(files: tuple[Path, ...], search: tuple[Path, ...], as_json: bool) -> None:
+    """Print the runtime closure of PE or ELF binaries: each library's class and where it was found.
+
+    Libraries are looked up in the binaries' own directory (the bundle), then in each --search DIR."""
+    paths = [f.resolve() for f in files]
+    if len({p.parent for p in paths}) > 1:
+        raise UsageError("the files are in different directories",
+                         fix="pass binaries of one bundle directory (use --search for other places)")
+    kinds = {"pe" if pe.is_pe(p) else "elf" if elf.is_elf(p) else "?" for p in paths}
+    if kinds - {"pe", "elf"} or len(kinds) > 1:
+        bad = next((p for p in paths if not (pe.is_pe(p) or elf.is_elf(p))), None)
+        raise UsageError(f"{bad.name} is neither a PE nor an ELF binary" if bad else "the files mix PE and ELF binaries",
+                         fix="pass the .exe/.dll files of a Windows bundle or the ELF files of a Linux one")
+    if kinds == {"pe"}:
+        info = pe.resolve_closure(paths, bundle_dir=paths[0].parent, extra_dirs=list(search)).to_json()
+    else:
+        info = elf_closure(paths, list(search))
+    if as_json:
+        click.echo(json.dumps(info, indent=2, sort_keys=True))
+        return
+    width = max([len(d["name"]) for d in info["deps"]] + [20])
+    click.echo(f"{'library':<{width}}  {'class':<13}  found")
+    for d in info["deps"]:
+        kind = f" ({d['kind']})" if d["kind"] and d["kind"] != d["class"] else ""
+        delay = "  [delay-load]" if d["delay_only"] else ""
+        click.echo(f"{d['name']:<{width}}  {d['class']:<13}  {d['path'] or '-'}{kind}{delay}  <- {', '.join(d['imported_by'])}")
+    for c in info["companions"]:
+        click.echo(f"{c['needs']:<{width}}  {'companion':<13}  {c['found'] or 'MISSING'}  <- {c['dll']} ({c['why']})")
+    click.echo(f"system deps: {', '.join(info['system_deps']) or '-'}")
+    for name, by in info["missing"].items():
+        click.echo(f"missing: {name} (needed by {', '.join(by)})")

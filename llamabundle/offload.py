@@ -1,0 +1,450 @@
+"""VRAM offload planner: read a GGUF's shapes, estimate what llama.cpp puts in GPU memory for an
+-ngl / --n-cpu-moe / context choice, and pick the most-offloaded choice that fits (issue 6 part 4).
+
+How llama.cpp is modelled (pinned commit 0c1e57098bba; file:line in data/offload.json):
+
+* Layer slots. A model of N blocks has N + 1 slots: blocks 0..N-1 and the output layer (slot N:
+  output.weight and output_norm; a model without output.weight gets token_embd duplicated there).
+  With -ngl k, slots >= N + 1 - k are on the GPU: the output layer first (any k >= 1), then the last
+  k - 1 blocks; k = N + 1 offloads everything. The input layer (token_embd, and any tensor outside
+  blk.i and output) always stays on the CPU.
+* --n-cpu-moe m keeps the expert tensors (blk.i.ffn_{up,down,gate,gate_up}_exps) of blocks i < m on
+  the CPU.
+* KV cache. llama.cpp pads -c to a multiple of 256; with --parallel P (llama-server given an explicit
+  -np runs without --kv-unified) each of the P slots gets pad(c / P, 256) cells, so the cache holds
+  P * pad(c / P, 256) cells: -c is the total over all slots, as in llama-server. A block's K and V
+  live with the block: cells * n_head_kv(i) * (head_dim_k + head_dim_v) * bytes(kv type), with
+  head_count_kv per block when the GGUF stores an array. Sliding-window (iSWA) and recurrent caches
+  are not modelled: for them the estimate is the full-attention upper bound.
+* Compute buffer, per token of one n_ubatch (512) micro-batch: the KQ mask (4 bytes per KV cell of a
+  slot; 2 with flash attention) plus the larger of two stages, in f32: attention (5 * n_embd, plus
+  n_head per cell without flash attention) and FFN (3 * n_ff_active + 4 * n_embd); plus the logits of
+  one output per slot. Fitted to the compute buffers the pinned llama-server reported for synthetic
+  models (see data/offload.json); bench/offload_compare.py measures the CUDA ones. It is counted at
+  every -ngl, 0 included: a CUDA build still allocates a GPU compute buffer to offload large batches.
+* Headroom: a share of the free VRAM plus a fixed amount (default 5%+256MiB) for the CUDA context,
+  cuBLAS workspace and fragmentation.
+
+Decision: the offload ladder runs from everything on the GPU to nothing on it: for a dense model
+-ngl N+1, N, ..., 0; for a MoE model -ngl N+1 with --n-cpu-moe 0, 1, ..., N, then -ngl N, ..., 0 with
+every expert on the CPU. The plan takes the first rung that fits at the requested context. When that
+is not the top rung it halves the context (never below --min-ctx) as long as each halving moves the
+plan at least one rung up: a layer on the CPU costs more speed than context the caller may not use.
+A model does not fit when even -ngl 0 at the minimum context needs more than the free VRAM.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from decimal import Decimal
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from . import data
+from .errors import UsageError
+
+MiB = 1 << 20
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "ki": 1 << 10, "kib": 1 << 10, "kb": 10**3, "m": MiB, "mi": MiB, "mib": MiB,
+          "mb": 10**6, "g": 1 << 30, "gi": 1 << 30, "gib": 1 << 30, "gb": 10**9, "t": 1 << 40, "ti": 1 << 40,
+          "tib": 1 << 40, "tb": 10**12}
+
+
+@cache
+def _constants() -> dict[str, Any]:
+    info: dict[str, Any] = data._load("offload.json")
+    assert info["default_kv_type"] in info["kv_types"]
+    return info
+
+
+@cache
+def knowledge() -> dict[str, Any]:
+    """data/offload.json, checked: every KV type's block and byte size agree with gguf's table."""
+    import gguf  # 0.2 s of numpy: imported when a plan is made, not when the CLI starts
+
+    info = _constants()
+    for name, (blck, size) in info["kv_types"].items():
+        assert tuple(gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[name.upper()]]) == (blck, size), name
+    return info
+
+
+def kv_types() -> list[str]:
+    """The KV cache types llama.cpp accepts for -ctk/-ctv."""
+    return list(_constants()["kv_types"])
+
+
+def parse_size(text: str) -> int:
+    """Bytes in '24GiB', '8000MiB', '12G', '1.5T', '12GB' or '25769803776'. K, M, G, T alone are binary
+    (as GiB); KB, MB, GB, TB are decimal."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*", text, re.I)
+    unit = _UNITS.get(m[2].lower()) if m else None
+    if m is None or unit is None:
+        raise UsageError(f"'{text}' is not a size", fix="write it like 24GiB, 8000MiB, 12G or a plain number of bytes")
+    return int(Decimal(m[1]) * unit)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Headroom:
+    """VRAM kept free: `percent` of the free VRAM plus `fixed` bytes."""
+
+    percent: float
+    fixed: int
+
+    def of(self, free: int) -> int:
+        return int(free * self.percent / 100) + self.fixed
+
+    def __str__(self) -> str:
+        return f"{self.percent:g}%+{self.fixed / MiB:g}MiB"
+
+
+def parse_headroom(text: str | None = None) -> Headroom:
+    """'5%+256MiB', '10%', '1GiB' (default: data/offload.json)."""
+    text = knowledge()["default_headroom"] if text is None else text
+    percent, fixed = 0.0, 0
+    for part in (p.strip() for p in text.split("+")):
+        if part.endswith("%") and re.fullmatch(r"\d+(\.\d+)?", part[:-1].strip()):
+            percent += float(part[:-1])
+        elif part.endswith("%"):
+            raise UsageError(f"'{text}' is not a headroom", fix="write it like 5%+256MiB, 10% or 1GiB")
+        else:
+            fixed += parse_size(part)
+    if percent >= 100:
+        raise UsageError(f"headroom '{text}' keeps all the VRAM free", fix="use a share below 100%, e.g. 5%+256MiB")
+    return Headroom(percent=percent, fixed=fixed)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TensorInfo:
+    name: str
+    shape: tuple[int, ...]  # ggml order: ne[0] first
+    type: str
+    n_bytes: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelInfo:
+    path: Path
+    architecture: str
+    n_layer: int
+    n_ctx_train: int
+    n_embd: int
+    n_head: tuple[int, ...]  # per block
+    n_head_kv: tuple[int, ...]  # per block
+    head_dim_k: int
+    head_dim_v: int
+    n_ff: int  # feed-forward width active per token (MoE: experts used x expert width)
+    n_vocab: int
+    n_expert: int
+    n_expert_used: int
+    tensors: tuple[TensorInfo, ...]
+    layer_bytes: tuple[int, ...]  # every tensor of blk.i
+    expert_bytes: tuple[int, ...]  # the expert tensors of blk.i (included in layer_bytes)
+    output_bytes: int  # the output layer (slot N)
+    input_bytes: int  # token_embd and the rest: always on the CPU
+
+    @property
+    def is_moe(self) -> bool:
+        return self.n_expert > 0 and any(self.expert_bytes)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(t.n_bytes for t in self.tensors)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": str(self.path), "architecture": self.architecture, "n_layer": self.n_layer,
+                "n_ctx_train": self.n_ctx_train, "n_embd": self.n_embd, "n_head": list(self.n_head),
+                "n_head_kv": list(self.n_head_kv), "head_dim_k": self.head_dim_k, "head_dim_v": self.head_dim_v,
+                "n_vocab": self.n_vocab, "expert_count": self.n_expert, "expert_used_count": self.n_expert_used,
+                "tensor_bytes": self.total_bytes, "output_bytes": self.output_bytes, "input_bytes": self.input_bytes}
+
+
+def read_model(path: Path) -> ModelInfo:
+    """Hyperparameters and per-layer tensor bytes of a GGUF file (memory-mapped: only the header is read)."""
+    import gguf
+
+    try:
+        reader = gguf.GGUFReader(path)
+    except Exception as e:  # noqa: BLE001 - gguf raises assorted errors on a missing, truncated or foreign file
+        raise UsageError(f"cannot read {path} as a GGUF model", why=f"{type(e).__name__}: {e}",
+                         fix="pass the path of a .gguf model file") from None
+
+    def field(key: str, default: Any = None) -> Any:
+        f = reader.get_field(key)
+        return default if f is None else f.contents()
+
+    arch = field("general.architecture")
+    if not isinstance(arch, str):
+        raise UsageError(f"{path} has no general.architecture", fix="pass a llama.cpp GGUF model")
+    n_layer, n_embd, head = field(f"{arch}.block_count"), field(f"{arch}.embedding_length"), field(f"{arch}.attention.head_count")
+    if not isinstance(n_layer, int) or not isinstance(n_embd, int) or head is None:
+        raise UsageError(f"{path} lacks {arch}.block_count, .embedding_length or .attention.head_count",
+                         fix="pass a transformer model converted by llama.cpp")
+
+    def per_layer(key: str, value: Any) -> tuple[int, ...]:
+        if isinstance(value, list):
+            if len(value) != n_layer:
+                raise UsageError(f"{path}: {key} has {len(value)} entries for {n_layer} blocks")
+            return tuple(int(v) for v in value)
+        return (int(value),) * n_layer
+
+    n_head = per_layer(f"{arch}.attention.head_count", head)
+    n_head_kv = per_layer(f"{arch}.attention.head_count_kv", field(f"{arch}.attention.head_count_kv", head))
+    head_dim_k = int(field(f"{arch}.attention.key_length", n_embd // max(max(n_head), 1)))
+    ff = field(f"{arch}.feed_forward_length", 0)
+    n_ff = max(ff) if isinstance(ff, list) else int(ff)
+    n_expert, n_expert_used = int(field(f"{arch}.expert_count", 0)), int(field(f"{arch}.expert_used_count", 0))
+    if n_expert:
+        n_ff = n_expert_used * int(field(f"{arch}.expert_feed_forward_length", n_ff))
+
+    k = knowledge()
+    layer_re, expert_re, output_re = (re.compile(k[f"{key}_tensor_regex"]) for key in ("layer", "expert", "output"))
+    tensors = tuple(TensorInfo(name=t.name, shape=tuple(int(x) for x in t.shape), type=t.tensor_type.name,
+                               n_bytes=int(t.n_bytes)) for t in reader.tensors)
+    layers, experts, output, rest = [0] * n_layer, [0] * n_layer, 0, 0
+    by_name = {t.name: t for t in tensors}
+    for t in tensors:
+        m = layer_re.match(t.name)
+        if m and int(m[1]) < n_layer:
+            layers[int(m[1])] += t.n_bytes
+            if expert_re.match(t.name):
+                experts[int(m[1])] += t.n_bytes
+        elif output_re.match(t.name):
+            output += t.n_bytes
+        else:
+            rest += t.n_bytes
+    embd = by_name.get("token_embd.weight")
+    if "output.weight" not in by_name and embd is not None:  # tied embeddings: llama.cpp duplicates token_embd
+        output += embd.n_bytes
+    tokens = reader.get_field("tokenizer.ggml.tokens")
+    n_vocab = (embd.shape[1] if embd is not None and len(embd.shape) > 1
+               else len(tokens.data) if tokens is not None else int(field(f"{arch}.vocab_size", 0)))
+    return ModelInfo(path=path, architecture=arch, n_layer=n_layer, n_ctx_train=int(field(f"{arch}.context_length", 0)),
+                     n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv, head_dim_k=head_dim_k,
+                     head_dim_v=int(field(f"{arch}.attention.value_length", head_dim_k)), n_ff=n_ff, n_vocab=n_vocab,
+                     n_expert=n_expert, n_expert_used=n_expert_used, tensors=tensors, layer_bytes=tuple(layers),
+                     expert_bytes=tuple(experts), output_bytes=output, input_bytes=rest)
+
+
+def _pad(n: int, to: int) -> int:
+    return (n + to - 1) // to * to
+
+
+def kv_cells(ctx: int, n_parallel: int = 1) -> tuple[int, int]:
+    """(cells in all, cells per slot) that llama.cpp allocates for -c ctx -np n_parallel."""
+    pad = knowledge()["ctx_pad"]
+    per_slot = _pad(_pad(ctx, pad) // n_parallel, pad)
+    return per_slot * n_parallel, per_slot
+
+
+def gpu_blocks(n_layer: int, ngl: int) -> range:
+    """The blocks -ngl puts on the GPU (the output layer goes first: it is there whenever ngl >= 1)."""
+    return range(min(max(n_layer + 1 - ngl, 0), n_layer), n_layer)
+
+
+def _row_bytes(n: int, kv_type: str) -> int:
+    blck, size = knowledge()["kv_types"][kv_type]
+    return -(-n // blck) * size
+
+
+@dataclass(frozen=True, kw_only=True)
+class Estimate:
+    """Bytes of GPU memory one choice needs."""
+
+    weights: int
+    kv: int
+    compute: int
+    headroom: int
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.kv + self.compute + self.headroom
+
+    def to_json(self) -> dict[str, int]:
+        return {"weights": self.weights, "kv": self.kv, "compute": self.compute, "headroom": self.headroom,
+                "total": self.total}
+
+
+def estimate(model: ModelInfo, *, ngl: int, n_cpu_moe: int = 0, ctx: int, n_parallel: int = 1, kv_type: str = "f16",
+             flash_attn: bool = True, free_vram: int = 0, headroom: Headroom | None = None) -> Estimate:
+    """GPU bytes for llama-server -ngl ngl --n-cpu-moe n_cpu_moe -c ctx -np n_parallel (see the module doc)."""
+    k = knowledge()
+    blocks = gpu_blocks(model.n_layer, ngl)
+    weights = sum(model.layer_bytes[i] - (model.expert_bytes[i] if i < n_cpu_moe else 0) for i in blocks)
+    weights += model.output_bytes if ngl >= 1 else 0
+    cells, per_slot = kv_cells(ctx, n_parallel)
+    kv = sum(cells * (_row_bytes(model.n_head_kv[i] * model.head_dim_k, kv_type)
+                      + _row_bytes(model.n_head_kv[i] * model.head_dim_v, kv_type)) for i in blocks)
+    c = k["compute"]
+    per_token = (c["fa_mask_bytes"] if flash_attn else c["mask_bytes"]) * per_slot + c["float_bytes"] * max(
+        c["attn_embd"] * model.n_embd + (0 if flash_attn else max(model.n_head, default=0) * per_slot),
+        c["ffn_ff"] * model.n_ff + c["ffn_embd"] * model.n_embd)
+    compute = min(k["n_ubatch"], cells) * per_token + n_parallel * model.n_vocab * c["float_bytes"]
+    return Estimate(weights=weights, kv=kv, compute=compute, headroom=(headroom or parse_headroom()).of(free_vram))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    model: ModelInfo
+    free_vram: int
+    ngl: int
+    n_cpu_moe: int
+    ctx: int  # the -c to pass: total over all slots
+    ctx_requested: int
+    n_parallel: int
+    kv_type: str
+    flash_attn: bool
+    headroom: Headroom
+    estimate: Estimate
+    reasons: tuple[str, ...]
+
+    @property
+    def blocks_on_gpu(self) -> int:
+        return len(gpu_blocks(self.model.n_layer, self.ngl))
+
+    @property
+    def output_on_gpu(self) -> bool:
+        return self.ngl >= 1
+
+    def flags(self) -> list[str]:
+        out = ["-ngl", str(self.ngl), "-c", str(self.ctx), "-np", str(self.n_parallel)]
+        if self.model.is_moe:
+            out += ["--n-cpu-moe", str(self.n_cpu_moe)]
+        if self.kv_type != "f16":
+            out += ["-ctk", self.kv_type, "-ctv", self.kv_type]
+        return out + ["-fa", "on" if self.flash_attn else "off"]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema": 1, "model": self.model.to_json(), "free_vram": self.free_vram, "ngl": self.ngl,
+                "n_cpu_moe": self.n_cpu_moe, "moe": self.model.is_moe, "ctx": self.ctx,
+                "ctx_requested": self.ctx_requested, "kv_cells": kv_cells(self.ctx, self.n_parallel)[0],
+                "n_parallel": self.n_parallel, "kv_type": self.kv_type, "flash_attn": self.flash_attn,
+                "blocks_on_gpu": self.blocks_on_gpu, "output_on_gpu": self.output_on_gpu, "headroom": str(self.headroom),
+                "bytes": self.estimate.to_json(), "reasons": list(self.reasons), "flags": self.flags()}
+
+
+def _mib(n: int) -> str:
+    return f"{n / MiB:,.1f} MiB"
+
+
+def _rungs(model: ModelInfo) -> list[tuple[int, int]]:
+    """(ngl, n_cpu_moe) from everything on the GPU to nothing on it."""
+    n = model.n_layer
+    if not model.is_moe:
+        return [(ngl, 0) for ngl in range(n + 1, -1, -1)]
+    return [(n + 1, m) for m in range(n + 1)] + [(ngl, n) for ngl in range(n, -1, -1)]
+
+
+def plan_offload(model: ModelInfo, *, free_vram: int, ctx: int | None = None, min_ctx: int | None = None,
+                 n_parallel: int = 1, kv_type: str | None = None, flash_attn: bool = True,
+                 headroom: Headroom | None = None) -> Plan:
+    """The most-offloaded -ngl (and --n-cpu-moe) that fits in free_vram, shrinking the context first
+    when that keeps more on the GPU (see the module doc). Raises UsageError when nothing fits."""
+    k = knowledge()
+    kv_type = kv_type or k["default_kv_type"]
+    if kv_type not in k["kv_types"]:
+        raise UsageError(f"unknown KV cache type '{kv_type}'", fix=f"use one of {', '.join(k['kv_types'])}")
+    if kv_type not in ("f32", "f16", "bf16") and not flash_attn:
+        raise UsageError(f"a {kv_type} KV cache needs flash attention", why="llama.cpp refuses a quantized V cache without it",
+                         fix="drop --no-flash-attn or use --kv-type f16")
+    headroom = headroom or parse_headroom()
+    ctx = ctx or model.n_ctx_train or k["min_ctx"]
+    min_ctx = min(min_ctx or k["min_ctx"], ctx)
+    if n_parallel < 1 or n_parallel > ctx:
+        raise UsageError(f"--parallel {n_parallel} does not fit a context of {ctx}", fix="use 1 <= --parallel <= --ctx")
+    ctxs = [ctx]
+    while ctxs[-1] // 2 >= min_ctx:
+        ctxs.append(ctxs[-1] // 2)
+    if ctxs[-1] > min_ctx:
+        ctxs.append(min_ctx)
+    rungs = _rungs(model)
+
+    def cost(rung: tuple[int, int], c: int) -> Estimate:
+        return estimate(model, ngl=rung[0], n_cpu_moe=rung[1], ctx=c, n_parallel=n_parallel, kv_type=kv_type,
+                        flash_attn=flash_attn, free_vram=free_vram, headroom=headroom)
+
+    def first_fit(c: int) -> int | None:
+        return next((i for i, r in enumerate(rungs) if cost(r, c).total <= free_vram), None)
+
+    def name(i: int) -> str:
+        return f"-ngl {rungs[i][0]}" + (f" --n-cpu-moe {rungs[i][1]}" if model.is_moe else "")
+
+    reasons: list[str] = []
+    at, best = 0, first_fit(ctx)
+    while best != 0 and at + 1 < len(ctxs):
+        a, b = ctxs[at], ctxs[at + 1]
+        nxt = first_fit(b)
+        if best is not None and (nxt is None or nxt >= best):
+            reasons.append(f"context kept at {a}: halving it to {b} would not move more of the model to the GPU")
+            break
+        if best is None or nxt is None:
+            reasons.append(f"context {a} -> {b}: nothing fits at {a}, not even -ngl 0")
+        else:
+            saved = cost(rungs[nxt], a).total - cost(rungs[nxt], b).total
+            reasons.append(f"context {a} -> {b}: {name(nxt)} fits instead of {name(best)}; the shorter context "
+                           f"needs {_mib(saved)} less KV cache and compute buffer")
+        at, best = at + 1, nxt
+    else:
+        if best not in (0, None):
+            reasons.append(f"context not shrunk below {ctxs[at]} (--min-ctx {min_ctx})")
+    if best is None:
+        need = cost(rungs[-1], ctxs[at])
+        raise UsageError(f"{model.path.name} cannot run with {_mib(free_vram)} of free VRAM, even with every layer on the CPU",
+                         why=f"at -ngl 0 and context {ctxs[at]} llama.cpp still needs a {_mib(need.compute)} compute buffer "
+                             f"on the GPU, plus {_mib(need.headroom)} of headroom ({headroom}): {_mib(need.total)} in all",
+                         fix="free GPU memory, lower --min-ctx or --headroom, or run the CPU bundle")
+    ngl, ncmoe = rungs[best]
+    chosen = cost(rungs[best], ctxs[at])
+    n = model.n_layer
+    if best == 0:
+        reasons.insert(0, f"everything fits: {n} blocks and the output layer on the GPU at context {ctxs[at]}")
+    else:
+        over = cost(rungs[best - 1], ctxs[at]).total - free_vram
+        reasons.insert(0, f"{name(best)}: one step more ({name(best - 1)}) would need {_mib(over)} more than the free VRAM")
+    if model.is_moe and ncmoe and ngl == n + 1:
+        reasons.append(f"--n-cpu-moe {ncmoe}: the expert tensors of block{'s 0-' if ncmoe > 1 else ' '}{ncmoe - 1} "
+                       f"({_mib(sum(model.expert_bytes[:ncmoe]))}) stay in system RAM")
+    if ngl == 0:
+        reasons.append("-ngl 0: no layer fits on the GPU; llama.cpp computes on the CPU (probe reason cuda_gpu_layers_zero)")
+    return Plan(model=model, free_vram=free_vram, ngl=ngl, n_cpu_moe=ncmoe, ctx=ctxs[at], ctx_requested=ctx,
+                n_parallel=n_parallel, kv_type=kv_type, flash_attn=flash_attn, headroom=headroom, estimate=chosen,
+                reasons=tuple(reasons))
+
+
+_BUFFER_RE = re.compile(r"(\w+):\s+(\S+)\s+(model|KV|RS|compute|output) buffer size =\s*([\d.]+) MiB")
+_OFFLOADED_RE = re.compile(r"offloaded (\d+)/(\d+) layers to GPU")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReportedBuffers:
+    """Buffer sizes llama.cpp logged for one model load, in bytes per kind ('model', 'kv', 'rs', 'compute',
+    'output') and buffer name ('CUDA0', 'CUDA_Host', 'CPU_Mapped', ...)."""
+
+    sizes: Mapping[str, Mapping[str, int]]
+    offloaded: tuple[int, int] | None
+
+    def gpu(self, kind: str) -> int:
+        """Bytes of `kind` in device memory (CUDA0, Vulkan1, ...; not CPU, AMX or CUDA_Host buffers)."""
+        gpu = re.compile(_constants()["gpu_buffer_regex"])
+        return sum(v for dev, v in self.sizes.get(kind, {}).items() if gpu.match(dev))
+
+
+def parse_buffer_log(text: str) -> ReportedBuffers:
+    """The buffer sizes in a llama.cpp log (`load_tensors:  CUDA0 model buffer size = 4168.09 MiB`,
+    `llama_kv_cache[_unified]: CUDA0 KV buffer size = ...`, `llama_context: CUDA0 compute buffer size = ...`).
+    Lines of one kind and buffer add up (an iSWA cache logs two KV buffers); a model buffer after a
+    KV or compute line starts a new load, and the last load is returned."""
+    sizes: dict[str, dict[str, int]] = {}
+    offloaded: tuple[int, int] | None = None
+    for line in text.splitlines():
+        if m := _OFFLOADED_RE.search(line):
+            offloaded = (int(m[1]), int(m[2]))
+        if (m := _BUFFER_RE.search(line)) is None:
+            continue
+        kind = m[3].lower()
+        if kind == "model" and any(kk != "model" for kk in sizes):
+            sizes = {}
+        per = sizes.setdefault(kind, {})
+        per[m[2]] = per.get(m[2], 0) + round(float(m[4]) * MiB)
+    return ReportedBuffers(sizes=sizes, offloaded=offloaded)

@@ -1,0 +1,72 @@
+"""The consumer side (DESIGN §1, §5, §8): install a bundle on demand, probe which backend will run and why.
+
+Reason codes are stable strings; their human sentences and fixes live in data/reasons.json."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Mapping
+from enum import StrEnum
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from ..data import _load
+
+
+class Backend(StrEnum):
+    CUDA = "cuda"
+    CPU = "cpu"
+
+
+class Reason(StrEnum):
+    OK = "ok"
+    BINARY_MISSING_NVIDIA_DETECTED = "binary_missing_nvidia_detected"  # the only one that triggers an install
+    GPU_MISSING = "gpu_missing"
+    DRIVER_TOO_OLD = "driver_too_old"
+    CUDA_UNAVAILABLE = "cuda_unavailable"
+    CUDA_STARTUP_FAILED = "cuda_startup_failed"
+    CUDA_GPU_LAYERS_ZERO = "cuda_gpu_layers_zero"
+    CUDA_BUNDLE_INSTALL_FAILED = "cuda_bundle_install_failed"
+    BUNDLE_INVALID = "bundle_invalid"
+
+
+@cache
+def reasons() -> dict[str, Any]:
+    table: dict[str, Any] = _load("reasons.json")["reasons"]
+    assert set(table) == {r.value for r in Reason}, f"reasons.json and Reason differ: {set(table) ^ {r.value for r in Reason}}"
+    for name, info in table.items():
+        assert info["backend"] in {b.value for b in Backend} and info["sentence"] and info["fix"], name
+        assert (info["backend"] == "cuda") == (name == "ok"), name
+    return table
+
+
+class _Facts(dict[str, Any]):
+    def __missing__(self, key: str) -> str:
+        return "?"
+
+
+def explain(reason: Reason, facts: Mapping[str, Any]) -> tuple[str, str]:
+    """The reason's human sentence and what to do, filled in from the facts ('?' where one is unknown)."""
+    info = reasons()[reason.value]
+    values = _Facts({k: v for k, v in facts.items() if isinstance(v, (str, int, float))})
+    return info["sentence"].format_map(values), info["fix"].format_map(values)
+
+
+def backend_for(reason: Reason) -> Backend:
+    return Backend(reasons()[reason.value]["backend"])
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Replace path's content in one step: a reader (or a SIGKILL) sees the old file or the new one, never half."""
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

@@ -1,0 +1,231 @@
+"""Install a bundle from a store (DESIGN §5): download, extract safely, check everything, swap in atomically.
+
+Layout under the data root: `bundles/<name>/current` (a small JSON pointer, replaced in one rename)
+names a version directory `bundles/<name>/<key12>-<rand>/` holding the unpacked bundle. A new version
+is downloaded and extracted into `bundles/<name>/.stage-*/`, checked there, renamed beside the old one,
+and only then does the pointer move to it; the old version is removed after that. A SIGKILL at any
+instant leaves the pointer on a complete, checked install; the next install of that name cleans up the
+leftovers under the same per-name file lock."""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import os
+import re
+import secrets
+import shutil
+import tempfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock, Timeout
+
+from ..archive import extract_zip
+from ..bundle import check_contents, read_manifest
+from ..errors import StoreError, UsageError, VerifyError
+from ..log import Log
+from ..recipe import canonical_json
+from ..store.base import Entry, Store
+from ..verify import host_platform_name
+from . import Reason, write_atomic
+
+BUNDLES = "bundles"
+POINTER = "current"
+LOCK_TIMEOUT = 600
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,99}")
+Hook = Callable[[str], None]  # called at "downloaded", "extracted", "verified", "swapping", "swapped"
+
+
+class BundleInvalid(VerifyError):
+    """A bundle that fails a check of DESIGN §5: refused, never installed (reason bundle_invalid, exit 5)."""
+
+    reason = Reason.BUNDLE_INVALID
+
+
+def data_root(env: Mapping[str, str], dest: Path | None = None) -> Path:
+    """Where bundles are installed: --dest, else $LLAMABUNDLE_DATA_DIR, else the user data directory."""
+    if dest is not None:
+        return dest.expanduser().resolve()
+    import platformdirs
+
+    return Path(env.get("LLAMABUNDLE_DATA_DIR") or platformdirs.user_data_dir("llamabundle", appauthor=False)).expanduser().resolve()
+
+
+@dataclass(frozen=True, kw_only=True)
+class Installed:
+    name: str
+    key: str
+    path: Path
+    installed_at: str
+    manifest: dict[str, Any]
+
+    @property
+    def backends(self) -> list[str]:
+        return list(self.manifest.get("backends") or [])
+
+    @property
+    def cuda(self) -> dict[str, Any]:
+        return dict(self.manifest.get("cuda") or {})
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "key": self.key, "path": str(self.path), "installed_at": self.installed_at,
+                "platform": self.manifest.get("platform"), "commit": self.manifest.get("llama_cpp", {}).get("commit"),
+                "backends": self.backends, "toolkit": self.cuda.get("toolkit"), "driver_floor": self.cuda.get("driver_floor")}
+
+
+@dataclass(frozen=True, kw_only=True)
+class InstallOutcome:
+    installed: Installed
+    reused: bool  # the same key was already installed and intact
+    replaced: str | None  # the key of the install this one replaced
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema": 1, **self.installed.to_json(), "reused": self.reused, "replaced": self.replaced}
+
+
+def check_bundle(path: Path, *, key: str, platform: str, commit: str | None = None,
+                 toolkit: str | None = None) -> dict[str, Any]:
+    """Trust nothing unchecked (DESIGN §5): format known, platform, key (and the key of its inputs), commit,
+    toolkit, every file's sha256, no file outside the list. Returns the manifest; raises BundleInvalid."""
+    try:
+        m = read_manifest(path)
+        check_contents(path, m)
+    except VerifyError as e:
+        raise _invalid(key, e.what, e.why) from None
+    inputs = m.get("inputs")
+    cuda = m.get("cuda") or {}
+    for ok, what in [
+        (m["key"] == key, f"its bundle.json names key {str(m['key'])[:12]}, not {key[:12]}"),
+        (inputs is None or hashlib.sha256(canonical_json(inputs).encode()).hexdigest() == m["key"],
+         "its key is not the sha256 of the inputs its bundle.json records"),
+        (m["platform"] == platform, f"it is built for {m['platform']}, this machine is {platform}"),
+        (commit is None or m["llama_cpp"].get("commit") == commit,
+         f"it holds llama.cpp {m['llama_cpp'].get('commit')}, expected {commit}"),
+        (toolkit is None or cuda.get("toolkit") == toolkit, f"it was built with CUDA {cuda.get('toolkit')}, expected {toolkit}"),
+    ]:
+        if not ok:
+            raise _invalid(key, what)
+    return m
+
+
+def _invalid(key: str, what: str, why: str = "") -> BundleInvalid:
+    return BundleInvalid(f"bundle {key[:12]} refused (bundle_invalid): {what}", why=why or "the bundle is not what was asked for",
+                         fix="do not use it; fetch it again from a trusted store, or rebuild and publish it")
+
+
+def list_installed(root: Path) -> list[Installed]:
+    base = root / BUNDLES
+    slots = sorted(p for p in base.iterdir() if p.is_dir() and not p.name.startswith(".")) if base.is_dir() else []
+    return [i for i in map(_current, slots) if i is not None]
+
+
+def _current(slot: Path) -> Installed | None:
+    """The install the slot's pointer names, or None (no pointer, or what it names is gone)."""
+    try:
+        ptr = json.loads((slot / POINTER).read_text(encoding="utf-8"))
+        version = ptr["dir"]
+        if not isinstance(version, str) or not _NAME.fullmatch(version):
+            return None
+        manifest = read_manifest(slot / version)
+    except (OSError, ValueError, KeyError, TypeError, VerifyError):
+        return None
+    return Installed(name=slot.name, key=manifest["key"], path=slot / version, installed_at=str(ptr.get("installed_at", "")),
+                     manifest=manifest)
+
+
+def install_bundle(store: Store, key: str, *, root: Path, log: Log, commit: str | None = None, toolkit: str | None = None,
+                   platform: str | None = None, hook: Hook | None = None) -> InstallOutcome:
+    """Install the store's bundle `key` under root, replacing the install of the same name only once the new
+    one is checked. `hook` is called at the named points (tests kill the process there)."""
+    entry = store.lookup(key)
+    if entry is None:
+        raise UsageError(f"no bundle with key {key[:12]} in {store.url}", fix="build and publish it first: llamabundle build RECIPE")
+    name = entry.manifest.get("name")
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise _invalid(key, f"the store names it {name!r}, which is not a usable bundle name")
+    locks = root / BUNDLES / ".locks"
+    try:
+        locks.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(locks / f"{name}.lock"), timeout=LOCK_TIMEOUT):
+            return _install_locked(store, entry, root / BUNDLES / name, log=log, platform=platform or host_platform_name(),
+                                   commit=commit, toolkit=toolkit, hook=hook or (lambda _point: None))
+    except Timeout:
+        raise StoreError(f"another process is installing {name} in {root}", why=f"waited {LOCK_TIMEOUT}s for its lock",
+                         fix="wait for it to finish, then retry") from None
+    except OSError as e:
+        raise StoreError(f"cannot install into {root}", why=str(e), fix="check the path, its permissions and free space") from None
+
+
+def _install_locked(store: Store, entry: Entry, slot: Path, *, log: Log, platform: str, commit: str | None,
+                    toolkit: str | None, hook: Hook) -> InstallOutcome:
+    key = entry.key
+    slot.mkdir(parents=True, exist_ok=True)
+    old = _current(slot)
+    for leftover in slot.iterdir():  # a killed install's stage, version or pointer temp file
+        if leftover.name == POINTER or (old is not None and leftover == old.path):
+            continue
+        if leftover.is_dir() and not leftover.is_symlink():
+            shutil.rmtree(leftover)
+        else:
+            leftover.unlink()
+    if old is not None and old.key == key:
+        try:
+            check_bundle(old.path, key=key, platform=platform, commit=commit, toolkit=toolkit)
+            return InstallOutcome(installed=old, reused=True, replaced=None)
+        except BundleInvalid as e:
+            log.warn(f"the installed {slot.name} ({key[:12]}) fails its check ({e.what}); installing it again")
+    version = f"{key[:12]}-{secrets.token_hex(4)}"
+    stage = Path(tempfile.mkdtemp(dir=slot, prefix=".stage-"))
+    swapped = False
+    try:
+        with log.step(f"download {entry.zip_name} ({entry.zip_size / 1e6:.1f} MB) from {store.url}"):
+            zip_path = store.fetch(entry, stage / "download")
+        hook("downloaded")
+        with log.step(f"extract and check {slot.name} ({key[:12]})"):
+            try:
+                extract_zip(zip_path, stage / version)
+            except VerifyError as e:
+                raise _invalid(key, e.what, e.why) from None
+            hook("extracted")
+            check_bundle(stage / version, key=key, platform=platform, commit=commit, toolkit=toolkit)
+        hook("verified")
+        os.replace(stage / version, slot / version)
+        hook("swapping")
+        now = dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+        write_atomic(slot / POINTER, json.dumps({"dir": version, "key": key, "installed_at": now}, sort_keys=True) + "\n")
+        swapped = True
+        hook("swapped")
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+        if not swapped:
+            shutil.rmtree(slot / version, ignore_errors=True)
+    if old is not None and old.path.name != version:
+        shutil.rmtree(old.path, ignore_errors=True)
+    new = _current(slot)
+    assert new is not None and new.key == key
+    log.info(f"installed {slot.name} ({key[:12]}) in {new.path}")
+    return InstallOutcome(installed=new, reused=False, replaced=old.key if old is not None else None)
+
+
+def uninstall(root: Path, what: str) -> Installed:
+    """Remove the install whose key (or unique key prefix of 6+ digits, or name) is `what`."""
+    found = [i for i in list_installed(root) if i.key == what or i.name == what or (len(what) >= 6 and i.key.startswith(what))]
+    if len(found) != 1:
+        have = ", ".join(f"{i.name} ({i.key[:12]})" for i in list_installed(root)) or "none"
+        raise UsageError(f"{'no' if not found else 'more than one'} installed bundle matches '{what}'",
+                         why=f"installed in {root}: {have}", fix="pass a full key or a bundle name (llamabundle list)")
+    inst = found[0]
+    slot = root / BUNDLES / inst.name
+    try:
+        with FileLock(str(root / BUNDLES / ".locks" / f"{inst.name}.lock"), timeout=LOCK_TIMEOUT):
+            (slot / POINTER).unlink(missing_ok=True)  # first: from here on nothing points at a half-removed tree
+            shutil.rmtree(slot)
+    except Timeout:
+        raise StoreError(f"another process is installing {inst.name} in {root}", fix="wait for it to finish, then retry") from None
+    except OSError as e:
+        raise StoreError(f"cannot remove {slot}", why=str(e), fix="check its permissions") from None
+    return inst

@@ -1,0 +1,313 @@
+"""PE import closure (DESIGN §7 static, Windows) on real PE files compiled with mingw-w64: imports and
+delay-imports, each class (missing, bundled, system, driver, runtimes), the x64 check, companions, and
+`verify --level static` of a Windows bundle that lost a DLL."""
+
+from __future__ import annotations
+
+import shutil
+import struct
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import pefile
+import pytest
+
+from llamabundle import bundle
+from llamabundle.deps import pe
+from llamabundle.deps.pe import DllClass, read_pe, resolve_closure
+from llamabundle.errors import VerifyError
+from llamabundle.verify import Level, check_static, verify_bundle
+
+CC = "x86_64-w64-mingw32-gcc-posix"
+DLLTOOL = "x86_64-w64-mingw32-dlltool"
+NM = "x86_64-w64-mingw32-nm"
+pytestmark = pytest.mark.skipif(not all(shutil.which(t) for t in (CC, DLLTOOL, NM)),
+                                reason=f"{CC}, {DLLTOOL} and {NM} (mingw-w64) are needed to build real PE files")
+
+SOURCES = {
+    "cudart.c": "__declspec(dllexport) int cudaGetDeviceCount(int *n) { *n = 0; return 0; }\n",
+    "app.c": "int cudaGetDeviceCount(int *n);\nint cuInit(unsigned flags);\n"
+             "int main(void) { int n; cudaGetDeviceCount(&n); return cuInit(0) + n; }\n",
+    "lazy.c": "int lazy_fn(void);\nint main(int argc, char **argv) { (void)argv; return argc > 5 ? lazy_fn() : 0; }\n",
+    "omp.c": "#include <omp.h>\n__declspec(dllexport) int threads(void) { int n = 0;\n#pragma omp parallel\n"
+             "{ n = omp_get_num_threads(); }\nreturn n; }\n",
+    "nvrtc.c": "__declspec(dllexport) int nvrtcVersion(int *a, int *b) { *a = 12; *b = 8; return 0; }\n",
+    "kernels.c": "int nvrtcVersion(int *a, int *b);\n__declspec(dllexport) int jit(void) { int a, b; return nvrtcVersion(&a, &b); }\n",
+    "msvcapp.c": "int __std_x(void);\nint __vc_x(void);\nint omp_get_max_threads(void);\n"
+                 "int main(void) { return __std_x() + __vc_x() + omp_get_max_threads(); }\n",
+}
+MINGW_OMP = ("libgomp-1.dll", "libgcc_s_seh-1.dll", "libwinpthread-1.dll")  # -fopenmp's runtime closure
+DEFS = {  # import libraries for DLLs that need not exist: the linker records the import all the same
+    "nvcuda": ("nvcuda.dll", ["cuInit"]),
+    "msvcp140": ("msvcp140.dll", ["__std_x"]),
+    "vcruntime140": ("vcruntime140.dll", ["__vc_x"]),
+    "vcomp140": ("vcomp140.dll", ["omp_get_max_threads"]),
+}
+
+
+@dataclass(frozen=True)
+class Built:
+    out: Path  # every product, side by side
+    mingw: tuple[Path, ...]  # where the mingw runtime DLLs live (sysroot)
+
+    def __truediv__(self, name: str) -> Path:
+        return self.out / name
+
+
+def _run(*argv: str | Path, cwd: Path) -> None:
+    subprocess.run([str(a) for a in argv], cwd=cwd, check=True, capture_output=True)
+
+
+def _set_delay_directory(exe: Path, *, image_base: int) -> None:
+    """Point the Delay Import data directory at the descriptor the delay library linked in. Newer binutils
+    fill it in themselves (MSVC's link always does); Debian's ld 2.40 leaves it empty."""
+    symbols = subprocess.run([NM, str(exe)], check=True, capture_output=True, text=True).stdout
+    addr = next(int(line.split()[0], 16) for line in symbols.splitlines() if "__DELAY_IMPORT_DESCRIPTOR_" in line)
+    with pefile.PE(str(exe), fast_load=True) as p:
+        offset = p.OPTIONAL_HEADER.DATA_DIRECTORY[13].get_file_offset()
+    raw = bytearray(exe.read_bytes())
+    raw[offset:offset + 8] = struct.pack("<II", addr - image_base, 32)
+    exe.write_bytes(bytes(raw))
+
+
+def as_i386(src: Path, dest: Path) -> Path:
+    """A copy with the COFF Machine field set to I386 (0x14c)."""
+    raw = bytearray(src.read_bytes())
+    at = struct.unpack_from("<I", raw, 0x3C)[0] + 4
+    raw[at:at + 2] = struct.pack("<H", 0x14C)
+    dest.write_bytes(bytes(raw))
+    return dest
+
+
+@pytest.fixture(scope="session")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
+    root = tmp_path_factory.mktemp("pe")
+    src, out = root / "src", root / "out"
+    src.mkdir()
+    out.mkdir()
+    for name, text in SOURCES.items():
+        (src / name).write_text(text)
+    for lib, (dll, exports) in DEFS.items():
+        (src / f"{lib}.def").write_text(f"LIBRARY {dll}\nEXPORTS\n" + "".join(f"{e}\n" for e in exports))
+        _run(DLLTOOL, "-d", f"{lib}.def", "-l", f"lib{lib}.a", cwd=src)
+    (src / "lazy.def").write_text("LIBRARY lazy.dll\nEXPORTS\nlazy_fn\n")
+    _run(DLLTOOL, "-d", "lazy.def", "-y", "liblazy_delay.a", cwd=src)
+    _run(CC, "-shared", "-o", out / "cudart64_12.dll", "cudart.c", f"-Wl,--out-implib,{src / 'libcudart.a'}", cwd=src)
+    _run(CC, "-o", out / "app.exe", "app.c", "-L.", "-lcudart", "-lnvcuda", cwd=src)
+    _run(CC, "-o", out / "lazy.exe", "lazy.c", "-L.", "-llazy_delay", cwd=src)
+    with pefile.PE(str(out / "lazy.exe"), fast_load=True) as p:
+        base = p.OPTIONAL_HEADER.ImageBase
+    _set_delay_directory(out / "lazy.exe", image_base=base)
+    _run(CC, "-shared", "-fopenmp", "-o", out / "ggml-cpu-haswell.dll", "omp.c", cwd=src)
+    _run(CC, "-shared", "-o", out / "nvrtc64_120_0.dll", "nvrtc.c", f"-Wl,--out-implib,{src / 'libnvrtc.a'}", cwd=src)
+    _run(CC, "-shared", "-o", out / "kernels.dll", "kernels.c", "-L.", "-lnvrtc", cwd=src)
+    shutil.copy(out / "cudart64_12.dll", out / "nvrtc-builtins64_128.dll")
+    _run(CC, "-o", out / "msvcapp.exe", "msvcapp.c", "-L.", "-lmsvcp140", "-lvcruntime140", "-lvcomp140", cwd=src)
+    mingw = tuple(dict.fromkeys(Path(subprocess.run([CC, f"-print-file-name={n}"], check=True, capture_output=True,
+                                                    text=True).stdout.strip()).resolve().parent
+                                for n in MINGW_OMP))
+    return Built(out=out, mingw=mingw)
+
+
+def make_dir(tmp: Path, built: Built, *names: str) -> Path:
+    d = tmp / "dir"
+    d.mkdir(parents=True, exist_ok=True)
+    for n in names:
+        shutil.copy(built / n, d / n)
+    return d
+
+
+def write_bundle(root: Path) -> dict:
+    """bundle.json for the PE files in root (as a build would write it)."""
+    roles = {p.name: "exe" if p.suffix == ".exe" else "backend" if p.name.startswith("ggml") else "runtime"
+             for p in root.iterdir() if p.name != bundle.MANIFEST}
+    return bundle.write_manifest(root, {"name": "windows-x86_64-test", "key": "a" * 64, "platform": "windows-x86_64",
+                                        "llama_cpp": {"commit": "0c1e57098bba43ac29e6e3b677cdceebdd22334f"},
+                                        "files": bundle.file_entries(root, roles)})
+
+
+# ------------------------------------------------------------------------------------------------ read_pe
+
+
+def test_read_pe_lists_imports_of_a_real_exe(built: Built) -> None:
+    info = read_pe(built / "app.exe")
+    assert info.machine == "AMD64" and not info.dll
+    assert [i.lower() for i in info.imports] == ["cudart64_12.dll", "nvcuda.dll", "kernel32.dll", "msvcrt.dll"]
+    assert info.delay_imports == ()
+    assert read_pe(built / "cudart64_12.dll").dll
+
+
+def test_read_pe_sees_delay_imports(built: Built) -> None:
+    info = read_pe(built / "lazy.exe")
+    assert info.delay_imports == ("lazy.dll",)
+    assert "lazy.dll" not in info.imports
+
+
+def test_a_32_bit_pe_is_refused(built: Built, tmp_path: Path) -> None:
+    x86 = as_i386(built / "cudart64_12.dll", tmp_path / "cudart32.dll")
+    with pytest.raises(VerifyError) as e:
+        read_pe(x86)
+    assert e.value.exit_code == 5
+    assert e.value.what == "cudart32.dll is a I386 PE file, not x64 (AMD64)"
+    assert read_pe(x86, require_x64=False).machine == "I386"
+
+
+def test_non_pe_files_are_told_apart(built: Built, tmp_path: Path) -> None:
+    junk = tmp_path / "junk.dll"
+    junk.write_bytes(b"MZ" + b"\0" * 100)
+    assert pe.is_pe(built / "app.exe") and not pe.is_pe(junk)
+    with pytest.raises(VerifyError, match="junk.dll is not a readable PE file"):
+        read_pe(junk)
+
+
+# ------------------------------------------------------------------------------------------------ classes
+
+
+def test_policy_classifies_names_case_insensitively() -> None:
+    p = pe.pe_policy()
+    cases = {"KERNEL32.dll": DllClass.SYSTEM, "api-ms-win-crt-runtime-l1-1-0.dll": DllClass.SYSTEM,
+             "ext-ms-win-ntuser-window-l1-1-0.dll": DllClass.SYSTEM, "nvcuda.dll": DllClass.DRIVER,
+             "NVML.DLL": DllClass.DRIVER, "VCRUNTIME140_1.dll": DllClass.MSVC_RUNTIME,
+             "msvcp140_atomic_wait.dll": DllClass.MSVC_RUNTIME, "vcomp140.dll": DllClass.OPENMP,
+             "libomp140.x86_64.dll": DllClass.OPENMP, "cublasLt64_12.dll": DllClass.CUDA_RUNTIME,
+             "nvJitLink_120_0.dll": DllClass.CUDA_RUNTIME, "libgomp-1.dll": DllClass.MINGW_RUNTIME,
+             "ggml-base.dll": None}
+    assert {n: p.classify(n) for n in cases} == cases
+
+
+def test_closure_proves_bundled_system_driver_and_missing(built: Built, tmp_path: Path) -> None:
+    d = make_dir(tmp_path, built, "app.exe", "cudart64_12.dll")
+    c = resolve_closure([d / "app.exe"], bundle_dir=d)
+    got = {dep.name: (dep.cls, dep.kind, dep.path) for dep in c.deps}
+    assert got == {"cudart64_12.dll": (DllClass.BUNDLED, DllClass.CUDA_RUNTIME, d / "cudart64_12.dll"),
+                   "KERNEL32.dll": (DllClass.SYSTEM, DllClass.SYSTEM, None),
+                   "msvcrt.dll": (DllClass.SYSTEM, DllClass.SYSTEM, None),
+                   "nvcuda.dll": (DllClass.DRIVER, DllClass.DRIVER, None)}
+    assert c.missing == {}
+    assert c.system_deps == ["KERNEL32.dll", "msvcrt.dll", "nvcuda.dll"]
+    assert [b.path.name for b in c.binaries] == ["app.exe", "cudart64_12.dll"]  # the bundled DLL was read too
+    # Without the DLL it is missing, and the closure names who imports it.
+    (d / "cudart64_12.dll").unlink()
+    c = resolve_closure([d / "app.exe"], bundle_dir=d)
+    assert c.missing == {"cudart64_12.dll": ("app.exe",)}
+    assert c.of_class(DllClass.MISSING)[0].kind is DllClass.CUDA_RUNTIME
+
+
+def test_a_driver_dll_is_never_bundled_even_when_present(built: Built, tmp_path: Path) -> None:
+    d = make_dir(tmp_path, built, "app.exe", "cudart64_12.dll")
+    shutil.copy(built / "cudart64_12.dll", d / "nvcuda.dll")  # someone copied a driver DLL in
+    c = resolve_closure([d / "app.exe"], bundle_dir=d)
+    assert {x.name: x.cls for x in c.deps}["nvcuda.dll"] is DllClass.DRIVER
+
+
+def test_delay_imports_are_part_of_the_closure(built: Built, tmp_path: Path) -> None:
+    d = make_dir(tmp_path, built, "lazy.exe")
+    c = resolve_closure([d / "lazy.exe"], bundle_dir=d)
+    lazy = next(x for x in c.deps if x.name == "lazy.dll")
+    assert lazy.cls is DllClass.MISSING and lazy.delay_only and lazy.imported_by == ("lazy.exe",)
+    assert not next(x for x in c.deps if x.name == "KERNEL32.dll").delay_only
+
+
+def test_mingw_runtime_is_found_in_the_sysroot_transitively(built: Built, tmp_path: Path) -> None:
+    d = make_dir(tmp_path, built, "ggml-cpu-haswell.dll")
+    alone = resolve_closure([d / "ggml-cpu-haswell.dll"], bundle_dir=d)
+    assert alone.missing == {"libgomp-1.dll": ("ggml-cpu-haswell.dll",)}
+    c = resolve_closure([d / "ggml-cpu-haswell.dll"], bundle_dir=d, extra_dirs=built.mingw)
+    deps = {x.name.lower(): x for x in c.deps}
+    assert deps["libgomp-1.dll"].cls is DllClass.MINGW_RUNTIME
+    assert deps["libgomp-1.dll"].path is not None and deps["libgomp-1.dll"].path.parent in built.mingw
+    # libgomp needs libgcc_s_seh and libwinpthread: only walking the found DLL reveals them.
+    assert {n for n, x in deps.items() if x.cls is DllClass.MINGW_RUNTIME} == set(MINGW_OMP)
+    assert "libgomp-1.dll" in deps["libgcc_s_seh-1.dll"].imported_by
+    assert "ggml-cpu-haswell.dll" not in deps["libwinpthread-1.dll"].imported_by
+    assert c.missing == {}
+
+
+def test_extra_dirs_skip_a_32_bit_copy(built: Built, tmp_path: Path) -> None:
+    d = make_dir(tmp_path, built, "app.exe")
+    wrong, right = tmp_path / "x86", tmp_path / "x64"
+    wrong.mkdir()
+    right.mkdir()
+    as_i386(built / "cudart64_12.dll", wrong / "cudart64_12.dll")
+    c = resolve_closure([d / "app.exe"], bundle_dir=d, extra_dirs=[wrong])
+    assert "cudart64_12.dll" in c.missing
+    shutil.copy(built / "cudart64_12.dll", right / "cudart64_12.dll")
+    c = resolve_closure([d / "app.exe"], bundle_dir=d, extra_dirs=[wrong, right])
+    dep = next(x for x in c.deps if x.name == "cudart64_12.dll")
+    assert (dep.cls, dep.path) == (DllClass.CUDA_RUNTIME, right / "cudart64_12.dll")
+
+
+def test_a_32_bit_dll_inside_the_bundle_is_refused(built: Built, tmp_path: Path) -> None:
+    d = make_dir(tmp_path, built, "app.exe")
+    as_i386(built / "cudart64_12.dll", d / "cudart64_12.dll")
+    with pytest.raises(VerifyError, match="cudart64_12.dll is a I386 PE file"):
+        resolve_closure([d / "app.exe"], bundle_dir=d)
+
+
+def test_nvrtc_needs_its_builtins_companion(built: Built, tmp_path: Path) -> None:
+    d = make_dir(tmp_path, built, "kernels.dll", "nvrtc64_120_0.dll")
+    c = resolve_closure([d / "kernels.dll"], bundle_dir=d)
+    assert c.missing == {"nvrtc-builtins64_12?.dll": ("nvrtc64_120_0.dll",)}
+    assert c.companions[0].found is None and c.companions[0].companion.example == "nvrtc-builtins64_128.dll"
+    shutil.copy(built / "nvrtc-builtins64_128.dll", d / "nvrtc-builtins64_128.dll")
+    c = resolve_closure([d / "kernels.dll"], bundle_dir=d)
+    assert c.missing == {}
+    assert c.companions[0].found == d / "nvrtc-builtins64_128.dll"
+    assert c.to_json()["companions"][0]["found"] == str(d / "nvrtc-builtins64_128.dll")
+
+
+def test_to_json_round_trips_the_closure(built: Built, tmp_path: Path) -> None:
+    import json
+
+    d = make_dir(tmp_path, built, "app.exe")
+    js = json.loads(json.dumps(resolve_closure([d / "app.exe"], bundle_dir=d).to_json()))
+    assert js["schema"] == 1 and js["format"] == "pe"
+    assert js["missing"] == {"cudart64_12.dll": ["app.exe"]}
+    assert js["binaries"][0]["imports"][:2] == ["cudart64_12.dll", "nvcuda.dll"]
+    assert {x["name"]: x["class"] for x in js["deps"]}["nvcuda.dll"] == "driver"
+
+
+# ------------------------------------------------------------------------------------------------ verify
+
+
+def test_static_verification_of_a_windows_bundle(built: Built, tmp_path: Path) -> None:
+    d = make_dir(tmp_path, built, "app.exe", "cudart64_12.dll", "ggml-cpu-haswell.dll", "lazy.exe")
+    for n in MINGW_OMP:
+        shutil.copy(next(m / n for m in built.mingw if (m / n).is_file()), d / n)
+    (d / "lazy.dll").write_bytes((built / "cudart64_12.dll").read_bytes())
+    (d / "LICENSE").write_text("MIT\n")
+    write_bundle(d)
+    report = verify_bundle(d, level=Level.STATIC)
+    assert report.levels == {"manifest": "passed", "static": "passed"}
+    assert check_static(d, bundle.read_manifest(d)) == ["KERNEL32.dll", "msvcrt.dll", "nvcuda.dll"]
+    # The same bundle without libgomp-1.dll (bundle.json rewritten, so only the import check can fail).
+    (d / "libgomp-1.dll").unlink()
+    (d / bundle.MANIFEST).unlink()
+    write_bundle(d)
+    with pytest.raises(VerifyError) as e:
+        verify_bundle(d, level=Level.STATIC)
+    assert e.value.exit_code == 5
+    assert e.value.what == "libgomp-1.dll (imported by ggml-cpu-haswell.dll) is not in the bundle"
+
+
+def test_static_verification_names_every_missing_dll_and_importer(built: Built, tmp_path: Path) -> None:
+    d = make_dir(tmp_path, built, "app.exe", "lazy.exe")
+    with pytest.raises(VerifyError) as e:
+        check_static(d, write_bundle(d))
+    assert e.value.what == ("cudart64_12.dll (imported by app.exe) is not in the bundle; "
+                            "lazy.dll (imported by lazy.exe) is not in the bundle")
+
+
+def test_static_verification_refuses_32_bit_and_elf_binaries(built: Built, tmp_path: Path) -> None:
+    d = make_dir(tmp_path, built, "app.exe", "cudart64_12.dll")
+    as_i386(built / "cudart64_12.dll", d / "cudart64_12.dll")
+    with pytest.raises(VerifyError, match="not x64"):
+        check_static(d, write_bundle(d))
+    (d / bundle.MANIFEST).unlink()
+    shutil.copy(built / "cudart64_12.dll", d / "cudart64_12.dll")
+    elf_file = Path("/bin/true").resolve()
+    shutil.copy(elf_file, d / "llama-server")
+    with pytest.raises(VerifyError) as e:
+        check_static(d, write_bundle(d))
+    assert e.value.what == "llama-server is an ELF binary in a windows-x86_64 bundle"
