@@ -85,9 +85,12 @@ def plan_build(recipe: Recipe, *, source_dir: Path, build_dir: Path, tools: Buil
         "CMAKE_C_COMPILER": cc,
         "CMAKE_CXX_COMPILER": cxx,
         "LLAMA_BUILD_COMMIT": recipe.llama_cpp.commit[:8],
+        "LLAMA_BUILD_NUMBER": str(data.llama_builds().get(recipe.llama_cpp.commit, 0)),
+        "CMAKE_BUILD_RPATH_USE_ORIGIN": "ON",
         **recipe.cmake_options,
         "GGML_CUDA": "ON" if "cuda" in recipe.backends else "OFF",
     }
+    defs.update(_prefix_map_flags(recipe, defs, source_dir=source_dir, build_dir=build_dir))
     if recipe.cuda is not None:
         defs["CMAKE_CUDA_ARCHITECTURES"] = ";".join(recipe.cuda.archs)
         if data.cuda_toolkits()[recipe.cuda.toolkit].get("compression") and "GGML_CUDA_COMPRESSION_MODE" not in defs:
@@ -112,6 +115,21 @@ def plan_build(recipe: Recipe, *, source_dir: Path, build_dir: Path, tools: Buil
         backends=tuple(library_file(recipe, t) for t in backends),
         output_dir=build_dir / "bin",
     )
+
+
+def _prefix_map_flags(recipe: Recipe, defs: dict[str, str], *, source_dir: Path, build_dir: Path) -> dict[str, str]:
+    """Where the source and the build tree lie must not show in the binaries (__FILE__, debug info): map
+    them to fixed names, so that two builds in different places give the same bytes (gcc, clang, and
+    nvcc's host compiler; MSVC has no such switch and its builds are not claimed reproducible)."""
+    if recipe.toolchain.compiler == "msvc":
+        return {}
+    maps = f"-ffile-prefix-map={source_dir}=/llama.cpp -ffile-prefix-map={build_dir}=/build"
+    out = {f"CMAKE_{lang}_FLAGS": f"{defs[f'CMAKE_{lang}_FLAGS']} {maps}".strip() if f"CMAKE_{lang}_FLAGS" in defs
+           else maps for lang in ("C", "CXX")}
+    if recipe.cuda is not None:
+        cuda = " ".join(f"-Xcompiler={m}" for m in maps.split())
+        out["CMAKE_CUDA_FLAGS"] = f"{defs.get('CMAKE_CUDA_FLAGS', '')} {cuda}".strip()
+    return out
 
 
 # ------------------------------------------------------------------------------------- tools

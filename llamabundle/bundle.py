@@ -169,3 +169,34 @@ def check_unpacked(root: Path, *, hashes: dict[str, str] | None) -> tuple[dict[s
     """The manifest of a freshly unpacked bundle, and its contents checked against it."""
     manifest = read_manifest(root)
     return manifest, check_contents(root, manifest, hashes=hashes)
+
+
+def diff_zips(a: Path, b: Path) -> list[str]:
+    """Members that differ between two bundle zips: missing on one side, or the first differing byte offset."""
+    out: list[str] = []
+    with zipfile.ZipFile(a) as za, zipfile.ZipFile(b) as zb:
+        ia, ib = {i.filename: i for i in za.infolist()}, {i.filename: i for i in zb.infolist()}
+        for name in sorted(ia.keys() | ib.keys()):
+            if name not in ib or name not in ia:
+                out.append(f"{name}: only in the {'first' if name in ia else 'second'} build")
+                continue
+            if (ia[name].CRC, ia[name].file_size) == (ib[name].CRC, ib[name].file_size):
+                if (ia[name].date_time, ia[name].external_attr) != (ib[name].date_time, ib[name].external_attr):
+                    out.append(f"{name}: same bytes, other timestamp or mode")
+                continue
+            offset = _first_difference(za, zb, name)
+            out.append(f"{name}: differs from byte {offset} (sizes {ia[name].file_size} and {ib[name].file_size})")
+    return out
+
+
+def _first_difference(za: zipfile.ZipFile, zb: zipfile.ZipFile, name: str) -> int:
+    offset = 0
+    with za.open(name) as fa, zb.open(name) as fb:
+        while True:
+            ca, cb = fa.read(1 << 20), fb.read(1 << 20)
+            if ca != cb:
+                n = min(len(ca), len(cb))
+                return offset + next((i for i in range(n) if ca[i] != cb[i]), n)
+            if not ca:
+                return offset
+            offset += len(ca)

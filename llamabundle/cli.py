@@ -181,10 +181,13 @@ def check(c: Ctx, recipe_path: Path, store_url: str | None, as_json: bool) -> No
 @click.option("--clean", is_flag=True, help="Remove the cached build directory first.")
 @click.option("--toolkit-source", type=click.Choice(["redist", "pypi", "installer", "system"]),
               help="Where the CUDA toolkit comes from, overriding cuda.source (not part of the key).")
+@click.option("--check-reproducible", is_flag=True,
+              help="Build, then build again from the source copied elsewhere in a new build directory; "
+                   "exit 5 naming the files (and first offsets) that differ unless both zips are identical.")
 @JSON_OPT
 @pass_ctx
 def build(c: Ctx, recipe_path: Path, store_url: str | None, force: bool, publish: bool | None, out: Path | None,
-          jobs: int | None, clean: bool, toolkit_source: str | None, as_json: bool) -> None:
+          jobs: int | None, clean: bool, toolkit_source: str | None, check_reproducible: bool, as_json: bool) -> None:
     """Build the recipe's bundle, or fetch and verify it when the store already has it."""
     r = load_recipe(recipe_path)
     store = c.store(store_url, r)
@@ -194,7 +197,7 @@ def build(c: Ctx, recipe_path: Path, store_url: str | None, force: bool, publish
         publish = isinstance(store, LocalStore)
     outcome = pipeline.build(r, settings=c.settings, store=store, log=c.log, env=c.env, force=force,
                              publish=publish, out=out, jobs=jobs, clean=clean,
-                             toolkit_source=toolkit_source)
+                             toolkit_source=toolkit_source, check_reproducible=check_reproducible)
     c.actions_report(key=outcome.key, hit=outcome.cache_hit, location=outcome.published or str(outcome.zip_path),
                      zip_path=outcome.zip_path)
     if as_json:
@@ -202,6 +205,8 @@ def build(c: Ctx, recipe_path: Path, store_url: str | None, force: bool, publish
         return
     what = "cache hit, verified" if outcome.cache_hit else "built and verified"
     click.echo(f"{what}: {outcome.zip_path}")
+    if outcome.reproducible:
+        click.echo(f"reproducible: a second build elsewhere gave the same zip (sha256 {outcome.reproducible['sha256']})")
     if outcome.published and not outcome.cache_hit:
         click.echo(f"stored: {outcome.published}")
 

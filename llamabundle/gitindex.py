@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import struct
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -129,3 +130,23 @@ def check_tree(root: Path, entries: list[IndexEntry], *, ignore: tuple[str, ...]
                 extra.append(rel)
     return TreeCheck(checked=len(entries), missing=tuple(sorted(missing)), modified=tuple(sorted(modified)),
                      extra=tuple(sorted(extra)))
+
+
+def loose_commit_time(gitdir: Path, commit: str) -> int | None:
+    """The committer time of `commit` from its loose object in `gitdir` (a shallow clone keeps it loose),
+    after checking that the object really hashes to `commit`. None when it is not there as a loose object."""
+    path = gitdir / "objects" / commit[:2] / commit[2:]
+    try:
+        raw = zlib.decompress(path.read_bytes())
+    except (OSError, zlib.error):
+        return None
+    if hashlib.sha1(raw).hexdigest() != commit or not raw.startswith(b"commit "):
+        return None
+    body = raw.split(b"\0", 1)[1]
+    for line in body.split(b"\n"):
+        if not line:
+            break  # end of the headers
+        if line.startswith(b"committer "):
+            parts = line.rsplit(b" ", 2)
+            return int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else None
+    return None

@@ -12,7 +12,7 @@ from importlib import resources
 import shutil
 import tempfile
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -48,11 +48,13 @@ class BuildOutcome:
     out_dir: Path | None = None
     bundled_libs: dict[str, str] = field(default_factory=dict)
     compiled: int = 0
+    reproducible: dict[str, Any] | None = None  # with --check-reproducible: the zip sha256 both builds gave
 
     def to_json(self) -> dict[str, Any]:
         return {"schema": 1, "key": self.key, "cache_hit": self.cache_hit, "zip": str(self.zip_path),
                 "published": self.published, "out": str(self.out_dir) if self.out_dir else None,
-                "verify": self.verify.to_json(), "bundled_libs": self.bundled_libs, "compiled": self.compiled}
+                "verify": self.verify.to_json(), "bundled_libs": self.bundled_libs, "compiled": self.compiled,
+                "reproducible": self.reproducible}
 
 
 def build_dir_for(recipe: Recipe, settings: Settings, tools: BuildTools, cuda_root: Path | None = None) -> Path:
@@ -81,8 +83,12 @@ def verify_level_for(platform: str) -> Level:
 
 def build(recipe: Recipe, *, settings: Settings, store: Store, log: Log, env: Mapping[str, str], force: bool = False,
           publish: bool = True, out: Path | None = None, jobs: int | None = None, clean: bool = False,
-          toolkit_source: str | None = None) -> BuildOutcome:
+          toolkit_source: str | None = None, check_reproducible: bool = False) -> BuildOutcome:
+    """Fetch the recipe's bundle from the store, or build it. `check_reproducible` builds it (again, even on a
+    hit), then a second time from a copy of the source at another path in a fresh build directory, and
+    fails (exit 5) naming the files that differ and where, unless both zips are byte-identical."""
     key = recipe.key()
+    force = force or check_reproducible
     if out is not None and out.exists() and any(out.iterdir()):
         raise UsageError(f"--out {out} exists and is not empty", fix="pass a new or empty directory")
     if not force:
@@ -109,14 +115,15 @@ def build(recipe: Recipe, *, settings: Settings, store: Store, log: Log, env: Ma
                 log.info(f"cache hit: {key[:12]} in {store.url} (stored while we waited)")
                 return _from_store(entry, store=store, settings=settings, log=log, out=out)
         return _build_locked(recipe, key=key, settings=settings, store=store, log=log, env=env, publish=publish,
-                             out=out, jobs=jobs, clean=clean, toolkit_source=toolkit_source)
+                             out=out, jobs=jobs, clean=clean, toolkit_source=toolkit_source,
+                             check_reproducible=check_reproducible)
     finally:
         lock.release()
 
 
 def _build_locked(recipe: Recipe, *, key: str, settings: Settings, store: Store, log: Log, env: Mapping[str, str],
                   publish: bool, out: Path | None, jobs: int | None, clean: bool,
-                  toolkit_source: str | None) -> BuildOutcome:
+                  toolkit_source: str | None, check_reproducible: bool = False) -> BuildOutcome:
     with log.step(f"source llama.cpp {recipe.llama_cpp.commit[:12]}"):
         src = source_mod.fetch_source(recipe, settings, log)
     tools = resolve_tools(path=env.get("PATH"))
@@ -128,42 +135,24 @@ def _build_locked(recipe: Recipe, *, key: str, settings: Settings, store: Store,
             checked = check_toolkit(toolkit, recipe, env=env)
             log.info(f"    nvcc {checked['nvcc']} at {toolkit.nvcc}; host compiler {checked['host']}")
     cuda_root = toolkit.root if toolkit else None
+    sde = settings.source_date_epoch if settings.source_date_epoch is not None else src.commit_time
+    if sde is None:
+        log.warn("the commit's date is unknown (this source does not prove it): built_at and the zip's timestamps "
+                 "come from the clock, so the bundle is not reproducible; set SOURCE_DATE_EPOCH to fix them")
+    build_env = {**env, "SOURCE_DATE_EPOCH": str(sde)} if sde is not None else env
     plan = plan_build(recipe, source_dir=src.path, build_dir=build_dir_for(recipe, settings, tools, cuda_root), tools=tools,
                       jobs=jobs, cuda_root=cuda_root)
-    result = run_build(plan, log=log, env=env, clean=clean)
-    work = settings.cache_dir / "tmp"
-    work.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=work, prefix="stage-") as tmp:
-        stage = Path(tmp) / "bundle"
-        stage.mkdir()
-        with log.step("collect runtime libraries"):
-            closure, roles = collect_linux(plan, stage, log=log, source_dir=src.path, toolkit=toolkit)
-        manifest_fields = {
-            "name": recipe.name,
-            "key": key,
-            "inputs": recipe.key_inputs(),
-            "llama_cpp": {"commit": recipe.llama_cpp.commit, "version": llama_version(plan.build_dir), "source": src.origin},
-            "platform": recipe.platform,
-            "backends": sorted(recipe.backends),
-            "cuda": _cuda_manifest(recipe, stage, checked) if recipe.cuda else None,
-            "toolchain": {"cmake": tools.cmake_version, "ninja": tools.ninja_version, "compiler": result.compiler,
-                          **({"nvcc": checked["nvcc"]} if checked else {})},
-            "system_deps": closure.system_deps,
-            "glibc_floor": closure.glibc_floor,
-            "files": bundle_mod.file_entries(stage, roles),
-            "built_at": bundle_mod.built_at(settings.source_date_epoch),
-            "publish": {"tag": recipe.tag()},
-        }
-        manifest = bundle_mod.write_manifest(stage, manifest_fields)
-        out_zip = settings.cache_dir / "out" / zip_name(recipe)
-        with log.step("pack"):
-            bundle_mod.pack(stage, out_zip, source_date_epoch=settings.source_date_epoch)
-            log.info(f"    {out_zip} ({out_zip.stat().st_size / 1e6:.1f} MB, {len(manifest['files'])} files)")
+    result = run_build(plan, log=log, env=build_env, clean=clean)
+    made = Made(recipe=recipe, key=key, src=src, tools=tools, toolkit=toolkit, checked=checked, sde=sde)
+    out_zip = settings.cache_dir / "out" / zip_name(recipe)
+    manifest, closure = _package(made, plan, result, out_zip, settings=settings, log=log)
     with log.step(f"verify ({verify_level_for(recipe.platform)})"):
         report = verify_bundle(out_zip, level=verify_level_for(recipe.platform))
         _log_report(report, log)
     outcome = BuildOutcome(key=key, cache_hit=False, zip_path=out_zip, manifest=manifest, verify=report,
                            bundled_libs={k: str(v) for k, v in closure.bundled.items()}, compiled=result.compiled)
+    if check_reproducible:
+        outcome.reproducible = _rebuild_elsewhere(made, out_zip, jobs=jobs, settings=settings, log=log, env=build_env)
     if publish:
         with log.step(f"store in {store.url}"):
             published = store.publish(out_zip, manifest)
@@ -174,6 +163,80 @@ def _build_locked(recipe: Recipe, *, key: str, settings: Settings, store: Store,
         outcome.out_dir = _unpack_to(out_zip, out)
         log.info(f"bundle unpacked in {out}")
     return outcome
+
+
+@dataclass(frozen=True, kw_only=True)
+class Made:
+    """What a build of one recipe was made with: enough to package it, or to build it again elsewhere."""
+    recipe: Recipe
+    key: str
+    src: source_mod.SourceTree
+    tools: BuildTools
+    toolkit: Toolkit | None
+    checked: Mapping[str, str]
+    sde: int | None  # SOURCE_DATE_EPOCH: the commit's date unless the environment sets it
+
+
+def _package(made: Made, plan: BuildPlan, result: Any, out_zip: Path, *, settings: Settings,
+             log: Log) -> tuple[dict[str, Any], elf.Closure]:
+    """Collect the build's products and their runtime libraries, write bundle.json, pack the zip."""
+    recipe, tools, checked = made.recipe, made.tools, made.checked
+    work = settings.cache_dir / "tmp"
+    work.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=work, prefix="stage-") as tmp:
+        stage = Path(tmp) / "bundle"
+        stage.mkdir()
+        with log.step("collect runtime libraries"):
+            closure, roles = collect_linux(plan, stage, log=log, source_dir=made.src.path, toolkit=made.toolkit)
+        manifest_fields = {
+            "name": recipe.name,
+            "key": made.key,
+            "inputs": recipe.key_inputs(),
+            "llama_cpp": {"commit": recipe.llama_cpp.commit, "version": llama_version(plan.build_dir),
+                          "source": made.src.origin},
+            "platform": recipe.platform,
+            "backends": sorted(recipe.backends),
+            "cuda": _cuda_manifest(recipe, stage, checked) if recipe.cuda else None,
+            "toolchain": {"cmake": tools.cmake_version, "ninja": tools.ninja_version, "compiler": result.compiler,
+                          **({"nvcc": checked["nvcc"]} if checked else {})},
+            "system_deps": closure.system_deps,
+            "glibc_floor": closure.glibc_floor,
+            "files": bundle_mod.file_entries(stage, roles),
+            "built_at": bundle_mod.built_at(made.sde),
+            "publish": {"tag": recipe.tag()},
+        }
+        manifest = bundle_mod.write_manifest(stage, manifest_fields)
+        with log.step("pack"):
+            bundle_mod.pack(stage, out_zip, source_date_epoch=made.sde)
+            log.info(f"    {out_zip} ({out_zip.stat().st_size / 1e6:.1f} MB, {len(manifest['files'])} files)")
+    return manifest, closure
+
+
+def _rebuild_elsewhere(made: Made, zip_a: Path, *, jobs: int | None, settings: Settings, log: Log,
+                       env: Mapping[str, str]) -> dict[str, Any]:
+    """Build again from a copy of the source at another path, in a new build directory; compare the zips."""
+    work = settings.cache_dir / "tmp" / f"repro-{os.getpid()}"
+    shutil.rmtree(work, ignore_errors=True)
+    try:
+        with log.step("second build elsewhere (reproducibility check)"):
+            src_b = work / "elsewhere" / "src" / "llama.cpp"
+            shutil.copytree(made.src.path, src_b, symlinks=True)
+            plan_b = plan_build(made.recipe, source_dir=src_b, build_dir=work / "b" / "build", tools=made.tools,
+                                jobs=jobs, cuda_root=made.toolkit.root if made.toolkit else None)
+            result_b = run_build(plan_b, log=log, env=env, clean=True)
+        zip_b = work / zip_a.name
+        _package(replace(made, src=replace(made.src, path=src_b)), plan_b, result_b, zip_b, settings=settings, log=log)
+        diffs = bundle_mod.diff_zips(zip_a, zip_b)
+        sha_a, sha_b = bundle_mod.sha256_file(zip_a), bundle_mod.sha256_file(zip_b)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    if diffs or sha_a != sha_b:
+        lines = "\n".join(f"    {d}" for d in diffs) or "    (same members; the zip containers differ)"
+        raise VerifyError("the bundle is not reproducible: a second build elsewhere gave other bytes",
+                          why=f"zip sha256 {sha_a[:16]}… vs {sha_b[:16]}…", details=lines,
+                          fix="look for paths, dates or build-order effects in the files listed")
+    log.info(f"    reproducible: both builds give zip sha256 {sha_a}")
+    return {"sha256": sha_a, "second_build": "other source path and build directory"}
 
 
 def _cuda_manifest(recipe: Recipe, stage: Path, checked: Mapping[str, str]) -> dict[str, Any]:

@@ -41,6 +41,7 @@ class SourceTree:
     path: Path
     commit: str
     origin: str
+    commit_time: int | None = None  # the commit's committer date (unix time), when the source could prove it
 
 
 def describe(src: Source) -> str:
@@ -62,7 +63,8 @@ def cached_source(recipe: Recipe, settings: Settings) -> SourceTree | None:
     info = json.loads(marker.read_text())
     if info.get("commit") != commit:
         return None
-    return SourceTree(path=path, commit=commit, origin=info.get("origin", "?"))
+    t = info.get("commit_time")
+    return SourceTree(path=path, commit=commit, origin=info.get("origin", "?"), commit_time=t if isinstance(t, int) else None)
 
 
 def fetch_source(recipe: Recipe, settings: Settings, log: Log) -> SourceTree:
@@ -84,17 +86,19 @@ def fetch_source(recipe: Recipe, settings: Settings, log: Log) -> SourceTree:
             name = describe(src)
             with tempfile.TemporaryDirectory(dir=work, prefix="src-") as tmp:
                 try:
-                    tree = _FETCH[type(src)](src, commit, Path(tmp), settings=settings, log=log, recipe_dir=recipe_dir)
+                    tree, commit_time = _FETCH[type(src)](src, commit, Path(tmp), settings=settings, log=log,
+                                                          recipe_dir=recipe_dir)
                 except SourceUnavailable as e:
                     reason = e.what + (f" ({e.why})" if e.why else "")
                     log.warn(f"source {name} unavailable: {reason}; trying the next source")
                     failures.append(f"{name}: {reason}")
                     continue
-                (tree / MARKER).write_text(json.dumps({"commit": commit, "origin": name}, indent=1))
+                (tree / MARKER).write_text(json.dumps({"commit": commit, "origin": name, "commit_time": commit_time},
+                                                      indent=1))
                 final.parent.mkdir(parents=True, exist_ok=True)
                 os.replace(tree, final)
                 log.info(f"    source: {commit[:12]} proven from {name}")
-                return SourceTree(path=final, commit=commit, origin=name)
+                return SourceTree(path=final, commit=commit, origin=name, commit_time=commit_time)
         raise SourceError(f"no source delivered llama.cpp {commit[:12]}",
                           why="every source in llama_cpp.sources failed:\n    " + "\n    ".join(failures),
                           fix="check the network, or add a source that is reachable here (pypi:, path:, git:)")
@@ -103,7 +107,10 @@ def fetch_source(recipe: Recipe, settings: Settings, log: Log) -> SourceTree:
 # ----------------------------------------------------------------------------------- github
 
 
-def _fetch_github(src: GithubSource, commit: str, tmp: Path, *, settings: Settings, log: Log, recipe_dir: Path) -> Path:
+Fetched = tuple[Path, int | None]  # the tree, and the commit's committer time when proven
+
+
+def _fetch_github(src: GithubSource, commit: str, tmp: Path, *, settings: Settings, log: Log, recipe_dir: Path) -> Fetched:
     url = f"{settings.github_archive_url}/{src.repo}/tar.gz/{commit}"
     archive = tmp / "source.tar.gz"
     try:
@@ -119,7 +126,7 @@ def _fetch_github(src: GithubSource, commit: str, tmp: Path, *, settings: Settin
     tops = list(out.iterdir())
     if len(tops) != 1 or not tops[0].is_dir():
         raise SourceMismatch(f"github:{src.repo}: the archive does not hold one top directory")
-    return tops[0]
+    return tops[0], archive_time(archive)
 
 
 def archive_commit(archive: Path) -> str | None:
@@ -132,10 +139,20 @@ def archive_commit(archive: Path) -> str | None:
         raise SourceMismatch(f"{archive.name} is not a readable tar archive", why=str(e)) from None
 
 
+def archive_time(archive: Path) -> int | None:
+    """`git archive` gives every member the commit's committer time as its mtime."""
+    try:
+        with tarfile.open(archive) as tf:
+            first = tf.next()
+            return int(first.mtime) if first is not None and first.mtime > 0 else None
+    except (tarfile.TarError, OSError, EOFError) as e:
+        raise SourceMismatch(f"{archive.name} is not a readable tar archive", why=str(e)) from None
+
+
 # -------------------------------------------------------------------------------------- git
 
 
-def _fetch_git(src: GitSource, commit: str, tmp: Path, *, settings: Settings, log: Log, recipe_dir: Path) -> Path:
+def _fetch_git(src: GitSource, commit: str, tmp: Path, *, settings: Settings, log: Log, recipe_dir: Path) -> Fetched:
     git = proc.which("git", purpose="the git: source needs git")
     repo = tmp / "repo"
     env = {**os.environ, "GIT_TERMINAL_PROMPT": "0"}
@@ -150,14 +167,20 @@ def _fetch_git(src: GitSource, commit: str, tmp: Path, *, settings: Settings, lo
     head = proc.capture([git, "-C", str(repo), "rev-parse", "HEAD"]).stdout.strip()
     if head != commit:
         raise SourceMismatch(f"git:{src.url} checked out {head}, not {commit}")
+    when = _git_commit_time(git, repo)
     shutil.rmtree(repo / ".git")
-    return repo
+    return repo, when
+
+
+def _git_commit_time(git: str, repo: Path) -> int | None:
+    out = proc.capture([git, "-C", str(repo), "log", "-1", "--format=%ct", "HEAD"]).stdout.strip()
+    return int(out) if out.isdigit() else None
 
 
 # ------------------------------------------------------------------------------------- path
 
 
-def _fetch_path(src: PathSource, commit: str, tmp: Path, *, settings: Settings, log: Log, recipe_dir: Path) -> Path:
+def _fetch_path(src: PathSource, commit: str, tmp: Path, *, settings: Settings, log: Log, recipe_dir: Path) -> Fetched:
     root = (recipe_dir / src.path).resolve()
     if not root.is_dir():
         raise SourceUnavailable(f"{root} is not a directory")
@@ -183,13 +206,13 @@ def _fetch_path(src: PathSource, commit: str, tmp: Path, *, settings: Settings, 
             os.symlink(os.readlink(s), d)
         elif s.is_file():
             shutil.copy2(s, d)
-    return out
+    return out, _git_commit_time(git, root)
 
 
 # ------------------------------------------------------------------------------------- pypi
 
 
-def _fetch_pypi(src: PypiSource, commit: str, tmp: Path, *, settings: Settings, log: Log, recipe_dir: Path) -> Path:
+def _fetch_pypi(src: PypiSource, commit: str, tmp: Path, *, settings: Settings, log: Log, recipe_dir: Path) -> Fetched:
     sdist = _pypi_sdist(src, settings, log)
     out = tmp / "x"
     with log.progress("extract sdist") as bar:
@@ -222,7 +245,7 @@ def _fetch_pypi(src: PypiSource, commit: str, tmp: Path, *, settings: Settings, 
                              + "; ".join(sample), fix="do not use this sdist")
     log.info(f"    pypi:{src.package}=={src.version}: {check.checked} files match the git index of {commit[:12]}")
     (vendored / ".git").unlink(missing_ok=True)  # a gitdir pointer that would dangle once moved
-    return vendored
+    return vendored, gitindex.loose_commit_time(gitdir, commit)
 
 
 def _pypi_sdist(src: PypiSource, settings: Settings, log: Log) -> Path:

@@ -48,3 +48,11 @@ def cuda_runtime() -> dict[str, Any]:
     info: dict[str, Any] = _load("cuda_runtime.json")
     assert not any(k.startswith(("libcuda.so", "nvcuda")) for k in info["components"]), "driver libraries are never bundled"
     return info
+
+
+@cache
+def llama_builds() -> dict[str, int]:
+    """commit -> llama.cpp build number (the b<N> of the release tags)."""
+    builds = {c: int(v["build"]) for c, v in _load("llama_builds.json")["commits"].items()}
+    assert all(len(c) == 40 and n > 0 for c, n in builds.items())
+    return builds

@@ -38,6 +38,10 @@ def test_linux_cpu_plan() -> None:
     assert defs["GGML_BACKEND_DL"] == "ON" and defs["GGML_CPU_ALL_VARIANTS"] == "ON" and defs["GGML_NATIVE"] == "OFF"
     assert defs["GGML_CUDA"] == "OFF"
     assert defs["LLAMA_BUILD_COMMIT"] == LINUX.llama_cpp.commit[:8]
+    assert defs["LLAMA_BUILD_NUMBER"] == "11312"  # data/llama_builds.json: --version prints the real build
+    # where the source and the build tree lie is mapped out of the binaries (reproducible builds)
+    assert defs["CMAKE_C_FLAGS"] == defs["CMAKE_CXX_FLAGS"] == "-ffile-prefix-map=/src=/llama.cpp -ffile-prefix-map=/b=/build"
+    assert defs["CMAKE_BUILD_RPATH_USE_ORIGIN"] == "ON"
     assert (defs["CMAKE_C_COMPILER"], defs["CMAKE_CXX_COMPILER"]) == ("gcc", "g++")
     assert "CMAKE_CUDA_ARCHITECTURES" not in defs and "CMAKE_C_COMPILER_LAUNCHER" not in defs
     assert plan.targets == ("llama-server", *(f"ggml-cpu-{v}" for v in X86_VARIANTS))
@@ -62,6 +66,13 @@ def test_windows_cuda_plan_is_made_on_linux() -> None:
     assert plan.build[-2:] == ("--parallel", "8")
     assert defs["GGML_CUDA_COMPRESSION_MODE"] == "size"
     assert "GGML_CUDA_COMPRESSION_MODE" not in _defs(_plan(LINUX))
+    assert "CMAKE_C_FLAGS" not in defs and "CMAKE_CUDA_FLAGS" not in defs  # MSVC: no prefix maps claimed
+
+
+def test_cuda_host_compiler_gets_the_prefix_maps_too() -> None:
+    cuda = load_recipe(REPO / "recipes" / "linux-x86_64-cuda13.0.yaml")
+    defs = _defs(_plan(cuda))
+    assert defs["CMAKE_CUDA_FLAGS"] == "-Xcompiler=-ffile-prefix-map=/src=/llama.cpp -Xcompiler=-ffile-prefix-map=/b=/build"
 
 
 def test_ccache_is_used_when_present() -> None:

@@ -348,3 +348,22 @@ def test_unpack_of_a_damaged_zip_leaves_nothing(tmp_path: Path) -> None:
     assert e.value.exit_code == 5
     assert not (parent / "dest").exists()
     assert not parent.exists() or list(parent.iterdir()) == []
+
+
+def test_diff_zips_names_each_differing_member_and_its_first_offset(tmp_path: Path) -> None:
+    from llamabundle.bundle import diff_zips
+
+    root = tmp_path / "b"
+    make_bundle(root)
+    a = pack(root, tmp_path / "a.zip", source_date_epoch=0)
+    assert diff_zips(a, pack(root, tmp_path / "same.zip", source_date_epoch=0)) == []
+    data = bytearray((root / "libggml-cpu.so").read_bytes())
+    data[100] ^= 0xFF
+    (root / "libggml-cpu.so").write_bytes(bytes(data))
+    (root / "extra.txt").write_text("x")
+    b = pack(root, tmp_path / "b.zip", source_date_epoch=0)
+    assert diff_zips(a, b) == ["extra.txt: only in the second build",
+                               f"libggml-cpu.so: differs from byte 100 (sizes {len(data)} and {len(data)})"]
+    later = pack(root, tmp_path / "c.zip", source_date_epoch=1704067200)  # the same files, another date
+    assert diff_zips(b, later) == [f"{n}: same bytes, other timestamp or mode" for n in sorted(
+        p.name for p in root.iterdir())]

@@ -264,3 +264,17 @@ def test_check_tree_of_a_vendored_copy_with_a_gitdir_file(repo: Path, tmp_path: 
     nested = copy / "a" / ".git"
     nested.write_text("not ignored below the root\n")
     assert check_tree(copy, entries).extra == ("a/.git",)
+
+
+def test_loose_commit_time_reads_a_verified_commit_object(tmp_path: Path) -> None:
+    from llamabundle.gitindex import loose_commit_time
+
+    repo = make_repo(tmp_path / "r")
+    head = git(repo, "rev-parse", "HEAD").strip()
+    assert loose_commit_time(repo / ".git", head) == int(git(repo, "log", "-1", "--format=%ct").strip())
+    assert loose_commit_time(repo / ".git", "0" * 40) is None  # not there
+    obj = repo / ".git" / "objects" / head[:2] / head[2:]
+    other = git(repo, "rev-parse", "HEAD^{tree}").strip()  # a real object that is not this commit
+    os.chmod(obj, 0o644)
+    shutil.copyfile(repo / ".git" / "objects" / other[:2] / other[2:], obj)
+    assert loose_commit_time(repo / ".git", head) is None  # its content does not hash to the name

@@ -24,6 +24,8 @@ from llamabundle.log import Log
 from llamabundle.recipe import Recipe, Settings, load_recipe
 from llamabundle.source import MARKER, SourceMismatch, archive_commit, cached_source, fetch_source
 
+COMMIT_TIME = 1704067200  # GIT_COMMITTER_DATE below, as unix time
+
 GIT_ENV = {
     **os.environ,
     "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1",
@@ -181,7 +183,9 @@ def test_github_archive_is_proven_by_its_pax_header_and_cached(tmp_path: Path, s
     assert tree.commit == sha
     assert tree.origin == "github:ggml-org/llama.cpp"
     assert tree.path == settings.cache_dir / "src" / sha
-    assert json.loads((tree.path / MARKER).read_text()) == {"commit": sha, "origin": "github:ggml-org/llama.cpp"}
+    assert json.loads((tree.path / MARKER).read_text()) == {"commit": sha, "origin": "github:ggml-org/llama.cpp",
+                                                            "commit_time": COMMIT_TIME}  # the archive's mtimes
+    assert tree.commit_time == COMMIT_TIME
     got = tree_files(tree.path)
     got.pop(MARKER)
     assert got == FILES
@@ -259,7 +263,7 @@ def test_path_source_at_the_pinned_commit_copies_tracked_files_only(tmp_path: Pa
     recipe = write_recipe(tmp_path / "r.yaml", sha, [f"path: {checkout}"])
     tree = fetch_source(recipe, settings, quiet_log()[0])
     got = tree_files(tree.path)
-    assert json.loads(got.pop(MARKER)) == {"commit": sha, "origin": f"path:{checkout}"}
+    assert json.loads(got.pop(MARKER)) == {"commit": sha, "origin": f"path:{checkout}", "commit_time": COMMIT_TIME}
     assert got == FILES  # no .git, no untracked files, no build output
     assert tree.origin == f"path:{checkout}"
 
