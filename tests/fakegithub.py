@@ -9,12 +9,14 @@
 - Every request is recorded in `requests` (host "api" or "cdn", method, path, lower-cased headers).
 - Fault injection: `faults` is a list of callables `(req, handler) -> bool` tried before normal handling
   (True: handled, and removed when `once`); helpers below add the usual ones.
+- Time: `backdate(seconds)` makes every release and asset that many seconds older (stale-lock tests).
 """
 
 from __future__ import annotations
 
 import hashlib
 import http.server
+import io
 import itertools
 import json
 import threading
@@ -64,6 +66,7 @@ class Release:
     created_at: str
     published_at: str | None = None
     assets: list[int] = field(default_factory=list)
+    body: str = ""
 
 
 def iso(t: float | None = None) -> str:
@@ -123,6 +126,15 @@ class FakeGitHub:
     def asset_names(self, rel: Release) -> list[str]:
         with self.lock:
             return sorted(self.assets[a].name for a in rel.assets)
+
+    def backdate(self, seconds: float) -> None:
+        """Make every release and asset there now `seconds` older, as if created that long ago."""
+        def older(stamp: str) -> str:
+            return iso(datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp() - seconds)
+
+        with self.lock:
+            for x in [*self.releases.values(), *self.assets.values()]:
+                x.created_at = older(x.created_at)
 
     def count(self, method: str | None = None, path_part: str = "", host: str = "api") -> int:
         return sum(1 for r in self.requests if r.host == host and (method is None or r.method == method)
@@ -186,6 +198,25 @@ class FakeGitHub:
 
             self.add_fault(fault)
 
+    def lose_answer_once(self, method: str, path_part: str, *, status: int | None = 502) -> None:
+        """The next API `method` request whose path contains `path_part` is applied, but its answer is lost: the
+        client gets `status` instead, or (None) the connection closes without an answer, as after a timeout."""
+        def fault(req: Request, h: _Handler) -> bool:
+            if not (req.host == "api" and req.method == method and path_part in req.path):
+                return False
+            real, h.wfile = h.wfile, io.BytesIO()  # the real answer goes nowhere
+            try:
+                h._api(method, req)
+            finally:
+                h.wfile = real
+            if status is None:
+                h.close_connection = True
+            else:
+                h.reply_json(status, {"message": "Bad Gateway"})
+            return True
+
+        self.add_fault(fault)
+
     def drop_download_once(self, after: int) -> None:
         """The next CDN download announces the full length but hangs up after `after` bytes."""
         def fault(req: Request, h: _Handler) -> bool:
@@ -217,7 +248,8 @@ class FakeGitHub:
                 "browser_download_url": f"{self.cdn_url}/{self.repo}/releases/download/{tag}/{a.name}"}
 
     def release_json(self, rel: Release) -> dict[str, Any]:
-        return {"id": rel.id, "tag_name": rel.tag_name, "name": rel.name, "draft": rel.draft, "prerelease": False,
+        return {"id": rel.id, "tag_name": rel.tag_name, "name": rel.name, "body": rel.body, "draft": rel.draft,
+                "prerelease": False,
                 "created_at": rel.created_at, "published_at": rel.published_at,
                 "url": f"{self.api_url}/repos/{self.repo}/releases/{rel.id}",
                 "html_url": f"{self.cdn_url}/{self.repo}/releases/tag/{rel.tag_name}",
@@ -380,6 +412,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                     return self.validation("already_exists", "Validation Failed", "Release", "tag_name")
                 rel = gh.add_release(tag, draft=bool(body.get("draft")))
                 rel.name = body.get("name") or tag
+                rel.body = str(body.get("body") or "")
                 if not rel.draft:
                     gh.refs.setdefault(f"refs/tags/{tag}", gh.head_sha)
                 return self.reply_json(201, gh.release_json(rel))
@@ -414,6 +447,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 return self.reply_json(200, gh.release_json(rel))
             if method == "PATCH":
                 body = json.loads(self.read_body() or b"{}")
+                if "body" in body:
+                    rel.body = str(body["body"] or "")
                 if "draft" in body:
                     if rel.draft and not body["draft"]:
                         rel.published_at = iso()

@@ -57,6 +57,7 @@ class GitHubError(StoreError):
         self.status = status
         self.request_id = request_id
         self.errors = errors or []
+        self.lost = False  # an earlier attempt's answer was lost (dropped, 5xx): GitHub may have applied it
 
 
 class GitHubValidationError(GitHubError):
@@ -100,7 +101,7 @@ class GitHubStore:
                  sleep: Callable[[float], None] = time.sleep, max_attempts: int = 5, refused_attempts: int = 2,
                  max_wait: float = 300.0, max_total: float = 900.0, backoff: float = 1.0, max_backoff: float = 30.0,
                  connect_timeout: float = 10.0, read_timeout: float = 60.0, upload_timeout: float = 600.0,
-                 http: requests.Session | None = None) -> None:
+                 http: requests.Session | None = None, on_step: Callable[[str], None] | None = None) -> None:
         if not _REPO_RE.match(repo):
             raise UsageError(f"store 'github:{repo}': '{repo}' is not OWNER/REPO", fix="e.g. github:ggml-org/bundles")
         self.repo = repo
@@ -117,6 +118,7 @@ class GitHubStore:
         self.timeout = (connect_timeout, read_timeout)
         self.upload_timeout = (connect_timeout, upload_timeout)
         self.http = http or net.session()
+        self.on_step = on_step or (lambda _step: None)  # told "tag", "draft", "uploaded", "published" (tests)
         self._trusted = {net._origin(self.api_url)}  # origins that may see the token
         self._repo_api = f"{self.api_url}/repos/{repo}"
 
@@ -157,13 +159,18 @@ class GitHubStore:
                              fix="publish the bundle zip")
         tag = self.tags.get(key) or manifest_tag(key, manifest)
         zip_sha = sha256_file(zip_path)
+        sums = f"{zip_sha}  {zip_path.name}\n".encode()
+        mbytes = (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode("utf-8")
+        ours = {zip_path.name: zip_sha, SUMS: _sha(sums), MANIFEST: _sha(mbytes)}
         for _round in range(4):
             existing = self.lookup(key)
             if existing is not None:
                 return Published(entry=existing, created=False)
             if self._take_tag(tag):
-                return Published(entry=self._publish_as_winner(tag, key, zip_path, zip_sha, manifest), created=True)
-            entry = self._wait_for_winner(tag, key)
+                won = self._publish_as_winner(tag, key, zip_path, zip_sha, sums, mbytes)
+                if won is not None:
+                    return Published(entry=won, created=True)
+            entry = self._wait_for_winner(tag, key, ours)
             if entry is not None:
                 return Published(entry=entry, created=False)
             # the tag was given up (or found stale and cleared): try to take it again
@@ -256,34 +263,56 @@ class GitHubStore:
         try:
             self._api("POST", f"{self._repo_api}/git/refs", json_body={"ref": f"refs/tags/{tag}", "sha": sha},
                       ok=(201,), what=f"create the tag {tag}")
-        except RefExistsError:
-            return False
+        except RefExistsError as e:
+            # after a lost answer the tag may be our own: claim it, and let _first_claim settle it
+            return e.lost
         return True
 
-    def _publish_as_winner(self, tag: str, key: str, zip_path: Path, zip_sha: str,
-                           manifest: dict[str, Any]) -> GitHubEntry:
+    def _publish_as_winner(self, tag: str, key: str, zip_path: Path, zip_sha: str, sums: bytes,
+                           mbytes: bytes) -> GitHubEntry | None:
+        """The entry, or None when another publisher turned out to hold the tag first (we stepped back)."""
         self.log.info(f"    github: took the tag {tag} in {self.repo}; creating a draft release")
+        self.on_step("tag")
         rel_id: int | None = None
+        publishing = False
+        body = f"llamabundle bundle, cache key `{key}`"
+        nonce = f"<!-- llamabundle publisher {random.getrandbits(64):016x} -->"
         try:
-            rel = self._json(self._api("POST", f"{self._repo_api}/releases", ok=(201,),
-                                       what=f"create the release {tag}",
-                                       json_body={"tag_name": tag, "name": tag, "draft": True,
-                                                  "body": f"llamabundle bundle, cache key `{key}`"}), "the release")
+            try:
+                rel = self._json(self._api("POST", f"{self._repo_api}/releases", ok=(201,),
+                                           what=f"create the release {tag}",
+                                           json_body={"tag_name": tag, "name": tag, "draft": True,
+                                                      "body": f"{body}\n{nonce}"}), "the release")
+            except GitHubValidationError as e:
+                if not _already_exists(e.errors, e.why):
+                    raise
+                self.log.info(f"    github: the release {tag} was published meanwhile; stepping back")
+                return None  # another publisher held the tag too, and published: its tag, not ours to delete
             rel_id = int(rel["id"])
+            if not self._first_claim(tag, rel_id, nonce):
+                self.log.info(f"    github: another publisher holds {tag} too, and came first; stepping back")
+                self._api("DELETE", f"{self._repo_api}/releases/{rel_id}", ok=(204, 404), what="delete our draft")
+                return None
+            self.on_step("draft")
             upload = self._trust_upload(rel)
-            sums = f"{zip_sha}  {zip_path.name}\n".encode()
-            mbytes = (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode("utf-8")
             zip_asset = self._upload(rel_id, upload, zip_path.name, "application/zip",
                                      lambda: open(zip_path, "rb"), zip_path.stat().st_size, zip_sha)
+            self.on_step("uploaded")
             self._upload(rel_id, upload, SUMS, "text/plain", lambda: sums, len(sums), _sha(sums))
             self._upload(rel_id, upload, MANIFEST, "application/json", lambda: mbytes, len(mbytes), _sha(mbytes))
-            done = self._json(self._api("PATCH", f"{self._repo_api}/releases/{rel_id}", json_body={"draft": False},
+            publishing = True
+            done = self._json(self._api("PATCH", f"{self._repo_api}/releases/{rel_id}",
+                                        json_body={"draft": False, "body": body},
                                         what=f"publish the release {tag}"), "the release")
         except AssetConflictError:
             raise  # never clean up an uploaded asset with a different digest
-        except BaseException:
-            self._give_up(tag, rel_id)
-            raise
+        except BaseException as e:
+            # a publish whose answers were all lost may have been applied: never delete a published release
+            done = self._published(rel_id) if publishing and isinstance(e, Exception) else None
+            if done is None:
+                self._give_up(tag, rel_id)
+                raise
+        self.on_step("published")
         if done.get("draft"):
             raise StoreError(f"the release {tag} in {self.repo} stayed a draft after publishing", fix="retry")
         z = next((a for a in done.get("assets") or [] if a.get("name") == zip_path.name), zip_asset)
@@ -291,6 +320,28 @@ class GitHubStore:
         return GitHubEntry(key=key, zip_name=zip_path.name, zip_sha256=zip_sha, zip_size=zip_path.stat().st_size,
                            manifest=json.loads(mbytes), location=z.get("browser_download_url") or z.get("url", ""),
                            asset_url=z["url"], release_id=int(rel_id))
+
+    def _first_claim(self, tag: str, rel_id: int, nonce: str) -> bool:
+        """Whether our new draft is the tag's first release. Two publishers can both believe they hold the tag (a
+        takeover racing another one, or a tag claimed after a lost answer): the one whose release came first goes
+        on, the other steps back. Our own older drafts (a create retried after a lost answer) are removed."""
+        for x in self._tag_releases(tag):
+            if x.get("id") == rel_id or (x.get("draft") and int(x["id"]) > rel_id):
+                continue  # ours, or younger: its publisher steps back
+            if not (x.get("draft") and nonce in str(x.get("body") or "")):
+                return False
+            self._api("DELETE", f"{self._repo_api}/releases/{x['id']}", ok=(204, 404),
+                      what="delete a duplicate of our draft")
+        return True
+
+    def _published(self, rel_id: int | None) -> dict[str, Any] | None:
+        """Our release as GitHub has it when it is published (best effort), else None."""
+        try:
+            r = self._api("GET", f"{self._repo_api}/releases/{rel_id}", ok=(200, 404), what="read our release")
+            rel = r.json() if r.status_code == 200 else None
+        except Exception:  # noqa: BLE001 - the original error is what matters
+            return None
+        return rel if isinstance(rel, dict) and rel.get("draft") is False else None
 
     def _give_up(self, tag: str, rel_id: int | None) -> None:
         """Best effort after a failed publish: remove our draft and the tag so that others need not wait."""
@@ -382,8 +433,9 @@ class GitHubStore:
 
     # ----------------------------------------------------------------------------- loser
 
-    def _wait_for_winner(self, tag: str, key: str) -> GitHubEntry | None:
-        """Wait until the tag's release is published (its entry), or the tag is gone or stale (None)."""
+    def _wait_for_winner(self, tag: str, key: str, ours: Mapping[str, str]) -> GitHubEntry | None:
+        """Wait until the tag's release is published (its entry), or the tag is gone or stale (None). A stale
+        draft is deleted only when none of its uploaded assets differs from ours (`ours`: name -> sha256)."""
         start = time.monotonic()
         last_note = -1e9
         while True:
@@ -399,16 +451,28 @@ class GitHubStore:
                           what=f"read the tag {tag}")
             if r.status_code == 404:
                 return None  # the holder gave up
-            draft = self._find_draft(tag)
+            rels = self._tag_releases(tag)
+            published = any(not x.get("draft") for x in rels)  # since we looked: never untag a published release
+            draft = min((x for x in rels if x.get("draft")), key=lambda x: x.get("created_at") or "", default=None)
             waited = time.monotonic() - start
             age = waited if draft is None else _age(draft.get("created_at"))
-            if age > self.stale_after:
+            if age > self.stale_after and not published:
                 self.log.info(f"    github: the tag {tag} has had no published release for {age:.0f}s; taking it over")
                 if draft is not None:
-                    d = self._api("DELETE", f"{self._repo_api}/releases/{draft['id']}", ok=(204, 404),
+                    for a in draft.get("assets") or []:
+                        if a.get("state") == "uploaded" and a.get("name") in ours and _digest(a) != ours[a["name"]]:
+                            raise AssetConflictError(
+                                f"the stale draft release {tag} in {self.repo} holds a different {a['name']}",
+                                why=f"its digest is {a.get('digest') or 'unknown'}, ours is sha256:{ours[a['name']]}",
+                                fix=f"delete the draft release {tag} and its tag by hand if it is wrong, then retry")
+                    try:
+                        self._api("DELETE", f"{self._repo_api}/releases/{draft['id']}", ok=(204,),
                                   what="delete a stale draft release")
-                    if d.status_code == 404:
-                        continue  # someone else is taking it over: look again
+                    except GitHubError as e:
+                        if e.status != 404:
+                            raise
+                        if not e.lost:  # (after a lost answer the delete was ours)
+                            continue  # someone else is taking it over: look again
                 self._delete_ref(tag)
                 return None
             if waited > self.wait_timeout:
@@ -420,11 +484,10 @@ class GitHubStore:
                               f"({waited:.0f}s so far)")
             self.sleep(self.poll_interval)
 
-    def _find_draft(self, tag: str) -> dict[str, Any] | None:
+    def _tag_releases(self, tag: str) -> list[dict[str, Any]]:
+        """The tag's releases, drafts included (the newest 100 releases; a publisher's are among them)."""
         r = self._api("GET", f"{self._repo_api}/releases?per_page=100", what="list releases")
-        rels = [x for x in self._json(r, "the release list") if isinstance(x, dict)]
-        drafts = [x for x in rels if x.get("tag_name") == tag and x.get("draft")]
-        return min(drafts, key=lambda x: x.get("created_at") or "", default=None)
+        return [x for x in self._json(r, "the release list") if isinstance(x, dict) and x.get("tag_name") == tag]
 
     def _delete_ref(self, tag: str, *, attempts: int | None = None) -> None:
         # GitHub answers 422 "Reference does not exist" for a missing ref
@@ -454,6 +517,7 @@ class GitHubStore:
         max_attempts = attempts or self.max_attempts
         start = time.monotonic()
         attempt = 0
+        lost = False  # an attempt reached GitHub but its answer was lost: a mutation may have been applied
         while True:
             attempt += 1
             try:
@@ -463,6 +527,7 @@ class GitHubStore:
                                        fix="check LLAMABUNDLE_GITHUB_API_URL") from None
             except _DROPPED as e:
                 refused = net._refused(e)
+                lost = lost or not refused
                 why = net._short(e)
                 delay = self._backoff(attempt)
                 limit = min(max_attempts, self.refused_attempts) if refused else max_attempts
@@ -478,6 +543,7 @@ class GitHubStore:
             delay = self._retry_delay(r, attempt)
             if delay is None:
                 err = self._error(r, what)
+                err.lost = lost
                 r.close()
                 raise err
             if delay > self.max_wait:
@@ -493,6 +559,7 @@ class GitHubStore:
                 raise err
             self.log.info(f"    github: {what}: HTTP {r.status_code}; retry {attempt}/{max_attempts - 1} "
                           f"in {delay:.1f}s")
+            lost = lost or r.status_code >= 500
             r.close()
             self.sleep(delay)
 
