@@ -21,7 +21,7 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from .archive import MAX_MEMBERS, MAX_TOTAL_BYTES, UnsafeArchive, _safe_name
+from .archive import MAX_MEMBERS, MAX_RATIO, MAX_TOTAL_BYTES, RATIO_FLOOR, UnsafeArchive, _safe_name
 from .errors import VerifyError
 
 LOCAL = b"PK\x03\x04"
@@ -176,6 +176,9 @@ class ZipStream:
             raise UnsafeArchive(f"{self.label}: member '{name}' appears twice", fix="do not use this archive")
         if len(self.members) >= MAX_MEMBERS:
             raise UnsafeArchive(f"{self.label}: more than {MAX_MEMBERS} members")
+        if usize > RATIO_FLOOR and usize > MAX_RATIO * max(csize, 1):
+            raise UnsafeArchive(f"{self.label}: member '{name}' expands {usize // max(csize, 1)}-fold",
+                                why="a zip bomb", fix="do not use this archive")
         self.total += usize
         if self.total > self.max_total:
             raise UnsafeArchive(f"{self.label}: expands to more than {self.max_total} bytes",

@@ -231,3 +231,10 @@ def test_fetch_of_a_tampered_asset_leaves_no_output(tmp_path: Path) -> None:
     assert e.value.exit_code == 5
     assert not out.exists()
     assert [p for p in (tmp_path / "cache").rglob("*") if p.is_file()] == []  # no zip, no partial, no unpacked files
+
+
+def test_a_member_expanding_beyond_the_ratio_is_refused_before_inflating(tmp_path: Path) -> None:
+    z = make_zip(tmp_path / "b.zip", {"LICENSE": b"x", "zeros": b"\0" * (8 << 20)})  # deflates ~1000-fold
+    with pytest.raises(UnsafeArchive, match="'zeros' expands"):
+        feed(z, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
