@@ -41,16 +41,16 @@ class BuildPlan:
     programs: tuple[str, ...]  # file names of the recipe's programs in the output dir
     backends: tuple[str, ...]  # file names of the backend modules (loaded at run time, not linked)
     output_dir: Path
+    files: tuple[tuple[str, str], ...] = ()  # (path, text) the executor writes before configuring
 
     def to_json(self) -> dict[str, object]:
         d = asdict(self)
+        d["files"] = dict(self.files)
         return {k: (str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v) for k, v in d.items()}
 
 
 def cpu_variants(recipe: Recipe) -> tuple[str, ...]:
-    variants = data.build_knowledge()["cpu_variants"]
-    key = "x86_64-msvc" if recipe.toolchain.compiler == "msvc" else "x86_64"
-    return tuple(variants[key])
+    return tuple(v for v in recipe.all_cpu_variants() if v not in recipe.cpu_variants.exclude)
 
 
 def backend_targets(recipe: Recipe) -> tuple[str, ...]:
@@ -99,6 +99,8 @@ def plan_build(recipe: Recipe, *, source_dir: Path, build_dir: Path, tools: Buil
             nvcc = "nvcc.exe" if recipe.platform.startswith("windows") else "nvcc"
             defs["CUDAToolkit_ROOT"] = str(cuda_root)
             defs["CMAKE_CUDA_COMPILER"] = str(cuda_root / "bin" / nvcc)
+    project_defs, files = _project_files(recipe, build_dir)
+    defs.update(project_defs)
     if tools.ccache:
         for lang in ("C", "CXX") + (("CUDA",) if recipe.cuda else ()):
             defs[f"CMAKE_{lang}_COMPILER_LAUNCHER"] = tools.ccache
@@ -114,7 +116,78 @@ def plan_build(recipe: Recipe, *, source_dir: Path, build_dir: Path, tools: Buil
         programs=tuple(program_file(recipe, t) for t in recipe.targets),
         backends=tuple(library_file(recipe, t) for t in backends),
         output_dir=build_dir / "bin",
+        files=files,
     )
+
+
+PROJECT_INCLUDE = "llamabundle-project.cmake"
+MINGW_TOOLCHAIN = "llamabundle-mingw-toolchain.cmake"
+MINGW_COMPAT = "llamabundle-mingw-compat.h"
+
+
+def _project_files(recipe: Recipe, build_dir: Path) -> tuple[dict[str, str], tuple[tuple[str, str], ...]]:
+    """CMake files the tool writes into the build tree (and the cache variables that point at them): the
+    mingw toolchain file and compatibility header, and a project include (CMAKE_PROJECT_INCLUDE, read
+    after every project() call) that leaves out the recipe's excluded CPU variants and sets mingw's
+    compile definitions and module names. ggml has no switch for one variant: each variant is a MODULE
+    that `add_dependencies(ggml …)` ties to every program, so the include wraps add_dependencies to drop
+    the excluded ones from ggml's dependencies and from the default build; their sources are never
+    compiled. Nothing in the source tree is touched."""
+    defs: dict[str, str] = {}
+    files: list[tuple[str, str]] = []
+    include: list[str] = ["# Written by llamabundle (build.py): read after every project() call."]
+    if recipe.toolchain.compiler == "mingw":
+        mingw = data._load("mingw.json")
+        tc = mingw["toolchain"]
+        toolchain = build_dir / MINGW_TOOLCHAIN
+        compat = build_dir / MINGW_COMPAT
+        files.append((str(toolchain), "\n".join([
+            "# Written by llamabundle (data/mingw.json): cross-compile for Windows x86-64 with mingw-w64.",
+            f"set(CMAKE_SYSTEM_NAME {tc['system_name']})",
+            f"set(CMAKE_SYSTEM_PROCESSOR {tc['system_processor']})",
+            f"set(CMAKE_C_COMPILER {tc['c_compiler']})",
+            f"set(CMAKE_CXX_COMPILER {tc['cxx_compiler']})",
+            f"set(CMAKE_RC_COMPILER {tc['rc_compiler']})",
+            f"set(CMAKE_FIND_ROOT_PATH {tc['find_root_path']})",
+            "set(CMAKE_FIND_ROOT_PATH_MODE_PROGRAM NEVER)",
+            "set(CMAKE_FIND_ROOT_PATH_MODE_LIBRARY ONLY)",
+            "set(CMAKE_FIND_ROOT_PATH_MODE_INCLUDE ONLY)",
+            "set(CMAKE_FIND_ROOT_PATH_MODE_PACKAGE ONLY)", ""])))
+        files.append((str(compat), "\n".join(mingw["compat_header"]) + "\n"))
+        defs["CMAKE_TOOLCHAIN_FILE"] = str(toolchain)
+        include += ['set(CMAKE_SHARED_MODULE_PREFIX "")  # ggml loads ggml-<backend>*.dll',
+                    'set(CMAKE_SHARED_LIBRARY_PREFIX "")  # llama.dll, ggml.dll: the names MSVC bundles use',
+                    "if(CMAKE_CURRENT_SOURCE_DIR STREQUAL CMAKE_SOURCE_DIR)  # once; subdirectories inherit them",
+                    *(f"  add_compile_definitions({d})" for d in mingw["defines"]),
+                    f'  add_compile_options("$<$<COMPILE_LANGUAGE:C,CXX>:-include{compat.as_posix()}>")',
+                    "endif()"]
+    excluded = [f"ggml-cpu-{v}" for v in recipe.cpu_variants.exclude]
+    if excluded:
+        include += [
+            "get_property(_llamabundle_wrapped GLOBAL PROPERTY LLAMABUNDLE_ADD_DEPENDENCIES)",
+            "if(NOT _llamabundle_wrapped)  # wrap once: a second wrapper would call itself",
+            "  set_property(GLOBAL PROPERTY LLAMABUNDLE_ADD_DEPENDENCIES ON)",
+            "  function(add_dependencies target)  # cpu_variants.exclude",
+            "    set(_deps ${ARGN})",
+            '    if(target STREQUAL "ggml")',
+            f"      foreach(_dep {' '.join(excluded)})",
+            "        list(FIND _deps ${_dep} _at)",
+            "        if(NOT _at EQUAL -1)",
+            "          list(REMOVE_ITEM _deps ${_dep})",
+            "          set_target_properties(${_dep} PROPERTIES EXCLUDE_FROM_ALL ON)",
+            '          message(STATUS "llamabundle: CPU variant ${_dep} left out (cpu_variants.exclude)")',
+            "        endif()",
+            "      endforeach()",
+            "    endif()",
+            "    if(_deps)",
+            "      _add_dependencies(${target} ${_deps})",
+            "    endif()",
+            "  endfunction()",
+            "endif()"]
+    if len(include) > 1:
+        files.append((str(build_dir / PROJECT_INCLUDE), "\n".join(include) + "\n"))
+        defs["CMAKE_PROJECT_INCLUDE"] = str(build_dir / PROJECT_INCLUDE)
+    return defs, tuple(files)
 
 
 def _prefix_map_flags(recipe: Recipe, defs: dict[str, str], *, source_dir: Path, build_dir: Path) -> dict[str, str]:
@@ -203,10 +276,15 @@ class BuildResult:
 def run_build(plan: BuildPlan, *, log: Log, env: Mapping[str, str], clean: bool = False) -> BuildResult:
     bd = plan.build_dir
     stamp = bd / STAMP
-    configured = stamp.is_file() and (bd / "build.ninja").is_file() and json.loads(stamp.read_text()) == list(plan.configure)
+    wanted = list(plan.configure) if not plan.files else {"configure": list(plan.configure), "files": dict(plan.files)}
+    configured = stamp.is_file() and (bd / "build.ninja").is_file() and json.loads(stamp.read_text()) == wanted
     if clean or (bd.exists() and not configured):
         shutil.rmtree(bd, ignore_errors=True)
     bd.mkdir(parents=True, exist_ok=True)
+    for name, text in plan.files:  # rewritten only when changed: a new mtime would rerun cmake and recompile
+        f = Path(name)
+        if not f.is_file() or f.read_text(encoding="utf-8") != text:
+            f.write_text(text, encoding="utf-8")
     log_path = bd / LOG_NAME
     log_path.write_text("")
     fix = f"read the full log at {log_path}; fix the toolchain or the recipe's cmake: options"
@@ -214,7 +292,7 @@ def run_build(plan: BuildPlan, *, log: Log, env: Mapping[str, str], clean: bool 
         with log.step("configure (cmake)"):
             proc.run(plan.configure, log=log, error=BuildError, what="cmake configure failed", fix=fix,
                      env=env, log_path=log_path)
-        stamp.write_text(json.dumps(list(plan.configure)))
+        stamp.write_text(json.dumps(wanted))
     compiled = 0
     with log.step(f"build {len(plan.targets)} targets (ninja)"), log.progress("compile") as bar:
         def on_line(line: str) -> None:

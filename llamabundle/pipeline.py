@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+import glob
 import hashlib
 import json
 import os
@@ -11,7 +12,7 @@ import zipfile
 from importlib import resources
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -20,11 +21,11 @@ from filelock import FileLock, Timeout
 
 from . import bundle as bundle_mod
 from . import source as source_mod
-from . import data, zipstream
+from . import data, proc, zipstream
 from .archive import _tmp_beside, extract_zip
 from .build import BuildPlan, BuildTools, library_file, plan_build, resolve_tools, run_build
 from .cudabin import binary_archs
-from .deps import elf
+from .deps import elf, pe
 from .deps.policy import linux_policy
 from .errors import UsageError, VerifyError
 from .log import Log
@@ -81,6 +82,12 @@ def verify_level_for(platform: str) -> Level:
     return Level.LOAD if platform == host_platform_name() else Level.STATIC
 
 
+def can_build_here(recipe: Recipe) -> bool:
+    """Native builds, and Windows bundles cross-built on Linux with mingw."""
+    host = host_platform_name()
+    return recipe.platform == host or (recipe.toolchain.compiler == "mingw" and host == "linux-x86_64")
+
+
 def build(recipe: Recipe, *, settings: Settings, store: Store, log: Log, env: Mapping[str, str], force: bool = False,
           publish: bool = True, out: Path | None = None, jobs: int | None = None, clean: bool = False,
           toolkit_source: str | None = None, check_reproducible: bool = False) -> BuildOutcome:
@@ -97,9 +104,9 @@ def build(recipe: Recipe, *, settings: Settings, store: Store, log: Log, env: Ma
             log.info(f"cache hit: {key[:12]} in {store.url}")
             return _from_store(entry, store=store, settings=settings, log=log, out=out)
         log.info(f"cache miss: {key[:12]} not in {store.url}; building")
-    if not recipe.platform == host_platform_name():
+    if not can_build_here(recipe):
         raise UsageError(f"{recipe.platform} bundles cannot be built on {host_platform_name()} by this version",
-                         fix=f"run the build on a {recipe.platform} machine")
+                         fix=f"run the build on a {recipe.platform} machine (or cross-build with toolchain: {{compiler: mingw}})")
     locks = settings.cache_dir / "locks"
     locks.mkdir(parents=True, exist_ok=True)
     lock = FileLock(str(locks / f"build-{key[:16]}.lock"))
@@ -178,7 +185,7 @@ class Made:
 
 
 def _package(made: Made, plan: BuildPlan, result: Any, out_zip: Path, *, settings: Settings,
-             log: Log) -> tuple[dict[str, Any], elf.Closure]:
+             log: Log) -> tuple[dict[str, Any], elf.Closure | WindowsCollected]:
     """Collect the build's products and their runtime libraries, write bundle.json, pack the zip."""
     recipe, tools, checked = made.recipe, made.tools, made.checked
     work = settings.cache_dir / "tmp"
@@ -187,7 +194,11 @@ def _package(made: Made, plan: BuildPlan, result: Any, out_zip: Path, *, setting
         stage = Path(tmp) / "bundle"
         stage.mkdir()
         with log.step("collect runtime libraries"):
-            closure, roles = collect_linux(plan, stage, log=log, source_dir=made.src.path, toolkit=made.toolkit)
+            if recipe.platform.startswith("windows"):
+                closure, roles = collect_windows(plan, stage, log=log, source_dir=made.src.path,
+                                                 runtime_dirs=windows_runtime_dirs(recipe))
+            else:
+                closure, roles = collect_linux(plan, stage, log=log, source_dir=made.src.path, toolkit=made.toolkit)
         manifest_fields = {
             "name": recipe.name,
             "key": made.key,
@@ -269,15 +280,84 @@ def collect_linux(plan: BuildPlan, stage: Path, *, log: Log, source_dir: Path,
     elf.apply_closure(closure, stage, log=log)
     roles = {n: "exe" for n in plan.programs} | {n: "backend" for n in plan.backends}
     roles |= {n: "runtime" for n in closure.bundled if n not in roles}
+    roles |= _copy_licenses(source_dir, stage)
+    if toolkit is not None:
+        roles |= copy_cuda_licenses(closure.bundled, toolkit, stage)
+    return closure, roles
+
+
+@dataclass(frozen=True, kw_only=True)
+class WindowsCollected:
+    """What collect_windows put into a Windows bundle (the fields _package reads, as elf.Closure has them)."""
+    closure: pe.PeClosure
+    bundled: dict[str, Path]  # file name in the bundle -> where it came from
+    glibc_floor: None = None
+
+    @property
+    def system_deps(self) -> list[str]:
+        return self.closure.system_deps
+
+
+def windows_runtime_dirs(recipe: Recipe) -> list[Path]:
+    """Where a Windows build's runtime DLLs come from: for mingw, the directories the compiler names for
+    its runtime DLLs (-print-file-name), then those of data/mingw.json that exist."""
+    if recipe.toolchain.compiler != "mingw":
+        return []
+    mingw = data._load("mingw.json")
+    dirs: list[Path] = []
+    for dll in mingw["runtime_dlls"]:
+        try:
+            out = proc.capture([mingw["toolchain"]["c_compiler"], f"-print-file-name={dll}"], timeout=30).stdout.strip()
+        except OSError:
+            break  # no compiler: only the listed directories
+        if os.path.isabs(out) and Path(out).is_file():
+            dirs.append(Path(out).parent)
+    for pattern in mingw["runtime_dirs"]:
+        dirs += sorted(Path(p) for p in glob.glob(pattern) if Path(p).is_dir())
+    return list(dict.fromkeys(d.resolve() for d in dirs))
+
+
+def collect_windows(plan: BuildPlan, stage: Path, *, log: Log, source_dir: Path,
+                    runtime_dirs: Sequence[Path] = ()) -> tuple[WindowsCollected, dict[str, str]]:
+    """The programs and backends of a Windows build, with every DLL of their PE import closure found in
+    the build's output or in runtime_dirs; system and driver DLLs are never looked up or copied."""
+    roots = [plan.output_dir / n for n in plan.programs + plan.backends]
+    closure = pe.resolve_closure(roots, bundle_dir=plan.output_dir, extra_dirs=runtime_dirs)
+    if closure.missing:
+        lines = [f"{name} (imported by {', '.join(by)})" for name, by in closure.missing.items()]
+        raise VerifyError(f"{len(closure.missing)} DLLs needed by the bundle were not found",
+                          why="missing: " + "; ".join(lines),
+                          fix="install the runtime that provides them on the build machine (for mingw: the "
+                              "gcc-mingw-w64-x86-64-posix-runtime and mingw-w64-x86-64-dev packages)")
+    bundled = {p.name: p for p in roots} | {d.path.name: d.path for d in closure.deps
+                                            if d.cls not in pe.NOT_BUNDLED and d.path is not None}
+    for name, path in bundled.items():
+        shutil.copyfile(path, stage / name)
+    copied_in = sorted(f"{d.path.name} ({d.cls})" for d in closure.deps
+                       if d.path is not None and d.path.parent != plan.output_dir)
+    log.info(f"    bundled from the build: {len(bundled) - len(copied_in)}; copied from the toolchain: "
+             f"{', '.join(copied_in) or 'none'}")
+    log.info(f"    system: {', '.join(closure.system_deps) or 'none'}")
+    roles = {n: "exe" for n in plan.programs} | {n: "backend" for n in plan.backends}
+    roles |= {n: "runtime" for n in bundled if n not in roles}
+    roles |= _copy_licenses(source_dir, stage)
+    if any(d.cls is pe.DllClass.MINGW_RUNTIME for d in closure.deps):
+        for name, src in data._load("mingw.json")["licenses"].items():
+            if Path(src).is_file():
+                shutil.copyfile(src, stage / name)
+                roles[name] = "license"
+    return WindowsCollected(closure=closure, bundled=bundled), roles
+
+
+def _copy_licenses(source_dir: Path, stage: Path) -> dict[str, str]:
+    roles: dict[str, str] = {}
     for src_rel, name in LICENSE_FILES.items():
         if (source_dir / src_rel).is_file():
             shutil.copyfile(source_dir / src_rel, stage / name)
             roles[name] = "license"
-    if toolkit is not None:
-        roles |= copy_cuda_licenses(closure.bundled, toolkit, stage)
     if "LICENSE" not in roles:
         raise VerifyError("llama.cpp's LICENSE file is missing from the source tree", fix="check the source")
-    return closure, roles
+    return roles
 
 
 def cuda_companions(bundled: Mapping[str, Path], lib_dirs: list[Path]) -> list[Path]:

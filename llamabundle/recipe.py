@@ -125,6 +125,12 @@ class Runtime:
 
 
 @dataclass(frozen=True, kw_only=True)
+class CpuVariants:
+    exclude: tuple[str, ...] = _f("GGML_CPU_ALL_VARIANTS variants not to build, e.g. [sapphirerapids]",
+                                  default=(), pattern=r"^[a-z0-9_.]+$")
+
+
+@dataclass(frozen=True, kw_only=True)
 class Publish:
     tag: str = _f("release tag template; fields: " + ", ".join(TEMPLATE_FIELDS), default="{name}-{key12}")
 
@@ -139,6 +145,8 @@ class Recipe:
     toolchain: Toolchain = _f("compiler")
     cuda: Cuda | None = _f("CUDA toolkit (required when backends has cuda)", default=None)
     cmake: tuple[tuple[str, str], ...] = _f("extra CMake cache options (values ON/OFF/strings)", default=())
+    cpu_variants: CpuVariants = _f("which CPU backend variants GGML_CPU_ALL_VARIANTS builds",
+                                   default_factory=CpuVariants)
     targets: tuple[str, ...] = _f("CMake targets whose programs go into the bundle", pattern=r"^[A-Za-z0-9_.+-]+$")
     runtime: Runtime = _f("runtime library policy", default_factory=Runtime)
     publish: Publish = _f("publish settings (not part of the cache key)", default_factory=Publish)
@@ -163,6 +171,11 @@ class Recipe:
                 return str(value)
         return str(data.cuda_toolkits()[self.cuda.toolkit]["driver_floor"][os_name])
 
+    def all_cpu_variants(self) -> tuple[str, ...]:
+        """The CPU variants ggml builds with GGML_CPU_ALL_VARIANTS for this compiler (data/build.json)."""
+        table = data.build_knowledge()["cpu_variants"]
+        return tuple(table["x86_64-msvc" if self.toolchain.compiler == "msvc" else "x86_64"])
+
     def key_inputs(self) -> dict[str, Any]:
         """Every input that changes the bundle's files, in canonical form (DESIGN §4)."""
         cuda = None
@@ -176,7 +189,11 @@ class Recipe:
         toolchain = {"compiler": self.toolchain.compiler}
         if self.toolchain.msvc_version:
             toolchain["msvc_version"] = self.toolchain.msvc_version
+        extra: dict[str, Any] = {}
+        if self.cpu_variants.exclude:  # only when set: the keys of recipes without it stay as they were
+            extra["cpu_variants"] = {"exclude": sorted(self.cpu_variants.exclude)}
         return {
+            **extra,
             "recipe": self.recipe,
             "bundle_format": BUNDLE_FORMAT,
             "platform": self.platform,
@@ -483,6 +500,8 @@ def _check(r: Recipe, ctx: _Ctx) -> None:
         raise ctx.fail(None, "cuda", "a cuda: section without the cuda backend", fix="add cuda to backends, or remove the cuda: section")
     if r.cuda is not None:
         _check_cuda(r.cuda, ctx)
+    if r.cpu_variants.exclude:
+        _check_cpu_variants(r, ctx)
     _check_template(r.publish.tag, ctx)
 
 
@@ -505,6 +524,24 @@ def _check_cuda(c: Cuda, ctx: _Ctx) -> None:
     from .archs import check_archs  # local: archs imports this module's errors only
 
     check_archs(c.archs, known["archs"], toolkit=c.toolkit, fail=lambda i, msg, fix: ctx.fail(None, f"cuda.archs[{i}]" if c.archs else "cuda.archs", msg, fix))
+
+
+def _check_cpu_variants(r: Recipe, ctx: _Ctx) -> None:
+    exclude, known = r.cpu_variants.exclude, r.all_cpu_variants()
+    if r.cmake_options.get("GGML_CPU_ALL_VARIANTS") != "ON":
+        raise ctx.fail(None, "cpu_variants.exclude", "variants can be left out only of a GGML_CPU_ALL_VARIANTS build",
+                       fix="set cmake: {GGML_CPU_ALL_VARIANTS: ON, GGML_BACKEND_DL: ON}, or remove cpu_variants:")
+    for i, name in enumerate(exclude):
+        if name not in known:
+            hint = difflib.get_close_matches(name, known, n=1)
+            raise ctx.fail(None, f"cpu_variants.exclude[{i}]",
+                           f"'{name}' is not a CPU variant ggml builds with {r.toolchain.compiler}",
+                           fix=f"did you mean '{hint[0]}'?" if hint else "use some of: " + ", ".join(known))
+    if len(set(exclude)) != len(exclude):
+        raise ctx.fail(None, "cpu_variants.exclude", "a variant is listed twice")
+    if set(known) <= set(exclude):
+        raise ctx.fail(None, "cpu_variants.exclude", "every CPU variant is excluded: the bundle would have no CPU backend",
+                       fix="keep at least one (x64 runs on every x86-64 CPU)")
 
 
 def _check_template(tag: str, ctx: _Ctx) -> None:

@@ -3,11 +3,17 @@ its backends from inside the bundle)."""
 
 from __future__ import annotations
 
+import os
 import platform as host_platform
+import queue
 import re
 import shutil
+import signal
 import subprocess
 import tempfile
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -21,6 +27,9 @@ from .cudabin import binary_archs
 from .errors import VerifyError
 
 LOAD_TIMEOUT = 120
+WINE_TIMEOUT = 300  # a new Wine prefix boots first (20-60 s)
+WINE_QUIET = 2.0  # seconds without output after the device list: the list is complete
+WINE_STOPPED = "stopped after the device list: Wine 8 does not exit"
 _LOADED = re.compile(r"load_backend: loaded (\S+) backend from (.+?)\s*$")
 _DEVICE = re.compile(r"^\s+(\S+): (.+)$")
 
@@ -59,7 +68,7 @@ def host_platform_name() -> str:
     return f"{system}-{machine}"
 
 
-def verify_bundle(path: Path, *, level: Level, require_gpu: bool = False) -> VerifyReport:
+def verify_bundle(path: Path, *, level: Level, require_gpu: bool = False, wine_prefix: Path | None = None) -> VerifyReport:
     """Verify a bundle zip or directory up to `level`. Raises VerifyError naming what failed."""
     with tempfile.TemporaryDirectory(prefix="llamabundle-verify-") as tmp:
         if path.is_file():
@@ -75,11 +84,12 @@ def verify_bundle(path: Path, *, level: Level, require_gpu: bool = False) -> Ver
                 root = path
         else:
             raise VerifyError(f"{path} does not exist", fix="pass a bundle zip or an unpacked bundle directory")
-        return verify_unpacked(root, manifest, check, level=level, require_gpu=require_gpu, label=str(path))
+        return verify_unpacked(root, manifest, check, level=level, require_gpu=require_gpu, label=str(path),
+                               wine_prefix=wine_prefix)
 
 
 def verify_unpacked(root: Path, manifest: dict[str, Any], check: bundle_mod.ContentCheck, *, level: Level,
-                    require_gpu: bool = False, label: str) -> VerifyReport:
+                    require_gpu: bool = False, label: str, wine_prefix: Path | None = None) -> VerifyReport:
     """The levels above the manifest, on a bundle directory whose contents were just checked (`check`).
     The load level runs the binaries in `root`: pass a copy, or a directory of one's own."""
     report = VerifyReport(path=label, key=manifest["key"], platform=manifest["platform"],
@@ -90,7 +100,7 @@ def verify_unpacked(root: Path, manifest: dict[str, Any], check: bundle_mod.Cont
     if manifest.get("cuda"):
         report.levels["archs"] = check_archs(root, manifest)
     if level is not Level.STATIC:
-        check_load(root, manifest, report)
+        check_load(root, manifest, report, wine_prefix=wine_prefix)
     if level is Level.GPU:
         check_gpu(manifest, report, require_gpu=require_gpu)
     return report
@@ -181,7 +191,10 @@ def _check_static_pe(root: Path, manifest: dict[str, Any]) -> list[str]:
     return closure.system_deps
 
 
-def check_load(root: Path, manifest: dict[str, Any], report: VerifyReport) -> None:
+def check_load(root: Path, manifest: dict[str, Any], report: VerifyReport, *, wine_prefix: Path | None = None) -> None:
+    if manifest["platform"] == "windows-x86_64" and host_platform_name() == "linux-x86_64":
+        check_load_wine(root, report, prefix=wine_prefix or default_wine_prefix())
+        return
     if manifest["platform"] != host_platform_name():
         report.levels["load"] = f"skipped: a {manifest['platform']} bundle cannot run on {host_platform_name()}"
         return
@@ -223,3 +236,132 @@ def check_load(root: Path, manifest: dict[str, Any], report: VerifyReport) -> No
         if in_list and m:
             report.devices.append(f"{m.group(1)}: {m.group(2)}")
     report.levels["load"] = "passed"
+
+
+# ------------------------------------------------------------------------------- Windows under Wine
+
+
+def default_wine_prefix() -> Path:
+    """The private Wine prefix in llamabundle's cache dir (never the user's ~/.wine)."""
+    from .recipe import Settings  # the one reader of LLAMABUNDLE_* settings
+
+    return Settings.from_env(os.environ).cache_dir / "wine"
+
+
+@dataclass(frozen=True, kw_only=True)
+class StreamResult:
+    lines: list[str]
+    returncode: int | None  # None: it was stopped
+    stopped: bool
+
+
+def run_until_device_list(argv: list[str], *, env: dict[str, str], cwd: Path, timeout: float | None = None,
+                          quiet: float | None = None, stop: Callable[[], None] | None = None) -> StreamResult:
+    """Run argv, reading stdout+stderr as they stream. Once 'Available devices:' has been seen and either
+    a line that is not a device follows or the output goes quiet for `quiet` seconds, the device list is
+    complete: the process group is killed (then `stop()`, e.g. wineserver -k) and the result says so."""
+    try:
+        p = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             stdin=subprocess.DEVNULL, text=True, errors="replace", start_new_session=True)
+    except OSError as e:
+        raise VerifyError(f"{argv[0]} could not be started", why=str(e)) from None
+    assert p.stdout is not None
+    timeout = WINE_TIMEOUT if timeout is None else timeout
+    quiet = WINE_QUIET if quiet is None else quiet
+    lines: queue.Queue[str | None] = queue.Queue()
+    stream = p.stdout
+
+    def read() -> None:
+        for line in stream:
+            lines.put(line)
+        lines.put(None)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    seen: list[str] = []
+    in_list = complete = False
+    deadline = time.monotonic() + timeout
+    try:
+        while not complete:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise VerifyError(f"{' '.join(Path(a).name for a in argv)} listed no devices in {timeout:.0f}s",
+                                  details="\n".join(seen[-20:]))
+            try:
+                line = lines.get(timeout=min(left, quiet) if in_list else min(left, 0.5))
+            except queue.Empty:
+                complete = in_list
+                continue
+            if line is None:  # it exited by itself
+                return StreamResult(lines=seen, returncode=p.wait(), stopped=False)
+            line = line.rstrip("\r\n")
+            seen.append(line)
+            if line.startswith("Available devices"):
+                in_list = True
+            elif in_list and not _DEVICE.match(line):
+                complete = True
+    finally:
+        if p.poll() is None:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                p.kill()
+            p.wait()
+            if stop is not None:
+                stop()
+        reader.join(timeout=5)
+    return StreamResult(lines=seen, returncode=None, stopped=True)
+
+
+def check_load_wine(root: Path, report: VerifyReport, *, prefix: Path) -> None:
+    """`wine llama-server.exe --verbose --list-devices` from the bundle copy, in a private prefix; the CPU
+    backend must load from inside the bundle (Wine prints Z:\\… paths). Skipped with a reason without wine."""
+    from filelock import FileLock
+
+    wine = shutil.which("wine")
+    if wine is None:
+        report.levels["load"] = "skipped: wine is not installed (a Windows bundle runs on Linux only under Wine)"
+        return
+    exe = root / "llama-server.exe"
+    if not exe.is_file():
+        raise VerifyError("the bundle has no llama-server.exe", fix="include llama-server in the recipe's targets")
+    prefix.mkdir(parents=True, exist_ok=True)
+    wine_dir = str(Path(wine).parent)
+    env = {"PATH": f"{wine_dir}:/usr/bin:/bin", "HOME": str(prefix), "LANG": "C.UTF-8", "WINEPREFIX": str(prefix),
+           "WINEDEBUG": "-all", "WINEDLLOVERRIDES": "mscoree,mshtml=", "TMPDIR": str(root.parent)}
+    wineserver = shutil.which("wineserver", path=env["PATH"])
+
+    def stop() -> None:
+        if wineserver:
+            subprocess.run([wineserver, "-k"], env=env, stdin=subprocess.DEVNULL, capture_output=True, timeout=60)
+
+    with FileLock(str(prefix) + ".lock"):  # one run per prefix: wineserver -k ends every process in it
+        res = run_until_device_list([wine, str(exe), "--verbose", "--list-devices"], env=env, cwd=root, stop=stop)
+    tail = "\n".join(res.lines[-20:])
+    if not res.stopped and res.returncode != 0:
+        raise VerifyError(f"wine llama-server.exe --list-devices exited with {res.returncode}",
+                          why="the bundle does not load under Wine", details=tail)
+    inside = root.resolve()
+    in_list = False
+    for line in res.lines:
+        m = _LOADED.search(line)
+        if m:
+            report.backends_loaded[m.group(1)] = wine_to_unix(m.group(2))
+        if line.startswith("Available devices"):
+            in_list = True
+        elif in_list and (d := _DEVICE.match(line)):
+            report.devices.append(f"{d.group(1)}: {d.group(2)}")
+    if "CPU" not in report.backends_loaded:
+        raise VerifyError("llama-server.exe did not load a CPU backend under Wine",
+                          why="no 'loaded CPU backend from' line", details=tail)
+    for name, where in report.backends_loaded.items():
+        if not Path(where).resolve().is_relative_to(inside):
+            raise VerifyError(f"the {name} backend was loaded from {where}, outside the bundle",
+                              why="a DLL outside the bundle shadows the bundled one", details=tail)
+    report.levels["load"] = "passed (under Wine; " + (WINE_STOPPED + ")" if res.stopped else "it exited 0)")
+
+
+def wine_to_unix(path: str) -> str:
+    """Z:\\tmp\\b\\x.dll -> /tmp/b/x.dll (Wine maps Z: to /); other paths unchanged."""
+    m = re.match(r"^[Zz]:[\\/](.*)$", path)
+    return "/" + m.group(1).replace("\\", "/") if m else path

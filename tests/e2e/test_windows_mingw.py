@@ -1,0 +1,96 @@
+"""A real Windows bundle, cross-built on Linux with mingw-w64 (issue 5): `llamabundle build` of
+recipes/windows-x86_64-cpu-mingw.yaml (sources from the shared cache, like test_pipeline.py), then static
+verification, llama-server.exe run under Wine, and a bundle missing a runtime DLL refused with exit 5."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e.conftest import BUILD_TIMEOUT, REPO, run_cli
+
+RECIPE = REPO / "recipes" / "windows-x86_64-cpu-mingw.yaml"
+CXX = "x86_64-w64-mingw32-g++-posix"
+RUNTIME = {"libgomp-1.dll", "libstdc++-6.dll", "libgcc_s_seh-1.dll", "libwinpthread-1.dll"}
+pytestmark = [pytest.mark.e2e,
+              pytest.mark.skipif(shutil.which(CXX) is None, reason=f"{CXX} (mingw-w64, posix threads) is not installed")]
+
+
+@pytest.fixture(scope="module")
+def mingw_build(e2e_env: dict[str, str], store: Path) -> dict[str, Any]:
+    started = time.monotonic()
+    res = run_cli("build", RECIPE, "--store", store, "--json", env=e2e_env, timeout=BUILD_TIMEOUT)
+    if res.returncode != 0:
+        pytest.fail(f"llamabundle build of the mingw recipe failed ({res.returncode}):\n{res.stderr[-6000:]}")
+    out = json.loads(res.stdout)
+    print(f"\nmingw bundle: built in {time.monotonic() - started:.0f} s, "
+          f"{Path(out['published']).stat().st_size / 1e6:.1f} MB zip")
+    return out
+
+
+@pytest.fixture(scope="module")
+def unpacked_mingw(mingw_build: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("mingw") / "bundle"
+    with zipfile.ZipFile(mingw_build["published"]) as zf:
+        zf.extractall(out)
+    return out
+
+
+def test_the_bundle_holds_the_programs_13_variants_and_the_mingw_runtime(unpacked_mingw: Path, e2e_env: dict[str, str]) -> None:
+    manifest = json.loads((unpacked_mingw / "bundle.json").read_text())
+    assert manifest["platform"] == "windows-x86_64" and manifest["inputs"]["cpu_variants"] == {"exclude": ["sapphirerapids"]}
+    assert manifest["toolchain"]["compiler"].startswith("GNU ")
+    roles = {f["path"]: f["role"] for f in manifest["files"]}
+    assert {p for p, r in roles.items() if r == "exe"} == {"llama-server.exe", "llama-cli.exe", "llama-bench.exe"}
+    backends = sorted(p for p, r in roles.items() if r == "backend")
+    assert len(backends) == 13 and all(p.startswith("ggml-cpu-") and p.endswith(".dll") for p in backends)
+    assert "ggml-cpu-sapphirerapids.dll" not in roles
+    assert RUNTIME <= {p for p, r in roles.items() if r == "runtime"}
+    assert "KERNEL32.dll" in manifest["system_deps"] and not RUNTIME & set(manifest["system_deps"])
+    res = run_cli("deps", "--json", *(unpacked_mingw / n for n in ("llama-server.exe", *backends)), env=e2e_env)
+    assert res.returncode == 0, res.stderr
+    classes = {d["name"].lower(): d["class"] for d in json.loads(res.stdout)["deps"]}
+    assert {n: classes[n] for n in RUNTIME} == {n: "bundled" for n in RUNTIME}  # found inside the bundle
+    print("DLL classes:", json.dumps({d["name"]: d["kind"] or d["class"] for d in json.loads(res.stdout)["deps"]}))
+
+
+def test_static_verification_passes(mingw_build: dict[str, Any], e2e_env: dict[str, str]) -> None:
+    res = run_cli("verify", mingw_build["published"], "--level", "static", "--json", env=e2e_env)
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["levels"] == {"manifest": "passed", "static": "passed"}
+
+
+def test_llama_server_exe_loads_its_backend_from_the_bundle_under_wine(mingw_build: dict[str, Any],
+                                                                         e2e_env: dict[str, str]) -> None:
+    if shutil.which("wine") is None:
+        pytest.skip("wine is not installed")
+    res = run_cli("verify", mingw_build["published"], "--level", "load", "--json", env=e2e_env, timeout=900)
+    assert res.returncode == 0, res.stderr
+    report = json.loads(res.stdout)
+    assert report["levels"]["load"].startswith("passed (under Wine")
+    cpu = report["backends_loaded"]["CPU"]
+    assert "llamabundle-verify-" in cpu and Path(cpu).name.startswith("ggml-cpu-")  # from the copy it ran
+    assert report["devices"] == []  # a CPU-only build lists "  (none)", as on Linux
+
+
+def test_a_bundle_without_libgomp_fails_static_verification(unpacked_mingw: Path, e2e_env: dict[str, str],
+                                                             tmp_path: Path) -> None:
+    copy = tmp_path / "bundle"
+    shutil.copytree(unpacked_mingw, copy)
+    (copy / "libgomp-1.dll").unlink()
+    res = run_cli("verify", copy, "--level", "static", env=e2e_env)  # bundle.json still lists it
+    assert res.returncode == 5 and "libgomp-1.dll" in res.stderr and "Traceback" not in res.stderr
+    manifest = json.loads((copy / "bundle.json").read_text())  # drop its entry too: the import check finds it
+    manifest["files"] = [f for f in manifest["files"] if f["path"] != "libgomp-1.dll"]
+    (copy / "bundle.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    res = run_cli("verify", copy, "--level", "static", env=e2e_env)
+    assert res.returncode == 5, res.stderr
+    assert "libgomp-1.dll (imported by " in res.stderr and "is not in the bundle" in res.stderr
+    assert "ggml-cpu-haswell.dll" in res.stderr  # one of the binaries that import it (OpenMP)
+    assert "Traceback" not in res.stderr

@@ -1,0 +1,372 @@
+"""Windows bundles cross-built with mingw (issue 5, parts 3 and 5): the recipe's cpu_variants field, the
+toolchain file, compatibility header and project include in the plan (pure) and as the executor writes
+them, collect_windows on real PE files compiled with mingw-w64, and the Wine load check against a fake
+`wine` that prints a device list and never exits."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+import textwrap
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+from llamabundle import data
+from llamabundle import verify as verify_mod
+from llamabundle.build import MINGW_COMPAT, MINGW_TOOLCHAIN, PROJECT_INCLUDE, BuildPlan, BuildTools, plan_build, run_build
+from llamabundle.deps import pe
+from llamabundle.errors import RecipeError, VerifyError
+from llamabundle.log import Log
+from llamabundle.pipeline import collect_windows, windows_runtime_dirs
+from llamabundle.recipe import load_recipe, parse_recipe
+from llamabundle.verify import WINE_STOPPED, VerifyReport, check_load_wine, wine_to_unix
+
+ROOT = Path(__file__).resolve().parents[2]
+MINGW_RECIPE = ROOT / "recipes" / "windows-x86_64-cpu-mingw.yaml"
+LINUX_RECIPE = ROOT / "recipes" / "linux-x86_64-cpu.yaml"
+CC = "x86_64-w64-mingw32-gcc-posix"
+CXX = "x86_64-w64-mingw32-g++-posix"
+needs_mingw = pytest.mark.skipif(not (shutil.which(CC) and shutil.which(CXX)), reason=f"{CC} and {CXX} (mingw-w64) are needed")
+needs_posix = pytest.mark.skipif(os.name == "nt", reason="the fake wine is a POSIX shell script")
+TOOLS = BuildTools(cmake="cmake", ninja="ninja")
+
+
+def mingw_text(*edits: tuple[str, str]) -> str:
+    text = MINGW_RECIPE.read_text(encoding="utf-8")
+    for old, new in edits:
+        assert old in text, old
+        text = text.replace(old, new)
+    return text
+
+
+# ------------------------------------------------------------------------------------- recipe field
+
+
+def test_the_mingw_recipe_loads_and_pins_what_the_linux_one_does() -> None:
+    r, linux = load_recipe(MINGW_RECIPE), load_recipe(LINUX_RECIPE)
+    assert r.platform == "windows-x86_64" and r.toolchain.compiler == "mingw"
+    assert r.llama_cpp == linux.llama_cpp
+    assert r.targets == ("llama-server", "llama-cli", "llama-bench")
+    assert r.cpu_variants.exclude == ("sapphirerapids",)
+    assert r.cmake_options["GGML_BACKEND_DL"] == "ON" and r.cmake_options["GGML_CPU_ALL_VARIANTS"] == "ON"
+    schema = json.loads((ROOT / "llamabundle" / "data" / "recipe.schema.json").read_text(encoding="utf-8"))
+    jsonschema.Draft202012Validator(schema).validate(yaml.safe_load(MINGW_RECIPE.read_text(encoding="utf-8")))
+
+
+def test_excluded_variants_are_a_key_input_and_absent_ones_leave_old_keys_alone() -> None:
+    r = load_recipe(MINGW_RECIPE)
+    assert r.key_inputs()["cpu_variants"] == {"exclude": ["sapphirerapids"]}
+    without = parse_recipe(mingw_text(("cpu_variants:\n  exclude: [sapphirerapids]", "")))
+    assert "cpu_variants" not in without.key_inputs() and "cpu_variants" not in load_recipe(LINUX_RECIPE).key_inputs()
+    assert without.key() != r.key()
+    two = parse_recipe(mingw_text(("[sapphirerapids]", "[zen4, sapphirerapids]")))
+    assert two.key() not in (r.key(), without.key())
+    reordered = parse_recipe(mingw_text(("[sapphirerapids]", "[sapphirerapids, zen4]")))
+    assert reordered.key() == two.key()
+
+
+@pytest.mark.parametrize(("edits", "where", "message", "fix"), [
+    ((("[sapphirerapids]", "[saphirerapids]"),), "cpu_variants.exclude[0]", "'saphirerapids' is not a CPU variant",
+     "did you mean 'sapphirerapids'?"),
+    ((("[sapphirerapids]", "[sapphirerapids, sapphirerapids]"),), "cpu_variants.exclude", "listed twice", ""),
+    ((("  GGML_CPU_ALL_VARIANTS: ON\n", ""),), "cpu_variants.exclude", "only of a GGML_CPU_ALL_VARIANTS build",
+     "GGML_CPU_ALL_VARIANTS: ON"),
+    ((("exclude: [sapphirerapids]", "exlude: [sapphirerapids]"),), "cpu_variants.exlude", "unknown key 'exlude'",
+     "did you mean 'exclude'?"),
+    ((("[sapphirerapids]", "[Sapphire]"),), "cpu_variants.exclude[0]", "is not valid", ""),
+])
+def test_bad_exclusions_name_the_key_and_suggest(edits: tuple[tuple[str, str], ...], where: str, message: str, fix: str) -> None:
+    with pytest.raises(RecipeError) as e:
+        parse_recipe(mingw_text(*edits), file="w.yaml")
+    assert f" {where}:" in e.value.what and message in e.value.what and e.value.what.startswith("w.yaml:")
+    assert fix in (e.value.fix or "")
+
+
+def test_exclusions_are_checked_against_the_compilers_own_variant_list() -> None:
+    everything = ", ".join(data.build_knowledge()["cpu_variants"]["x86_64"])
+    with pytest.raises(RecipeError, match="every CPU variant is excluded"):
+        parse_recipe(mingw_text(("[sapphirerapids]", f"[{everything}]")))
+    msvc = mingw_text(("toolchain: {compiler: mingw}", "toolchain: {compiler: msvc}"), ("[sapphirerapids]", "[ivybridge]"))
+    with pytest.raises(RecipeError, match="'ivybridge' is not a CPU variant ggml builds with msvc"):
+        parse_recipe(msvc)  # MSVC builds no ivybridge variant (ggml/src/CMakeLists.txt)
+
+
+def test_a_recipe_cannot_set_the_project_include() -> None:
+    with pytest.raises(RecipeError, match="CMAKE_PROJECT_INCLUDE is set by llamabundle"):
+        parse_recipe(mingw_text(("  GGML_NATIVE: OFF\n", "  GGML_NATIVE: OFF\n  CMAKE_PROJECT_INCLUDE: /x.cmake\n")))
+
+
+# -------------------------------------------------------------------------------------------- plan
+
+
+def test_the_mingw_plan_cross_compiles_and_leaves_the_variant_out(tmp_path: Path) -> None:
+    bd = tmp_path / "build"
+    plan = plan_build(load_recipe(MINGW_RECIPE), source_dir=tmp_path / "src", build_dir=bd, tools=TOOLS)
+    assert not bd.exists()  # pure: the files are data for the executor
+    files = dict(plan.files)
+    assert set(files) == {str(bd / MINGW_TOOLCHAIN), str(bd / MINGW_COMPAT), str(bd / PROJECT_INCLUDE)}
+    assert f"-DCMAKE_TOOLCHAIN_FILE={bd / MINGW_TOOLCHAIN}" in plan.configure
+    assert f"-DCMAKE_PROJECT_INCLUDE={bd / PROJECT_INCLUDE}" in plan.configure
+    toolchain = files[str(bd / MINGW_TOOLCHAIN)]
+    for line in ("set(CMAKE_SYSTEM_NAME Windows)", "set(CMAKE_SYSTEM_PROCESSOR x86_64)", f"set(CMAKE_C_COMPILER {CC})",
+                 f"set(CMAKE_CXX_COMPILER {CXX})", "set(CMAKE_RC_COMPILER x86_64-w64-mingw32-windres)",
+                 "set(CMAKE_FIND_ROOT_PATH /usr/x86_64-w64-mingw32)"):
+        assert line in toolchain.splitlines()
+    include = files[str(bd / PROJECT_INCLUDE)]
+    assert "add_compile_definitions(_WIN32_WINNT=0x0A00)" in include
+    assert f"-include{(bd / MINGW_COMPAT).as_posix()}" in include
+    assert "foreach(_dep ggml-cpu-sapphirerapids)" in include and "_add_dependencies(" in include
+    assert "#ifndef THREAD_POWER_THROTTLING_CURRENT_VERSION" in files[str(bd / MINGW_COMPAT)]
+    assert "ggml-cpu-sapphirerapids" not in plan.build and "ggml-cpu-zen4" in plan.build
+    assert len(plan.backends) == 13 and all(b.endswith(".dll") for b in plan.backends)
+    assert plan.programs == ("llama-server.exe", "llama-cli.exe", "llama-bench.exe")
+    shown = plan.to_json()
+    assert shown["files"] == files and json.dumps(shown)  # what `llamabundle show --json` prints
+
+
+def test_a_linux_plan_writes_no_files_and_excludes_only_when_asked(tmp_path: Path) -> None:
+    linux = load_recipe(LINUX_RECIPE)
+    plan = plan_build(linux, source_dir=tmp_path, build_dir=tmp_path / "b", tools=TOOLS)
+    assert plan.files == () and not any("PROJECT_INCLUDE" in a or "TOOLCHAIN_FILE" in a for a in plan.configure)
+    assert "ggml-cpu-sapphirerapids" in plan.build
+    text = LINUX_RECIPE.read_text(encoding="utf-8").replace("targets:", "cpu_variants: {exclude: [zen4]}\ntargets:")
+    plan = plan_build(parse_recipe(text), source_dir=tmp_path, build_dir=tmp_path / "b", tools=TOOLS)
+    assert [Path(p).name for p, _ in plan.files] == [PROJECT_INCLUDE]
+    assert "ggml-cpu-zen4" not in plan.build and "libggml-cpu-zen4.so" not in plan.backends
+
+
+@needs_posix
+def test_the_executor_writes_the_files_before_configure_and_keeps_unchanged_ones(tmp_path: Path) -> None:
+    """A stand-in cmake (a shell script, not cmake) records what it found at configure time."""
+    fake = tmp_path / "fake-cmake"
+    fake.write_text(textwrap.dedent("""\
+        #!/bin/sh
+        if [ "$1" = "--build" ]; then
+          mkdir -p "$2/bin"; for n in llama-server.exe llama-cli.exe llama-bench.exe; do : > "$2/bin/$n"; done
+          for v in x64 sse42 sandybridge ivybridge piledriver haswell skylakex cannonlake cascadelake icelake \\
+                   cooperlake zen4 alderlake; do : > "$2/bin/ggml-cpu-$v.dll"; done
+          exit 0
+        fi
+        for a in "$@"; do case "$a" in -B) next=1;; *) [ -n "$next" ] && bd="$a"; next=;; esac; done
+        ls "$bd" > "$bd/seen-at-configure"; : > "$bd/build.ninja"
+        """))
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    bd = tmp_path / "build"
+    plan = plan_build(load_recipe(MINGW_RECIPE), source_dir=tmp_path, build_dir=bd,
+                      tools=BuildTools(cmake=str(fake), ninja="ninja"))
+    run_build(plan, log=Log(), env=dict(os.environ))
+    seen = (bd / "seen-at-configure").read_text().split()
+    assert {MINGW_TOOLCHAIN, MINGW_COMPAT, PROJECT_INCLUDE} <= set(seen)
+    assert all(Path(p).read_text(encoding="utf-8") == t for p, t in plan.files)
+    mtimes = {p: Path(p).stat().st_mtime_ns for p, _ in plan.files}
+    (bd / "seen-at-configure").unlink()
+    run_build(plan, log=Log(), env=dict(os.environ))  # same plan: no configure, files untouched
+    assert not (bd / "seen-at-configure").exists()
+    assert {p: Path(p).stat().st_mtime_ns for p, _ in plan.files} == mtimes
+
+
+@needs_mingw
+def test_the_compat_header_supplies_what_the_mingw_headers_lack(tmp_path: Path) -> None:
+    bd = tmp_path / "b"
+    plan = plan_build(load_recipe(MINGW_RECIPE), source_dir=tmp_path, build_dir=bd, tools=TOOLS)
+    header = tmp_path / "compat.h"
+    header.write_text(dict(plan.files)[str(bd / MINGW_COMPAT)], encoding="utf-8")
+    src = tmp_path / "t.c"  # what ggml-cpu.c does with it
+    src.write_text(textwrap.dedent("""\
+        #include <windows.h>
+        int f(void) {
+            THREAD_POWER_THROTTLING_STATE t;
+            t.Version = THREAD_POWER_THROTTLING_CURRENT_VERSION;
+            t.ControlMask = THREAD_POWER_THROTTLING_EXECUTION_SPEED;
+            t.StateMask = 0;
+            return SetThreadInformation(GetCurrentThread(), ThreadPowerThrottling, &t, sizeof(t));
+        }
+        """))
+    argv = [CC, "-D_WIN32_WINNT=0x0A00", "-c", str(src), "-o", str(tmp_path / "t.o")]
+    bare = subprocess.run(argv, capture_output=True, text=True)
+    with_header = subprocess.run([*argv, f"-include{header}"], capture_output=True, text=True)
+    assert with_header.returncode == 0, with_header.stderr
+    if bare.returncode == 0:  # newer mingw-w64 headers: the guard must keep the header out of the way
+        assert "__MINGW64_VERSION_MAJOR" in header.read_text()
+    else:
+        assert "THREAD_POWER_THROTTLING" in bare.stderr
+
+
+# ------------------------------------------------------------------------------------------ collect
+
+
+@pytest.fixture(scope="module")
+def build_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A build output of real PE files: an exe (C++, OpenMP, threads) importing llama.dll, and a backend."""
+    if not (shutil.which(CC) and shutil.which(CXX)):
+        pytest.skip(f"{CC} and {CXX} (mingw-w64) are needed")
+    out = tmp_path_factory.mktemp("mingw") / "bin"
+    out.mkdir()
+    (out / "llama.c").write_text("__declspec(dllexport) int llama_answer(void) { return 42; }\n")
+    (out / "backend.c").write_text("__declspec(dllexport) int ggml_backend_score(void) { return 1; }\n")
+    (out / "main.cpp").write_text(textwrap.dedent("""\
+        #include <string>
+        #include <thread>
+        extern "C" int llama_answer(void);
+        int main() {
+            std::string s = "x";
+            int sum = 0;
+            #pragma omp parallel for reduction(+:sum)
+            for (int i = 0; i < 8; i++) sum += i;
+            std::thread t([&] { s += "y"; });
+            t.join();
+            return llama_answer() + sum + (int)s.size();
+        }
+        """))
+    def run(*argv: str) -> None:
+        subprocess.run(argv, cwd=out, check=True, capture_output=True)
+    run(CC, "-shared", "-o", "llama.dll", "llama.c", "-Wl,--out-implib,libllama.dll.a")
+    run(CC, "-shared", "-o", "ggml-cpu-x64.dll", "backend.c")
+    run(CXX, "-fopenmp", "-pthread", "-o", "llama-server.exe", "main.cpp", "-L.", "-lllama")
+    for f in ("llama.c", "backend.c", "main.cpp", "libllama.dll.a"):
+        (out / f).unlink()
+    return out
+
+
+def plan_of(out: Path) -> BuildPlan:
+    return BuildPlan(source_dir=out.parent, build_dir=out.parent, configure=(), build=(), targets=(),
+                     programs=("llama-server.exe",), backends=("ggml-cpu-x64.dll",), output_dir=out)
+
+
+def test_collect_windows_bundles_the_mingw_runtime_and_never_system_dlls(build_tree: Path, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "LICENSE").write_text("MIT\n")
+    stage = tmp_path / "stage"
+    stage.mkdir()
+    dirs = windows_runtime_dirs(load_recipe(MINGW_RECIPE))
+    assert dirs and all(d.is_dir() for d in dirs)
+    collected, roles = collect_windows(plan_of(build_tree), stage, log=Log(), source_dir=src, runtime_dirs=dirs)
+    runtime = {"libgomp-1.dll", "libstdc++-6.dll", "libgcc_s_seh-1.dll", "libwinpthread-1.dll"}
+    assert roles["llama-server.exe"] == "exe" and roles["ggml-cpu-x64.dll"] == "backend"
+    assert roles["LICENSE"] == "license"
+    assert {n for n, r in roles.items() if r == "runtime"} == runtime | {"llama.dll"}
+    assert {p.name for p in stage.iterdir()} == set(roles)
+    classes = {d.name: d.cls for d in collected.closure.deps}
+    assert all(classes[n] is pe.DllClass.MINGW_RUNTIME for n in runtime)
+    assert classes["llama.dll"] is pe.DllClass.BUNDLED
+    assert "KERNEL32.dll" in collected.system_deps and collected.glibc_floor is None
+    assert not any(pe.pe_policy().classify(p.name) in pe.NOT_BUNDLED for p in stage.iterdir())
+    for name in runtime:  # the very files of the toolchain, found from the compiler's own answer
+        assert (stage / name).read_bytes() == collected.bundled[name].read_bytes()
+        assert collected.bundled[name].parent in dirs
+
+
+def test_collect_windows_names_a_runtime_dll_it_cannot_find(build_tree: Path, tmp_path: Path) -> None:
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "LICENSE").write_text("MIT\n")
+    with pytest.raises(VerifyError) as e:
+        collect_windows(plan_of(build_tree), tmp_path, log=Log(), source_dir=tmp_path / "src", runtime_dirs=())
+    assert "libstdc++-6.dll (imported by llama-server.exe)" in (e.value.why or "")
+
+
+# --------------------------------------------------------------------------------------------- Wine
+
+
+def fake_wine(bin_dir: Path, body: str) -> Path:
+    """`wine` and `wineserver` stand-ins: wine runs `body` (sh) with $2 the exe; wineserver records its calls."""
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    (bin_dir / "wine").write_text("#!/bin/sh\necho $$ > \"$WINEPREFIX/wine.pid\"\n" + textwrap.dedent(body))
+    (bin_dir / "wineserver").write_text("#!/bin/sh\necho \"$@ $WINEPREFIX\" >> \"$WINEPREFIX/wineserver.calls\"\n")
+    for f in ("wine", "wineserver"):
+        (bin_dir / f).chmod(0o755)
+    return bin_dir
+
+
+def bundle_dir(tmp_path: Path) -> Path:
+    root = tmp_path / "bundle"
+    root.mkdir()
+    (root / "llama-server.exe").write_bytes(b"MZ")
+    return root
+
+
+def report() -> VerifyReport:
+    return VerifyReport(path="x", key="k", platform="windows-x86_64", files=1, bytes=2)
+
+
+LIST = r"""
+dir=$(dirname "$1" | sed 's|/|\\|g')
+printf '%s\n' "load_backend: loaded CPU backend from Z:${dir}\\ggml-cpu-haswell.dll" >&2
+echo "Available devices:"
+echo "  CPU: Intel Xeon (64000 MiB, 60000 MiB free)"
+"""
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@needs_posix
+def test_wine_that_never_exits_is_stopped_after_the_device_list(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(fake_wine(tmp_path / "bin", LIST + "exec sleep 3600\n")))
+    root, prefix, r = bundle_dir(tmp_path), tmp_path / "prefix", report()
+    check_load_wine(root, r, prefix=prefix)
+    assert r.levels["load"] == f"passed (under Wine; {WINE_STOPPED})"
+    assert r.backends_loaded == {"CPU": str(root / "ggml-cpu-haswell.dll")}
+    assert r.devices == ["CPU: Intel Xeon (64000 MiB, 60000 MiB free)"]
+    assert not alive(int((prefix / "wine.pid").read_text()))  # killed, not left behind
+    assert (prefix / "wineserver.calls").read_text().split() == ["-k", str(prefix)]  # that prefix only
+
+
+@needs_posix
+def test_a_line_after_the_list_ends_it_without_waiting_for_quiet(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(fake_wine(tmp_path / "bin", LIST + "echo 'main: exiting'\nexec sleep 3600\n")))
+    monkeypatch.setattr(verify_mod, "WINE_QUIET", 3600.0)  # only the line can end the wait
+    r = report()
+    check_load_wine(bundle_dir(tmp_path), r, prefix=tmp_path / "prefix")
+    assert WINE_STOPPED in r.levels["load"] and len(r.devices) == 1
+
+
+@needs_posix
+def test_wine_that_exits_by_itself_is_not_reported_stopped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(fake_wine(tmp_path / "bin", LIST + "exit 0\n")))
+    r = report()
+    check_load_wine(bundle_dir(tmp_path), r, prefix=tmp_path / "prefix")
+    assert r.levels["load"] == "passed (under Wine; it exited 0)"
+    assert not (tmp_path / "prefix" / "wineserver.calls").exists()
+
+
+@needs_posix
+def test_a_backend_from_outside_the_bundle_fails_under_wine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    body = ("printf '%s\\n' 'load_backend: loaded CPU backend from Z:\\opt\\other\\ggml-cpu-x64.dll' >&2\n"
+            'echo "Available devices:"\nexec sleep 3600\n')
+    monkeypatch.setenv("PATH", str(fake_wine(tmp_path / "bin", body)))
+    with pytest.raises(VerifyError, match=r"loaded from /opt/other/ggml-cpu-x64.dll, outside the bundle"):
+        check_load_wine(bundle_dir(tmp_path), report(), prefix=tmp_path / "prefix")
+
+
+@needs_posix
+def test_a_failing_exe_under_wine_fails_with_its_output(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    body = 'echo "err:module:import_dll Library libgomp-1.dll not found" >&2\nexit 53\n'
+    monkeypatch.setenv("PATH", str(fake_wine(tmp_path / "bin", body)))
+    with pytest.raises(VerifyError, match="exited with 53") as e:
+        check_load_wine(bundle_dir(tmp_path), report(), prefix=tmp_path / "prefix")
+    assert "libgomp-1.dll not found" in (e.value.details or "")
+
+
+def test_without_wine_the_load_level_is_skipped_with_a_reason(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    r = report()
+    check_load_wine(bundle_dir(tmp_path), r, prefix=tmp_path / "prefix")
+    assert r.levels["load"].startswith("skipped: wine is not installed")
+
+
+def test_wine_paths_map_z_to_the_root() -> None:
+    assert wine_to_unix(r"Z:\tmp\llamabundle-verify-1\bundle\ggml-cpu-icelake.dll") == \
+        "/tmp/llamabundle-verify-1/bundle/ggml-cpu-icelake.dll"
+    assert wine_to_unix(r"C:\windows\system32\x.dll") == r"C:\windows\system32\x.dll"
