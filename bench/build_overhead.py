@@ -5,7 +5,7 @@ Both start from the same proven source tree (copied into a fresh cache for the t
 compiler cache. The tool's time includes configure, compile, runtime closure, pack, load
 verification and storing; the plain time is configure + compile only.
 
-    python bench/build_overhead.py [--recipe recipes/linux-x86_64-cpu.yaml] [--jobs N]
+    python bench/build_overhead.py [--recipe recipes/linux-x86_64-cpu.yaml] [--jobs N] [--json] [--json-out FILE]
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench import add_json_args, emit_json  # noqa: E402
 from llamabundle.build import plan_build, resolve_tools  # noqa: E402
 from llamabundle.log import Log  # noqa: E402
 from llamabundle.recipe import Settings, load_recipe  # noqa: E402
@@ -34,6 +35,7 @@ def main() -> None:
     ap.add_argument("--recipe", default=str(REPO / "recipes" / "linux-x86_64-cpu.yaml"))
     ap.add_argument("--jobs", type=int, default=None)
     ap.add_argument("--workdir", default=None, help="where to build (default: a temporary directory)")
+    add_json_args(ap)
     a = ap.parse_args()
     recipe = load_recipe(a.recipe)
     settings = Settings.from_env(os.environ)
@@ -65,6 +67,9 @@ def main() -> None:
     print(f"llamabundle build   : {t_tool:8.1f} s  (configure, compile, collect, pack, verify --level load, store)")
     print(f"ratio tool/plain    : {t_tool / t_plain:8.3f}  (target <= 1.05)")
     print(f"tool overhead       : {t_tool - t_plain:8.1f} s")
+    emit_json(a, {"benchmark": "build_overhead", "recipe": str(a.recipe), "jobs": a.jobs, "plain_s": round(t_plain, 2),
+                  "tool_s": round(t_tool, 2), "ratio": round(t_tool / t_plain, 4),
+                  "overhead_s": round(t_tool - t_plain, 2), "compiled": result["compiled"], "target_ratio": 1.05})
 
 
 def _without_ccache(path: str) -> str:

@@ -5,7 +5,7 @@ bundle's size, file count and bundled libraries.
 Needs the bundle in a store: by default it runs one `llamabundle build` into a temporary store first
 (fast when the user cache holds the build tree; a full build otherwise).
 
-    python bench/cache_hit.py [--recipe recipes/linux-x86_64-cpu.yaml] [--store DIR] [--repeat 5]
+    python bench/cache_hit.py [--recipe recipes/linux-x86_64-cpu.yaml] [--store DIR] [--repeat 5] [--json] [--json-out FILE]
 """
 
 from __future__ import annotations
@@ -23,6 +23,9 @@ import zipfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench import add_json_args, emit_json  # noqa: E402
 
 
 def main() -> None:
@@ -30,6 +33,7 @@ def main() -> None:
     ap.add_argument("--recipe", default=str(REPO / "recipes" / "linux-x86_64-cpu.yaml"))
     ap.add_argument("--store", default=None)
     ap.add_argument("--repeat", type=int, default=5)
+    add_json_args(ap)
     a = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="lb-hit-"))
     store = Path(a.store) if a.store else work / "store"
@@ -72,6 +76,14 @@ def main() -> None:
     print("runtime libraries               : " + ", ".join(f["path"] for f in files if f["role"] == "runtime"))
     print("system deps (not bundled)       : " + ", ".join(manifest["system_deps"]))
     print(f"glibc floor                     : {manifest['glibc_floor']}")
+    emit_json(a, {"benchmark": "cache_hit", "recipe": str(a.recipe), "repeat": a.repeat,
+                  "hit_s_median": round(t_hit, 3), "plain_s_median": round(t_plain, 3),
+                  "hit_s": [round(t, 3) for t in hits], "plain_s": [round(t, 3) for t in plain],
+                  "ratio": round(t_hit / t_plain, 3), "overhead_s": round(t_hit - t_plain, 3), "target_overhead_s": 2.0,
+                  "zip_name": zip_path.name, "zip_bytes": zip_size, "unpacked_bytes": unpacked, "files": len(files),
+                  "roles": {r: sum(f["role"] == r for f in files) for r in ("exe", "backend", "runtime", "license")},
+                  "runtime_libraries": [f["path"] for f in files if f["role"] == "runtime"],
+                  "system_deps": manifest["system_deps"], "glibc_floor": manifest["glibc_floor"]})
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ Python server, the client and the page cache share the cores: this measures our 
 the CDN paced at --rate-mb MB/s, the order of a real GitHub release download. Also counts the HTTP requests
 of one `llamabundle check` on a hit and on a miss. Everything is local (loopback); nothing is left behind.
 
-    python bench/fetch_vs_curl.py [--size-mb 200] [--repeat 3] [--rate-mb 100]
+    python bench/fetch_vs_curl.py [--size-mb 200] [--repeat 3] [--rate-mb 100] [--json] [--json-out FILE]
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench import add_json_args, emit_json  # noqa: E402
 from llamabundle import bundle  # noqa: E402
 from llamabundle.recipe import load_recipe  # noqa: E402
 from tests.fakegithub import FakeGitHub  # noqa: E402
@@ -111,6 +112,7 @@ def main() -> None:
     ap.add_argument("--size-mb", type=int, default=200)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--rate-mb", type=float, default=100.0, help="pace of the second series, MB/s (0: skip it)")
+    add_json_args(ap)
     a = ap.parse_args()
     key = load_recipe(HIT_RECIPE).key()
     work = Path(tempfile.mkdtemp(prefix="lb-fetch-curl-"))
@@ -181,6 +183,17 @@ def main() -> None:
     for what in ("hit", "miss"):
         api, cdn, lines = counts[what]
         print(f"check on a {what:<4}  {api} API request(s) + {cdn} CDN request(s): {'; '.join(lines)}")
+    emit_json(a, {"benchmark": "fetch_vs_curl", "size_mb": a.size_mb, "repeat": a.repeat, "zip_bytes": zip_size,
+                  "baseline": baseline_name, "import_s": round(dt_import, 3), "target_ratio": 1.15,
+                  "series": [{"rate_mb_s": None if rate is None else rate / 1e6,
+                              "tool_s_median": round(statistics.median(tool_t), 3),
+                              "baseline_s_median": round(statistics.median(base_t), 3),
+                              "tool_s": [round(t, 3) for t in tool_t], "baseline_s": [round(t, 3) for t in base_t],
+                              "ratio": round(statistics.median(tool_t) / statistics.median(base_t), 4),
+                              "api_requests": fetch_reqs[0], "cdn_requests": fetch_reqs[1]}
+                             for rate, (tool_t, base_t, fetch_reqs) in series.items()],
+                  "check": {what: {"api_requests": api, "cdn_requests": cdn, "requests": lines}
+                            for what, (api, cdn, lines) in counts.items()}})
 
 
 if __name__ == "__main__":

@@ -1,0 +1,23 @@
+"""Benchmarks of llamabundle against the plain ways of doing the same thing (`python3 -m bench` runs them
+all and prints one table: bench/__main__.py). This module holds only what the scripts share: their
+machine-readable output (`--json`: one JSON object as the last stdout line; `--json-out FILE`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+
+def add_json_args(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--json", action="store_true", help="also print the figures as one JSON object, the last stdout line")
+    ap.add_argument("--json-out", type=Path, default=None, help="also write the figures as a JSON object to this file")
+
+
+def emit_json(a: argparse.Namespace, result: dict[str, Any]) -> None:
+    """After the human output: the figures as JSON where --json / --json-out asked for them."""
+    if a.json_out:
+        a.json_out.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    if a.json:
+        print(json.dumps(result, sort_keys=True), flush=True)
