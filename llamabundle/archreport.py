@@ -53,7 +53,7 @@ class Generation:
 @cache
 def gpu_generations() -> tuple[Generation, ...]:
     """llamabundle/data/gpu_generations.json, oldest first, with its invariants checked."""
-    raw = data._load("gpu_generations.json")["generations"]
+    raw = data.load("gpu_generations.json")["generations"]
     gens = tuple(Generation(name=g["name"], last_driver_branch=g.get("last_driver_branch"),
                             devices=tuple(Device(cc=d["cc"], examples=tuple(d["examples"]), only_with_arch=d.get("only_with_arch"))
                                           for d in g["ccs"])) for g in raw)

@@ -137,7 +137,7 @@ def _project_files(recipe: Recipe, build_dir: Path) -> tuple[dict[str, str], tup
     files: list[tuple[str, str]] = []
     include: list[str] = ["# Written by llamabundle (build.py): read after every project() call."]
     if recipe.toolchain.compiler == "mingw":
-        mingw = data._load("mingw.json")
+        mingw = data.load("mingw.json")
         tc = mingw["toolchain"]
         toolchain = build_dir / MINGW_TOOLCHAIN
         compat = build_dir / MINGW_COMPAT

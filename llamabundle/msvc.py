@@ -29,7 +29,7 @@ INSTALL_FIX = ("install Visual Studio 2022 or its Build Tools with the \"Desktop
 
 @cache
 def knowledge() -> dict[str, Any]:
-    info: dict[str, Any] = data._load("msvc.json")
+    info: dict[str, Any] = data.load("msvc.json")
     for cuda, (lo, hi) in info["cuda_host_msc_ver"].items():
         assert 1900 <= lo < hi, cuda
     return info

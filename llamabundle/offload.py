@@ -54,7 +54,7 @@ _UNITS = {"": 1, "b": 1, "k": 1 << 10, "ki": 1 << 10, "kib": 1 << 10, "kb": 10**
 
 @cache
 def _constants() -> dict[str, Any]:
-    info: dict[str, Any] = data._load("offload.json")
+    info: dict[str, Any] = data.load("offload.json")
     assert info["default_kv_type"] in info["kv_types"]
     return info
 

@@ -303,7 +303,7 @@ def windows_runtime_dirs(recipe: Recipe) -> list[Path]:
     its runtime DLLs (-print-file-name), then those of data/mingw.json that exist."""
     if recipe.toolchain.compiler != "mingw":
         return []
-    mingw = data._load("mingw.json")
+    mingw = data.load("mingw.json")
     dirs: list[Path] = []
     for dll in mingw["runtime_dlls"]:
         try:
@@ -342,7 +342,7 @@ def collect_windows(plan: BuildPlan, stage: Path, *, log: Log, source_dir: Path,
     roles |= {n: "runtime" for n in bundled if n not in roles}
     roles |= _copy_licenses(source_dir, stage)
     if any(d.cls is pe.DllClass.MINGW_RUNTIME for d in closure.deps):
-        for name, src in data._load("mingw.json")["licenses"].items():
+        for name, src in data.load("mingw.json")["licenses"].items():
             if Path(src).is_file():
                 shutil.copyfile(src, stage / name)
                 roles[name] = "license"

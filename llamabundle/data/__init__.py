@@ -8,13 +8,18 @@ from importlib import resources
 from typing import Any
 
 
-def _load(name: str) -> Any:
+@cache
+def load(name: str) -> Any:
+    """One JSON file of this package, parsed once. The modules that own a file check its invariants."""
     return json.loads(resources.files(__name__).joinpath(name).read_text(encoding="utf-8"))
+
+
+
 
 
 @cache
 def cuda_toolkits() -> dict[str, Any]:
-    toolkits: dict[str, Any] = _load("cuda.json")["toolkits"]
+    toolkits: dict[str, Any] = load("cuda.json")["toolkits"]
     for version, info in toolkits.items():
         assert set(info) >= {"manifest", "archs", "driver_floor"}, version
         assert set(info["driver_floor"]) == {"linux", "windows"}, version
@@ -23,21 +28,21 @@ def cuda_toolkits() -> dict[str, Any]:
 
 @cache
 def cuda_manifest(version: str) -> dict[str, Any]:
-    manifest: dict[str, Any] = _load("cuda/" + cuda_toolkits()[version]["manifest"])
+    manifest: dict[str, Any] = load("cuda/" + cuda_toolkits()[version]["manifest"])
     assert manifest.get("release_label") == version, f"manifest for {version} is labelled {manifest.get('release_label')}"
     return {k: v for k, v in manifest.items() if isinstance(v, dict)}
 
 
 @cache
 def build_knowledge() -> dict[str, Any]:
-    info: dict[str, Any] = _load("build.json")
+    info: dict[str, Any] = load("build.json")
     assert "x64" in info["cpu_variants"]["x86_64"]
     return info
 
 
 @cache
 def elf_policy() -> dict[str, Any]:
-    policy: dict[str, Any] = _load("elf_policy.json")
+    policy: dict[str, Any] = load("elf_policy.json")
     overlap = set(policy["system"]) & set(policy["driver"])
     assert not overlap, f"libraries both system and driver: {overlap}"
     return policy
@@ -45,7 +50,7 @@ def elf_policy() -> dict[str, Any]:
 
 @cache
 def cuda_runtime() -> dict[str, Any]:
-    info: dict[str, Any] = _load("cuda_runtime.json")
+    info: dict[str, Any] = load("cuda_runtime.json")
     assert not any(k.startswith(("libcuda.so", "nvcuda")) for k in info["components"]), "driver libraries are never bundled"
     return info
 
@@ -53,6 +58,6 @@ def cuda_runtime() -> dict[str, Any]:
 @cache
 def llama_builds() -> dict[str, int]:
     """commit -> llama.cpp build number (the b<N> of the release tags)."""
-    builds = {c: int(v["build"]) for c, v in _load("llama_builds.json")["commits"].items()}
+    builds = {c: int(v["build"]) for c, v in load("llama_builds.json")["commits"].items()}
     assert all(len(c) == 40 and n > 0 for c, n in builds.items())
     return builds

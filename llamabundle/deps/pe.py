@@ -64,7 +64,7 @@ class PePolicy:
 
 @cache
 def pe_policy() -> PePolicy:
-    raw = data._load("pe_policy.json")
+    raw = data.load("pe_policy.json")
     patterns = tuple((cls, tuple(p.lower() for p in raw[cls.value])) for cls in _NAMED)
     policy = PePolicy(patterns=patterns, companions=tuple(Companion(**c) for c in raw["companions"]))
     for driver in raw["driver"]:  # a driver DLL must never be mistaken for a system one

@@ -12,7 +12,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from ..data import _load
+from ..data import load
 
 
 class Backend(StrEnum):
@@ -34,7 +34,7 @@ class Reason(StrEnum):
 
 @cache
 def reasons() -> dict[str, Any]:
-    table: dict[str, Any] = _load("reasons.json")["reasons"]
+    table: dict[str, Any] = load("reasons.json")["reasons"]
     assert set(table) == {r.value for r in Reason}, f"reasons.json and Reason differ: {set(table) ^ {r.value for r in Reason}}"
     for name, info in table.items():
         assert info["backend"] in {b.value for b in Backend} and info["sentence"] and info["fix"], name
