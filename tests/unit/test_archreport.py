@@ -14,9 +14,9 @@ from rich.console import Console
 
 from llamabundle import data
 from llamabundle.archreport import ArchReport, Device, Generation, Row, Status, arch_report, gpu_generations
-from llamabundle.cli import main
 from llamabundle.cli_archs import plain_lines, print_table
 from llamabundle.recipe import load_recipe
+from clirun import run  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU = ROOT / "recipes" / "linux-x86_64-cpu.yaml"
@@ -78,12 +78,6 @@ def report_for(tmp_path: Path, base: Path, archs: list[str], **kw: str) -> dict[
     return rows(arch_report(load_recipe(recipe_with(tmp_path, base, archs, **kw))))
 
 
-def run(capsys: pytest.CaptureFixture[str], *argv: object) -> tuple[int, str, str]:
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as e:
-        main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return e.value.code, out, err
 
 
 # ------------------------------------------------------------------------------------- data

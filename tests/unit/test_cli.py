@@ -15,6 +15,7 @@ import pytest
 from llamabundle import bundle
 from llamabundle.cli import cli, main
 from llamabundle.recipe import canonical_json, load_recipe
+from clirun import run  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 LINUX = ROOT / "recipes" / "linux-x86_64-cpu.yaml"
@@ -31,13 +32,6 @@ FILES = {"llama-server": SERVER, "LICENSE": b"MIT License\n"}
 ROLES = {"llama-server": "exe", "LICENSE": "license"}
 
 
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    """llamabundle.cli.main in this process; returns (exit code, stdout, stderr)."""
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as e:
-        main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return e.value.code, out, err
 
 
 def make_bundle_dir(tmp: Path, key: str = LINUX_KEY) -> tuple[Path, dict]:

@@ -10,19 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from llamabundle.cli import main
-
+from clirun import run
 from test_pe import CC, MINGW_OMP, Built, as_i386, built, make_dir  # noqa: F401  (session fixture)
 
 needs_mingw = pytest.mark.skipif(shutil.which(CC) is None, reason=f"{CC} (mingw-w64) is needed to build real PE files")
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: object) -> tuple[int, str, str]:
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as e:
-        main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return e.value.code, out, err  # type: ignore[return-value]
 
 
 @needs_mingw

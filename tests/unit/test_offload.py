@@ -12,10 +12,10 @@ from types import ModuleType
 
 import pytest
 
-from llamabundle.cli import main
 from llamabundle.errors import UsageError
 from llamabundle.offload import (MiB, Headroom, estimate, gpu_blocks, kv_cells, parse_buffer_log, parse_headroom,
                                  parse_size, plan_offload, read_model)
+from clirun import run  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 NONE = Headroom(percent=0, fixed=0)
@@ -276,12 +276,6 @@ def test_bench_runner_stops_the_server_once_the_model_is_loaded(tmp_path: Path) 
     assert parse_buffer_log(log).gpu("model") == 10 * MiB
 
 
-def run(capsys: pytest.CaptureFixture[str], *argv: object) -> tuple[int, str, str]:
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as e:
-        main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return e.value.code, out, err
 
 
 def test_cli_plan_json_and_text(capsys: pytest.CaptureFixture[str], moe: Path) -> None:

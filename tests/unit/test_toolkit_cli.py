@@ -13,6 +13,7 @@ import pytest
 
 from llamabundle.cli import main
 from llamabundle.toolkit import layout
+from clirun import run  # noqa: E402
 
 from test_toolkit_redist import WINDOWS_12_8_1_TOTAL, WINDOWS_RECIPE, Repo, leftovers, repo  # noqa: F401  (fixture)
 
@@ -37,12 +38,6 @@ targets: [llama-server]
 """
 
 
-def run(capsys: pytest.CaptureFixture[str], *argv: object) -> tuple[int, str, str]:
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as e:
-        main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return e.value.code, out, err
 
 
 @pytest.fixture

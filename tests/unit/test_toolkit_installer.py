@@ -17,12 +17,12 @@ from typing import Any
 import py7zr
 import pytest
 
-from llamabundle.cli import main
 from llamabundle.errors import ToolchainError
 from llamabundle.log import Log
 from llamabundle.recipe import Settings, load_recipe
 from llamabundle.toolkit import installer, layout
 from llamabundle.toolkit.resolve import resolve_toolkit
+from clirun import run  # noqa: E402
 
 WIN = "windows-x86_64"
 NVI = """\ufeff<?xml version="1.0" encoding="utf-8"?>
@@ -406,12 +406,6 @@ targets: [llama-server]
 # ------------------------------------------------------------------------------------------ CLI
 
 
-def run(capsys: pytest.CaptureFixture[str], *argv: object) -> tuple[int, str, str]:
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as e:
-        main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return e.value.code, out, err
 
 
 BASE = ("--source", "installer", "--version", "12.8.1", "--components", "cuda_nvcc,cuda_cudart,libcublas")
