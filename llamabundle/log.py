@@ -9,7 +9,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                           TimeRemainingColumn, TransferSpeedColumn)
 
 
 @dataclass
@@ -61,16 +62,17 @@ class Log:
             self.info(f"    {title}: {mark} in {took:.1f}s")
 
     @contextmanager
-    def progress(self, title: str, total: int | None = None) -> Iterator["ProgressHandle"]:
-        """A progress bar on a TTY; on a pipe, a plain line every 10 percent."""
+    def progress(self, title: str, total: int | None = None, *, unit: str = "") -> Iterator["ProgressHandle"]:
+        """A progress bar on a TTY; on a pipe, a plain line every 10 percent. unit="bytes": sizes and a rate."""
         if self.quiet or not self.console.is_terminal:
-            yield _PlainProgress(self, title, total)
+            yield _PlainProgress(self, title, total, unit=unit)
             return
+        counts = ((DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn()) if unit == "bytes"
+                  else (MofNCompleteColumn(), TimeElapsedColumn()))
         with Progress(
             TextColumn("    {task.description}"),
             BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
+            *counts,
             console=self.console,
             transient=False,
         ) as bar:
@@ -92,8 +94,9 @@ class _RichProgress(ProgressHandle):
 
 
 class _PlainProgress(ProgressHandle):
-    def __init__(self, log: Log, title: str, total: int | None) -> None:
-        self.log, self.title, self.total, self.last_decile = log, title, total, -1
+    def __init__(self, log: Log, title: str, total: int | None, *, unit: str = "") -> None:
+        self.log, self.title, self.total, self.last_decile, self.unit = log, title, total, -1, unit
+        self.t0 = time.monotonic()
 
     def update(self, done: int, total: int | None = None) -> None:
         total = total or self.total
@@ -102,4 +105,8 @@ class _PlainProgress(ProgressHandle):
         decile = done * 10 // total
         if decile != self.last_decile:
             self.last_decile = decile
-            self.log.info(f"    {self.title}: {done}/{total} ({decile * 10}%)")
+            if self.unit == "bytes":
+                rate = done / max(time.monotonic() - self.t0, 1e-6) / 1e6
+                self.log.info(f"    {self.title}: {done / 1e6:.1f}/{total / 1e6:.1f} MB ({decile * 10}%, {rate:.0f} MB/s)")
+            else:
+                self.log.info(f"    {self.title}: {done}/{total} ({decile * 10}%)")

@@ -352,7 +352,7 @@ class _Download:
 
     def _progress(self, total: int | None) -> ProgressHandle:
         if self.bar is None:
-            self.bar = self.stack.enter_context(self.log.progress(f"download {self.dest.name}", total))
+            self.bar = self.stack.enter_context(self.log.progress(f"download {self.dest.name}", total, unit="bytes"))
         return self.bar
 
 

@@ -183,13 +183,29 @@ def test_progress_reports_bytes_done_of_total(tmp_path: Path, server: Server) ->
 
     class L(Log):
         @contextmanager
-        def progress(self, title: str, total: int | None = None) -> Iterator[ProgressHandle]:
-            assert title == "download f" and total == len(BODY)
+        def progress(self, title: str, total: int | None = None, *, unit: str = "") -> Iterator[ProgressHandle]:
+            assert title == "download f" and total == len(BODY) and unit == "bytes"
             yield Recording()
 
     net.download(server.url + "/f", tmp_path / "f", http=net.session(), log=L(quiet=True), backoff=0)
     assert calls[0] == (0, len(BODY)) and calls[-1] == (len(BODY), len(BODY))
     assert [d for d, _ in calls] == sorted(d for d, _ in calls)
+
+
+def test_a_byte_progress_shows_sizes_and_a_rate(capsys: pytest.CaptureFixture[str]) -> None:
+    import io
+
+    from rich.console import Console
+
+    buf = io.StringIO()
+    log = Log(console=Console(file=buf, force_terminal=True, width=200))
+    with log.progress("download big.zip", 200_000_000, unit="bytes") as bar:
+        bar.update(100_000_000)
+    assert "100.0/200.0 MB" in buf.getvalue()  # rich's DownloadColumn (the rate column needs two samples in time)
+    plain = io.StringIO()
+    with Log(console=Console(file=plain, width=200)).progress("download big.zip", 200_000_000, unit="bytes") as bar:
+        bar.update(100_000_000)
+    assert "download big.zip: 100.0/200.0 MB (50%," in plain.getvalue() and "MB/s)" in plain.getvalue()
 
 
 # ---------------------------------------------------------------------------------- mismatch
@@ -300,7 +316,7 @@ def test_keyboard_interrupt_keeps_the_part_and_the_next_call_resumes_with_if_ran
 
     class L(Log):
         @contextmanager
-        def progress(self, title: str, total: int | None = None) -> Iterator[ProgressHandle]:
+        def progress(self, title: str, total: int | None = None, *, unit: str = "") -> Iterator[ProgressHandle]:
             yield Interrupt()
 
     dest = tmp_path / "f"
