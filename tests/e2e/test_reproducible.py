@@ -35,4 +35,4 @@ def test_llama_server_version_names_the_pinned_commit_and_build(unpacked: Path) 
 
     res = subprocess.run([str(unpacked / "llama-server"), "--version"], capture_output=True, text=True, timeout=60)
     text = res.stdout + res.stderr
-    assert "version: 11312 (0c1e5709)" in text, text
+    assert "(build 11312, commit 0c1e5709)" in text, text  # not "build 0, commit unknown"
