@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import sys
 import traceback
 from pathlib import Path
@@ -128,8 +129,10 @@ def show(c: Ctx, recipe_path: Path, as_json: bool) -> None:
         click.echo(f"cuda      {r.cuda.toolkit} ({r.cuda.source}); archs {' '.join(r.cuda.archs)}; driver >= {r.driver_floor}")
     click.echo(f"key       {data['key']}")
     click.echo(f"tag       {data['tag']}")
-    click.echo("configure " + " ".join(plan.configure))
-    click.echo("build     " + " ".join(plan.build))
+    for path, _text in plan.files:
+        click.echo(f"writes    {path}")
+    click.echo("configure " + shlex.join(plan.configure))
+    click.echo("build     " + shlex.join(plan.build))
     click.echo("bundle    " + ", ".join(plan.programs + plan.backends))
 
 
