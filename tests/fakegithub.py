@@ -31,6 +31,27 @@ from urllib.parse import parse_qs, unquote, urlsplit
 CDN_HOST = "127.0.0.2"
 
 
+def range_status(h: http.server.BaseHTTPRequestHandler, size: int, *, etag: str | None,
+                 ranges: bool = True) -> int | None:
+    """Answer a GET's status line as a file server does: 206 from the `Range: bytes=N-` offset when the
+    If-Range validator (if any) is `etag`, 416 (headers ended, returns None) past the end, else 200.
+    Returns the first byte to send."""
+    rng, if_range = h.headers.get("Range"), h.headers.get("If-Range")
+    if ranges and rng and rng.startswith("bytes=") and rng.endswith("-") and (if_range is None or if_range == etag):
+        start = int(rng[len("bytes="):-1])
+        if start >= size:
+            h.send_response(416)
+            h.send_header("Content-Range", f"bytes */{size}")
+            h.send_header("Content-Length", "0")
+            h.end_headers()
+            return None
+        h.send_response(206)
+        h.send_header("Content-Range", f"bytes {start}-{size - 1}/{size}")
+        return start
+    h.send_response(200)
+    return 0
+
+
 @dataclass
 class Request:
     host: str  # "api" or "cdn"
@@ -491,20 +512,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self.end_headers()
             return
         etag = f'"{hashlib.sha256(body).hexdigest()[:16]}"'
-        start = 0
-        rng, if_range = self.headers.get("Range"), self.headers.get("If-Range")
-        if rng and rng.startswith("bytes=") and rng.endswith("-") and (if_range is None or if_range == etag):
-            start = int(rng[len("bytes="):-1])
-            if start >= len(body):
-                self.send_response(416)
-                self.send_header("Content-Range", f"bytes */{len(body)}")
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-                return
-            self.send_response(206)
-            self.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
-        else:
-            self.send_response(200)
+        start = range_status(self, len(body), etag=etag)
+        if start is None:
+            return
         self.send_header("Accept-Ranges", "bytes")
         self.send_header("ETag", etag)
         self.send_header("Content-Type", "application/octet-stream")

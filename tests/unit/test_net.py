@@ -22,6 +22,14 @@ from llamabundle import net
 from llamabundle.errors import ToolchainError, VerifyError
 from llamabundle.log import Log, ProgressHandle
 
+try:
+    from tests.fakegithub import range_status
+except ImportError:  # pytest run without the project root on sys.path
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from tests.fakegithub import range_status
+
 BODY = bytes(range(256)) * 12_289  # 3 MiB + 256 bytes: more than one 1 MiB chunk
 SHA = hashlib.sha256(BODY).hexdigest()
 ETAG = '"v1"'
@@ -77,20 +85,9 @@ def serve(body: bytes = BODY, *, etag: str | None = ETAG, ranges: bool = True, c
     that many body bytes while announcing the full Content-Length; `length=False` sends no Content-Length."""
 
     def reply(h: Handler) -> None:
-        start = 0
-        rng, if_range = h.headers.get("Range"), h.headers.get("If-Range")
-        if ranges and rng and rng.startswith("bytes=") and rng.endswith("-") and (if_range is None or if_range == etag):
-            start = int(rng[len("bytes="):-1])
-            if start >= len(body):
-                h.send_response(416)
-                h.send_header("Content-Range", f"bytes */{len(body)}")
-                h.send_header("Content-Length", "0")
-                h.end_headers()
-                return
-            h.send_response(206)
-            h.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
-        else:
-            h.send_response(200)
+        start = range_status(h, len(body), etag=etag, ranges=ranges)
+        if start is None:
+            return
         if ranges:
             h.send_header("Accept-Ranges", "bytes")
         if etag:
