@@ -72,6 +72,41 @@ def download(url: str, dest: Path, *, http: requests.Session, log: Log, sha256: 
     return job.run()
 
 
+def get_page(url: str, *, http: requests.Session, headers: dict[str, str] | None = None,
+             connect_timeout: float = 10.0, read_timeout: float = 60.0, retries: int = 3, backoff: float = 0.5,
+             max_bytes: int = 64 << 20) -> requests.Response:
+    """GET a small document (an index page, an API answer) with its body read; retried like `download`
+    on dropped connections, 5xx and 429. Other statuses are the caller's to judge."""
+    why = ""
+    for attempt in range(max(0, retries) + 1):
+        if attempt:
+            _sleep(min(backoff * 2 ** (attempt - 1), MAX_DELAY))
+        try:
+            r = http.get(url, headers=headers or {}, timeout=(connect_timeout, read_timeout), stream=True)
+        except _HOPELESS as e:
+            raise NetworkError(f"cannot read {url}", why=_short(e), fix="check the URL") from None
+        except _DROPPED as e:
+            why = _short(e)
+            if _refused(e):
+                break
+            continue
+        with r:
+            if r.status_code == 429 or 500 <= r.status_code <= 599:
+                why = f"HTTP {r.status_code}"
+                continue
+            try:
+                body = r.raw.read(max_bytes + 1, decode_content=True)
+            except _DROPPED as e:
+                why = _short(e)
+                continue
+            if len(body) > max_bytes:
+                raise NetworkError(f"{url} is larger than {max_bytes} bytes", fix="check the URL")
+            r._content = body  # read: .content and .text work after the connection is released
+            return r
+    raise NetworkError(f"cannot read {url}", why=why or "no answer",
+                       fix="check the network (and the mirror or index URL), then retry")
+
+
 class Sink(Protocol):
     def update(self, data: bytes) -> None: ...
 

@@ -1,19 +1,37 @@
 """The one subprocess gateway: echoes `+ cmd`, finds the program first, streams output to a log,
-and on failure raises the caller's error class with the last lines of output."""
+bounds every child in time, and on failure raises the caller's error class with the last lines of output.
+
+Every child runs in a process group of its own, so a timeout, an interrupt (Ctrl-C) or a failure
+ends the child *and* whatever it started (compilers under ninja, pip's build backends, git's
+helpers), whether or not they still print. A step that prints nothing for a while shows a heartbeat:
+the elapsed time on a terminal, a line every 30 s elsewhere (a CI log that stays silent for many
+minutes looks hung, and some CI systems kill silent jobs).
+"""
 
 from __future__ import annotations
 
 import collections
 import os
+import queue
 import shutil
+import signal
 import subprocess
-from collections.abc import Callable, Mapping, Sequence
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
+from typing import IO, Any
 
 from .errors import LlamaBundleError, ToolchainError
 from .log import Log
 
 TAIL_LINES = 50
+HEARTBEAT = 30.0  # seconds of silence between two "still running" lines on a pipe
+KILL_GRACE = 5.0  # seconds between SIGTERM and SIGKILL of a process group
+ORPHAN_GRACE = 1.0  # seconds the output may stay open after the child exited (then its group is ended)
+_EOF = object()
 
 
 def which(program: str, *, path: str | None = None, purpose: str = "", fix: str = "") -> str:
@@ -22,6 +40,109 @@ def which(program: str, *, path: str | None = None, purpose: str = "", fix: str 
         raise ToolchainError(f"'{program}' was not found on PATH", why=purpose or f"llamabundle needs {program}",
                              fix=fix or f"install {program} and make sure it is on PATH")
     return found
+
+
+def _group_kwargs() -> dict[str, Any]:
+    if sys.platform == "win32":
+        return {"creationflags": subprocess.CREATE_NEW_PROCESS_GROUP}
+    return {"start_new_session": True}
+
+
+def kill_group(p: subprocess.Popen[Any], *, grace: float = KILL_GRACE) -> None:
+    """End the child and everything in its process group: SIGTERM, then SIGKILL after `grace` seconds."""
+    if sys.platform == "win32":  # pragma: no cover - exercised on the Windows CI job only
+        subprocess.run(["taskkill", "/F", "/T", "/PID", str(p.pid)], capture_output=True, check=False)
+        p.wait()
+        return
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(p.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            break
+        if sig == signal.SIGKILL:
+            break
+        try:
+            p.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            continue
+        try:  # the leader is gone; members that ignored SIGTERM still get SIGKILL
+            os.killpg(p.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        break
+    p.wait()
+
+
+def _reader(stream: IO[str], lines: queue.Queue[object]) -> None:
+    try:
+        for line in stream:
+            lines.put(line)
+    except (OSError, ValueError):
+        pass
+    finally:
+        lines.put(_EOF)
+
+
+class _Heartbeat:
+    """'still running' while a child is silent: a transient status with the elapsed time on a terminal,
+    a plain line every `every` seconds elsewhere."""
+
+    def __init__(self, log: Log, what: str, *, every: float) -> None:
+        self.log, self.what, self.every = log, what, every
+        self.start = self.last = time.monotonic()
+        self.tty = log.console.is_terminal and not log.quiet
+        self.status: Any = None
+
+    def output(self) -> None:
+        self.last = time.monotonic()
+        if self.status is not None:
+            self.status.stop()
+            self.status = None
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        if self.tty:
+            if now - self.last >= 2.0:
+                text = f"    {self.what}: running for {_elapsed(now - self.start)}"
+                if self.status is None:
+                    self.status = self.log.console.status(text)
+                    self.status.start()
+                else:
+                    self.status.update(text)
+        elif now - self.last >= self.every:
+            self.last = now
+            self.log.info(f"    … still running: {self.what} ({_elapsed(now - self.start)})")
+
+    def close(self) -> None:
+        if self.status is not None:
+            self.status.stop()
+            self.status = None
+
+
+def _elapsed(seconds: float) -> str:
+    s = int(seconds)
+    return f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
+
+
+@contextmanager
+def _started(argv: list[str], *, cwd: Path | None, env: Mapping[str, str] | None,
+             stdout: int, stderr: int, raw_errors: bool = False) -> Iterator[subprocess.Popen[str]]:
+    """The child, started in a process group of its own; the group is killed if the block raises."""
+    try:
+        p = subprocess.Popen(argv, cwd=cwd, env=dict(env) if env is not None else None, stdout=stdout, stderr=stderr,
+                             stdin=subprocess.DEVNULL, text=True, errors="replace", bufsize=1, **_group_kwargs())
+    except OSError as e:
+        if raw_errors:
+            raise
+        why = "the program does not exist" if isinstance(e, FileNotFoundError) else str(e)
+        raise ToolchainError(f"cannot start {argv[0]}", why=why,
+                             fix=f"install {os.path.basename(argv[0])}" if isinstance(e, FileNotFoundError)
+                             else "check that it is an executable program") from None
+    try:
+        yield p
+    except BaseException:
+        kill_group(p)
+        raise
 
 
 def run(
@@ -37,24 +158,44 @@ def run(
     log_path: Path | None = None,
     on_line: Callable[[str], None] | None = None,
     echo_output: bool = False,
+    heartbeat: float = HEARTBEAT,
 ) -> str:
-    """Run argv; return its combined output. Raises `error` with the output's tail on failure."""
+    """Run argv; return its combined output. Raises `error` with the output's tail on failure or when
+    `timeout` seconds pass (the whole process group is killed either way, and on KeyboardInterrupt)."""
     argv = [str(a) for a in argv]
     log.command(argv)
     tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
     chunks: list[str] = []
+    deadline = time.monotonic() + timeout if timeout is not None else None
+    beat = _Heartbeat(log, what, every=heartbeat)
     logf = open(log_path, "a", encoding="utf-8") if log_path else None
     try:
-        try:
-            proc = subprocess.Popen(argv, cwd=cwd, env=dict(env) if env is not None else None,
-                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    text=True, errors="replace", bufsize=1)
-        except FileNotFoundError:
-            raise ToolchainError(f"cannot start {argv[0]}", why="the program does not exist",
-                                 fix=f"install {os.path.basename(argv[0])}") from None
-        assert proc.stdout is not None
-        try:
-            for line in proc.stdout:
+        with _started(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) as p:
+            assert p.stdout is not None
+            lines: queue.Queue[object] = queue.Queue()
+            reader = threading.Thread(target=_reader, args=(p.stdout, lines), daemon=True)
+            reader.start()
+            exited_at: float | None = None
+            while True:
+                now = time.monotonic()
+                if deadline is not None and now >= deadline:
+                    kill_group(p)
+                    raise error(f"{what}: timed out after {_elapsed(timeout or 0)}",
+                                why=f"`{' '.join(argv[:3])} …` was still running and was stopped with its children",
+                                fix=fix, details=_tail_block(tail, log_path))
+                if exited_at is None and p.poll() is not None:
+                    exited_at = now
+                if exited_at is not None and now - exited_at > ORPHAN_GRACE:
+                    kill_group(p)  # it exited, but something it started still holds the output open
+                try:
+                    item = lines.get(timeout=0.5 if deadline is None else max(0.01, min(0.5, deadline - now)))
+                except queue.Empty:
+                    beat.tick()
+                    continue
+                if item is _EOF:
+                    break
+                line = str(item)
+                beat.output()
                 if logf:
                     logf.write(line)
                 tail.append(line.rstrip("\n"))
@@ -64,23 +205,32 @@ def run(
                     on_line(line)
                 if echo_output:
                     log.info(line.rstrip("\n"))
-            rc = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-            raise error(f"{what}: timed out after {timeout:.0f}s", fix=fix,
-                        details=_tail_block(tail, log_path)) from None
-        except BaseException:
-            proc.kill()
-            proc.wait()
-            raise
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                rc = p.wait(timeout=left)
+            except subprocess.TimeoutExpired:
+                kill_group(p)
+                raise error(f"{what}: timed out after {_elapsed(timeout or 0)}", fix=fix,
+                            details=_tail_block(tail, log_path)) from None
+            _reap_group(p)
     finally:
+        beat.close()
         if logf:
             logf.close()
     if rc != 0:
         raise error(f"{what} (exit code {rc})", why=f"`{' '.join(argv[:3])} …` failed", fix=fix,
                     details=_tail_block(tail, log_path))
     return "".join(chunks) if log_path is None else "\n".join(tail)
+
+
+def _reap_group(p: subprocess.Popen[Any]) -> None:
+    """A finished step leaves nothing behind: members of its group still running are killed."""
+    if sys.platform == "win32":  # pragma: no cover
+        return
+    try:
+        os.killpg(p.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def _tail_block(tail: collections.deque[str], log_path: Path | None) -> str:
@@ -92,6 +242,16 @@ def _tail_block(tail: collections.deque[str], log_path: Path | None) -> str:
 
 def capture(argv: Sequence[str], *, cwd: Path | None = None, env: Mapping[str, str] | None = None,
             timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    """Run a short query command (no echo) and return the completed process, whatever its exit code."""
-    return subprocess.run([str(a) for a in argv], cwd=cwd, env=dict(env) if env is not None else None,
-                          capture_output=True, text=True, errors="replace", timeout=timeout, stdin=subprocess.DEVNULL)
+    """Run a short query command (no echo) and return the completed process, whatever its exit code.
+    On timeout its process group is killed and subprocess.TimeoutExpired raised; a program that cannot
+    be started raises OSError, as subprocess does."""
+    args = [str(a) for a in argv]
+    with _started(args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, raw_errors=True) as p:
+        try:
+            out, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            kill_group(p, grace=1.0)
+            p.communicate()
+            raise
+        _reap_group(p)
+    return subprocess.CompletedProcess(args, p.returncode, out, err)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 import tarfile
 import tempfile
 from dataclasses import dataclass
@@ -18,7 +17,7 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from . import gitindex, net, proc
+from . import gitindex, net, proc, pyindex
 from .archive import extract_tar
 from .bundle import sha256_file
 from .errors import SourceError, VerifyError
@@ -249,35 +248,24 @@ def _fetch_pypi(src: PypiSource, commit: str, tmp: Path, *, settings: Settings, 
 
 
 def _pypi_sdist(src: PypiSource, settings: Settings, log: Log) -> Path:
-    """The sdist, from the download cache or pip, sha256-checked either way."""
+    """The sdist, from the download cache or the index by URL (never pip), sha256-checked either way."""
     cache = settings.cache_dir / "downloads" / src.sha256
     for f in cache.glob("*.tar.gz") if cache.is_dir() else ():
         if sha256_file(f) == src.sha256:
             return f
-    with tempfile.TemporaryDirectory(dir=settings.cache_dir / "tmp", prefix="pip-") as tmp:
-        argv = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-                "--disable-pip-version-check", "-q", "-d", tmp, f"{src.package}=={src.version}"]
-        if settings.pip_index_url:
-            argv += ["--index-url", settings.pip_index_url]
-        try:
-            proc.run(argv, log=log, error=SourceUnavailable, what=f"pip download {src.package}=={src.version}",
-                     timeout=1800, env={**os.environ, "PIP_NO_INPUT": "1"})
-        except SourceUnavailable as e:
-            lines = [ln for ln in e.details.splitlines() if ln.strip() and not ln.startswith("---")]
-            raise SourceUnavailable(e.what, why=lines[-1] if lines else "") from None
-        files = list(Path(tmp).glob("*.tar.gz"))
-        if len(files) != 1:
-            raise SourceUnavailable(f"pip download {src.package}=={src.version} gave no .tar.gz sdist")
-        got = sha256_file(files[0])
-        if got != src.sha256:
-            raise SourceMismatch(f"sha256 mismatch for {files[0].name}", why=f"expected {src.sha256}, got {got}",
-                                 fix="the index served another file; check the recipe's sha256 and the index")
-        cache.mkdir(parents=True, exist_ok=True)
-        dest = cache / files[0].name
-        shutil.move(str(files[0]), dest)
-        return dest
-
-
+        log.warn(f"{f} does not have the pinned sha256: not trusted, downloading it again")
+        f.unlink()
+    name = pyindex.sdist_filename(src.package, src.version)
+    try:
+        return pyindex.download_pinned(src.package, name, sha256=src.sha256, size=None, dest_dir=cache,
+                                       index_url=settings.pip_index_url, http=net.session(), log=log,
+                                       connect_timeout=settings.connect_timeout, mismatch_error=SourceMismatch)
+    except net.NetworkError as e:  # the index or the file host unreachable: try the next source
+        raise SourceUnavailable(e.what, why=e.why) from None
+    except VerifyError as e:
+        if isinstance(e, SourceMismatch):
+            raise
+        raise SourceMismatch(e.what, why=e.why, fix=e.fix) from None
 
 
 _FETCH = {GithubSource: _fetch_github, GitSource: _fetch_git, PathSource: _fetch_path, PypiSource: _fetch_pypi}

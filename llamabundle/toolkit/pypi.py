@@ -1,5 +1,6 @@
 """CUDA toolkit from NVIDIA's PyPI wheels (`cuda.source: pypi`): plan (pure, from data/cuda_pypi.json)
-and install (pip download with --require-hashes → safe extraction → the one layout of layout.py).
+and install (each wheel by URL from the package index, sha256-checked as it streams → safe extraction →
+the one layout of layout.py).
 
 The wheels hold their files under `nvidia/cu13/{bin,include,lib,nvvm}`; that tree is flattened into
 the toolkit root. Wheels carry no symbolic links, so the development names CMake looks for
@@ -15,7 +16,6 @@ import json
 import os
 import re
 import shutil
-import sys
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -26,17 +26,15 @@ from typing import Any
 
 from filelock import FileLock
 
-from .. import data, proc
+from .. import data, net, proc, pyindex
 from ..archive import extract_zip
 from ..bundle import sha256_file
 from ..errors import ToolchainError, VerifyError
 from ..log import Log
-from ..net import NetworkError
 from ..recipe import Settings, canonical_json
 from . import layout
 
 SOURCE = "pypi"
-PIP_TIMEOUT = 3600
 _SONAME_FILE = re.compile(r"^(lib.+?\.so)\.[0-9]+(\.[0-9]+)*$")
 
 
@@ -50,15 +48,6 @@ class WheelRecord:
     filename: str
     sha256: str
     size: int
-
-    @property
-    def requirement(self) -> str:
-        return f"{self.project}=={self.version} --hash=sha256:{self.sha256}"
-
-    @property
-    def platform_tags(self) -> list[str]:
-        """The wheel's platform tags, from its file name (`…-py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64.whl`)."""
-        return self.filename[: -len(".whl")].split("-")[-1].split(".")
 
 
 @cache
@@ -145,8 +134,8 @@ def install_from_pypi(*, version: str, platform: str, components: Sequence[str],
     """Install the wheels of `components` into the content-addressed root (or `dest`) and return it.
 
     A complete install of the same set is verified (layout.read_installed) and returned without a
-    download. Otherwise: cached wheels are re-hashed and reused, the rest come from pip
-    (--require-hashes), and the root is assembled beside its final place, marker last, then renamed."""
+    download. Otherwise: cached wheels are re-hashed and reused, the rest come from the
+    package index by URL, checked against their pinned sha256, and the root is assembled beside its final place, marker last, then renamed."""
     records = plan_pypi(version, platform, components)
     root = dest if dest is not None else default_root(settings, version=version, platform=platform, records=records)
     root = Path(os.path.abspath(root))
@@ -193,7 +182,7 @@ def download_dir(settings: Settings, record: WheelRecord) -> Path:
 
 
 def _fetch_wheels(records: Sequence[WheelRecord], *, settings: Settings, log: Log, platform: str) -> dict[str, Path]:
-    """Every record's wheel in `<cache>/downloads/<sha256>/`: cached ones after a re-hash, the rest from pip."""
+    """Every record's wheel in `<cache>/downloads/<sha256>/`: cached ones after a re-hash, the rest from the index."""
     found: dict[str, Path] = {}
     need: list[WheelRecord] = []
     for r in records:
@@ -208,54 +197,29 @@ def _fetch_wheels(records: Sequence[WheelRecord], *, settings: Settings, log: Lo
         need.append(r)
     if need:
         total = sum(r.size for r in need)
-        log.info(f"    downloading {len(need)} wheels ({total / 1e6:.1f} MB) with pip")
-        for r, path in _pip_download(need, settings=settings, log=log).items():
+        log.info(f"    downloading {len(need)} wheels ({total / 1e6:.1f} MB) from "
+                 f"{settings.pip_index_url or pyindex.DEFAULT_INDEX}")
+        for r, path in _download_wheels(need, settings=settings, log=log).items():
             found[r] = path
     return found
 
 
-def _pip_download(records: Sequence[WheelRecord], *, settings: Settings, log: Log) -> dict[str, Path]:
-    tmp_root = settings.cache_dir / "tmp"
-    tmp_root.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=tmp_root, prefix="pip-cuda-") as tmp_s:
-        tmp = Path(tmp_s)
-        req = tmp / "requirements.txt"
-        req.write_text("".join(r.requirement + "\n" for r in records))
-        out = tmp / "wheels"
-        argv = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--require-hashes",
-                "--disable-pip-version-check", "--no-cache-dir", "--progress-bar", "off", "-d", str(out), "-r", str(req)]
-        for tag in sorted({t for r in records for t in r.platform_tags}):
-            argv += ["--platform", tag]
-        if settings.pip_index_url:
-            argv += ["--index-url", settings.pip_index_url]
-        env = {**os.environ, "PIP_NO_INPUT": "1"}
-        what = f"pip download of {len(records)} CUDA wheels"
-        try:
-            proc.run(argv, log=log, error=NetworkError, what=what, timeout=PIP_TIMEOUT, env=env,
-                     fix="check the network and the package index (LLAMABUNDLE_PIP_INDEX_URL), then retry")
-        except NetworkError as e:
-            if "DO NOT MATCH THE HASHES" in e.details:
-                raise VerifyError(f"{what}: the index served files whose sha256 differs from the pinned one",
-                                  why="pip --require-hashes refused them",
-                                  fix="the index or a proxy serves other files; use the official PyPI index",
-                                  details=e.details) from None
-            raise
-        result: dict[str, Path] = {}
-        for r in records:
-            got_path = out / r.filename
-            if not got_path.is_file():
-                raise NetworkError(f"pip did not download {r.filename}",
-                                   why=f"{r.project}=={r.version} resolved to another file",
-                                   fix="check the package index (LLAMABUNDLE_PIP_INDEX_URL)")
-            got = sha256_file(got_path)
-            if got != r.sha256:
-                raise VerifyError(f"sha256 mismatch for {r.filename}", why=f"expected {r.sha256}, got {got}",
-                                  fix="the index served another file; use the official PyPI index")
-            final = download_dir(settings, r)
-            final.mkdir(parents=True, exist_ok=True)
-            os.replace(got_path, final / r.filename)
-            result[r.component] = final / r.filename
-        return result
+def _download_wheels(records: Sequence[WheelRecord], *, settings: Settings, log: Log) -> dict[str, Path]:
+    """Each wheel by URL from the index's project page, checked against its pinned sha256 and size
+    while it streams (net.download: resumable, retried, with progress)."""
+    http = net.session()
+    pages: dict[str, list[pyindex.IndexFile]] = {}
+    result: dict[str, Path] = {}
+    for i, r in enumerate(records, 1):
+        if r.project not in pages:
+            pages[r.project] = pyindex.project_files(r.project, index_url=settings.pip_index_url, http=http,
+                                                     connect_timeout=settings.connect_timeout)
+        log.info(f"    wheel {i}/{len(records)}: {r.filename} ({r.size / 1e6:.1f} MB)")
+        result[r.component] = pyindex.download_pinned(
+            r.project, r.filename, sha256=r.sha256, size=r.size, dest_dir=download_dir(settings, r),
+            index_url=settings.pip_index_url, http=http, log=log, connect_timeout=settings.connect_timeout,
+            files=pages[r.project])
+    return result
 
 
 def _assemble(root: Path, records: Sequence[WheelRecord], wheels: dict[str, Path], *, version: str, platform: str,

@@ -1,4 +1,4 @@
-"""End-to-end: CUDA 13.0.2 from NVIDIA's PyPI wheels (real pip, real PyPI) into the persistent e2e
+"""End-to-end: CUDA 13.0.2 from NVIDIA's PyPI wheels (by URL from the real PyPI) into the persistent e2e
 cache, then the toolkit's own nvcc compiles and links a kernel with the system gcc, and CMake
 configures llama.cpp's CUDA backend against it. No GPU is needed: nothing here runs a kernel."""
 
@@ -107,7 +107,7 @@ def test_second_install_downloads_nothing(toolkit: layout.Toolkit, settings: Set
     def no(*a: Any, **kw: Any) -> None:
         raise AssertionError("a second install may not download or extract")
 
-    monkeypatch.setattr(pypi, "_pip_download", no)
+    monkeypatch.setattr(pypi, "_download_wheels", no)
     monkeypatch.setattr(pypi, "extract_zip", no)
     start = time.monotonic()
     again = pypi.install_from_pypi(version=VERSION, platform="linux-x86_64", components=list(reversed(COMPONENTS)),

@@ -3,6 +3,7 @@ tarballs served over HTTP on 127.0.0.1, real sdists with a real git index."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import http.server
 import io
@@ -22,6 +23,7 @@ from rich.console import Console
 from llamabundle.errors import SourceError, VerifyError
 from llamabundle.log import Log
 from llamabundle.recipe import Recipe, Settings, load_recipe
+from tests.fakeindex import FakeIndex
 from llamabundle.source import MARKER, SourceMismatch, archive_commit, cached_source, fetch_source
 
 COMMIT_TIME = 1704067200  # GIT_COMMITTER_DATE below, as unix time
@@ -444,15 +446,55 @@ def test_pypi_sdist_vendoring_another_commit_is_a_mismatch(tmp_path: Path) -> No
     assert_nothing_cached(settings, sha)
 
 
+def test_pypi_sdist_comes_from_the_index_by_url(tmp_path: Path) -> None:
+    data, sha = make_sdist(tmp_path)
+    digest = hashlib.sha256(data).hexdigest()
+    index = FakeIndex()
+    try:
+        index.add("pkg", "pkg-1.0.tar.gz", data)
+        index.add("pkg", "pkg-0.9.tar.gz", b"an older release")
+        settings = dataclasses.replace(settings_for(tmp_path, "http://127.0.0.1:9"), pip_index_url=index.url)
+        tree = fetch_source(pypi_recipe(tmp_path, sha, digest), settings, quiet_log()[0])
+        assert tree.origin == "pypi:pkg==1.0" and (tree.path / "src" / "llama.cpp").is_file()
+        assert index.requests == ["/simple/pkg/", "/files/pkg/pkg-1.0.tar.gz"]
+        assert (settings.cache_dir / "downloads" / digest / "pkg-1.0.tar.gz").read_bytes() == data
+    finally:
+        index.close()
+
+
+@pytest.mark.parametrize("how", ["bytes", "listing"])
+def test_pypi_index_serving_another_sdist_is_refused(tmp_path: Path, how: str) -> None:
+    data, sha = make_sdist(tmp_path)
+    pinned = hashlib.sha256(data).hexdigest()
+    index = FakeIndex()
+    try:
+        index.add("pkg", "pkg-1.0.tar.gz", data)
+        if how == "bytes":
+            index.served["pkg-1.0.tar.gz"] = data[:-4] + b"evil"
+        else:
+            index.listed_sha256["pkg-1.0.tar.gz"] = "e" * 64
+        settings = dataclasses.replace(settings_for(tmp_path, "http://127.0.0.1:9"), pip_index_url=index.url)
+        with pytest.raises(SourceMismatch) as e:
+            fetch_source(pypi_recipe(tmp_path, sha, pinned), settings, quiet_log()[0])
+        assert e.value.exit_code == 5 and "sha256" in e.value.what
+        assert ("/files/pkg/pkg-1.0.tar.gz" in index.requests) == (how == "bytes")
+        assert list((settings.cache_dir / "downloads").rglob("*.tar.gz*")) == []
+        assert_nothing_cached(settings, sha)
+    finally:
+        index.close()
+
+
 def test_pypi_cached_sdist_with_a_wrong_sha256_is_not_used(tmp_path: Path) -> None:
     data, sha = make_sdist(tmp_path)
     pinned = hashlib.sha256(data + b"-the pinned file differs").hexdigest()
-    settings = settings_for(tmp_path, "http://127.0.0.1:9")
+    settings = dataclasses.replace(settings_for(tmp_path, "http://127.0.0.1:9"), pip_index_url="http://127.0.0.1:9/simple")
     seed_download(settings, pinned, data)  # filed under the pinned digest, but its bytes hash differently
-    # The cached file is skipped, so the source falls through to `pip download`, which unit tests
-    # forbid (conftest): reaching pip at all proves the cached file was refused.
-    with pytest.raises(RuntimeError, match=r"unit tests may not run .* -m pip"):
-        fetch_source(pypi_recipe(tmp_path, sha, pinned), settings, quiet_log()[0])
+    log, out = quiet_log()
+    with pytest.raises(SourceError) as e:
+        fetch_source(pypi_recipe(tmp_path, sha, pinned), settings, log)
+    assert "does not have the pinned sha256" in out.getvalue()
+    assert "127.0.0.1:9/simple/pkg/" in e.value.why  # the refused file sent it to the index
+    assert not (settings.cache_dir / "downloads" / pinned / "pkg-1.0.tar.gz").exists()
     assert_nothing_cached(settings, sha)
 
 

@@ -1,6 +1,6 @@
 """The PyPI toolkit source: the pinned wheel data against NVIDIA's manifests, pure planning, and the
 assembly of a toolkit root from small synthetic wheels laid out like the real ones (the download
-cache is pre-seeded, so pip never runs)."""
+cache is seeded, or they come from a package index on 127.0.0.1)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from llamabundle.errors import LlamaBundleError, ToolchainError, VerifyError
 from llamabundle.log import Log
 from llamabundle.recipe import Settings
 from llamabundle.toolkit import layout, pypi
+from tests.fakeindex import FakeIndex
 
 LINUX = "linux-x86_64"
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
@@ -98,7 +100,6 @@ def test_known_pins_for_13_0_2() -> None:
 def test_pinned_hashes_are_64_hex_in_the_plan() -> None:
     records = pypi.plan_pypi("13.0.2", LINUX, ["cuda_nvcc", "cuda_cudart", "cuda_cccl", "libcublas"])
     assert all(HEX64.match(r.sha256) for r in records)
-    assert all(r.requirement == f"{r.project}=={r.version} --hash=sha256:{r.sha256}" for r in records)
 
 
 # ----------------------------------------------------------------------------------------- planning
@@ -118,13 +119,6 @@ def test_plan_is_sorted_deduplicated_and_pinned() -> None:
     assert pypi.plan_pin(a) == pypi.plan_pin(b) and HEX64.match(pypi.plan_pin(a))
     assert pypi.plan_pin(pypi.plan_pypi("13.0.1", LINUX, ["cuda_cudart"])) != \
         pypi.plan_pin(pypi.plan_pypi("13.0.2", LINUX, ["cuda_cudart"]))
-
-
-def test_platform_tags_come_from_the_file_name() -> None:
-    (nvcc,) = [r for r in pypi.plan_pypi("13.0.2", LINUX, ["cuda_nvcc"]) if r.component == "cuda_nvcc"]
-    assert nvcc.platform_tags == ["manylinux2014_x86_64", "manylinux_2_17_x86_64"]
-    (win,) = [r for r in pypi.plan_pypi("13.0.2", "windows-x86_64", ["cuda_nvcc"]) if r.component == "cuda_nvcc"]
-    assert win.platform_tags == ["win_amd64"]
 
 
 def test_unknown_component_is_a_toolchain_error_naming_it() -> None:
@@ -189,7 +183,6 @@ class Fake:
     """Synthetic wheels behind the real data's shape, their pins patched into the plan, the cache seeded."""
 
     def __init__(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, files: dict[str, dict[str, bytes]]) -> None:
-        self.settings = Settings(cache_dir=tmp_path / "cache")
         self.blobs: dict[str, bytes] = {}
         info = copy.deepcopy(pypi.pypi_data())
         wheels = info["toolkits"]["13.0.2"]["wheels"]
@@ -199,7 +192,11 @@ class Fake:
             f.update(sha256=hashlib.sha256(blob).hexdigest(), size=len(blob))
             self.blobs[f["filename"]] = blob
         monkeypatch.setattr(pypi, "pypi_data", lambda: info)
-        self.pip_calls: list[list[str]] = []
+        self.index = FakeIndex()
+        for comp in files:
+            wheel = wheels[comp]
+            self.index.add(wheel["project"], wheel["files"][LINUX]["filename"], self.blobs[wheel["files"][LINUX]["filename"]])
+        self.settings = Settings(cache_dir=tmp_path / "cache", pip_index_url=self.index.url)
         self.stub_calls = 0
 
         def fake_stub(root: Path, stub: dict[str, Any], **kw: Any) -> None:  # no C compiler in most tests
@@ -210,19 +207,10 @@ class Fake:
 
         monkeypatch.setattr(pypi, "_driver_stub", fake_stub)
 
-        def fake_run(argv: list[str], **kw: Any) -> str:  # stands in for pip: serves the synthetic wheels
-            argv = [str(a) for a in argv]
-            assert argv[1:4] == ["-m", "pip", "download"]
-            self.pip_calls.append(argv)
-            out = Path(argv[argv.index("-d") + 1])
-            out.mkdir(parents=True, exist_ok=True)
-            for line in Path(argv[argv.index("-r") + 1]).read_text().splitlines():
-                sha = line.split("--hash=sha256:")[1]
-                name = next(n for n, b in self.blobs.items() if hashlib.sha256(b).hexdigest() == sha)
-                (out / name).write_bytes(self.blobs[name])
-            return ""
-
-        monkeypatch.setattr(pypi.proc, "run", fake_run)
+    @property
+    def downloads(self) -> list[str]:
+        """The wheel files fetched from the index, in order."""
+        return self.index.file_requests()
 
     def seed(self, *, corrupt: str = "") -> None:
         for rec in self.plan():
@@ -242,14 +230,16 @@ class Fake:
 
 
 @pytest.fixture
-def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Fake:
-    return Fake(tmp_path, monkeypatch, {k: v for k, v in FAKE_FILES.items() if k != "cuda_nvrtc"})
+def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Fake]:
+    f = Fake(tmp_path, monkeypatch, {k: v for k, v in FAKE_FILES.items() if k != "cuda_nvrtc"})
+    yield f
+    f.index.close()
 
 
 def test_install_flattens_the_wheels_into_the_layout(fake: Fake) -> None:
     fake.seed()
     tk = fake.install()
-    assert fake.pip_calls == []  # everything came from the seeded cache
+    assert fake.downloads == [] and fake.index.requests == []  # everything came from the seeded cache
     root = tk.root
     assert root == pypi.default_root(fake.settings, version="13.0.2", platform=LINUX, records=fake.plan())
     assert (tk.version, tk.source, tk.platform) == ("13.0.2", "pypi", LINUX)
@@ -317,56 +307,66 @@ def test_second_install_is_a_verified_no_op(fake: Fake, monkeypatch: pytest.Monk
         fake.install()
 
 
-def test_missing_wheels_come_from_pip_with_hashes(fake: Fake) -> None:
+def test_missing_wheels_come_from_the_index_by_url(fake: Fake) -> None:
     fake.seed()
     nvcc = next(r for r in fake.plan() if r.component == "cuda_nvcc")
     shutil.rmtree(pypi.download_dir(fake.settings, nvcc))
     tk = fake.install()
     assert (tk.root / "bin" / "nvcc").is_file()
-    assert len(fake.pip_calls) == 1
-    argv = fake.pip_calls[0]
-    for flag in ("--no-deps", "--only-binary=:all:", "--require-hashes"):
-        assert flag in argv
-    assert argv[argv.index("--platform") + 1] in nvcc.platform_tags
+    assert fake.index.requests == ["/simple/nvidia-cuda-nvcc/", f"/files/nvidia-cuda-nvcc/{nvcc.filename}"]
     assert (pypi.download_dir(fake.settings, nvcc) / nvcc.filename).is_file()
-    assert not list((fake.settings.cache_dir / "tmp").iterdir())
+    assert not list(pypi.download_dir(fake.settings, nvcc).glob("*.part*"))
 
 
-def test_pip_uses_the_configured_index(fake: Fake) -> None:
-    fake.settings = Settings(cache_dir=fake.settings.cache_dir, pip_index_url="http://127.0.0.1:9/simple")
-    fake.install()
-    argv = fake.pip_calls[0]
-    assert argv[argv.index("--index-url") + 1] == "http://127.0.0.1:9/simple"
-    assert len(fake.plan()) == 5  # nvcc, crt, nvvm, cudart, cccl: all five from pip (nothing seeded)
+def test_every_wheel_from_the_configured_index(fake: Fake) -> None:
+    fake.install()  # nothing seeded
+    assert len(fake.plan()) == 5  # nvcc, crt, nvvm, cudart, cccl: all five from the index
+    assert sorted(fake.downloads) == sorted(r.filename for r in fake.plan())
+    assert sum(p.startswith("/simple/") for p in fake.index.requests) == 5  # one page per project
+
+
+def test_an_html_only_index_works_too(fake: Fake) -> None:
+    fake.index.json_api = False  # PEP 503: links with #sha256= fragments
+    tk = fake.install()
+    assert tk.nvcc.is_file() and sorted(fake.downloads) == sorted(r.filename for r in fake.plan())
 
 
 def test_a_cached_wheel_with_another_hash_is_not_trusted(fake: Fake) -> None:
     fake.seed(corrupt="cuda_cudart")
     cudart = next(r for r in fake.plan() if r.component == "cuda_cudart")
     tk = fake.install()
-    assert len(fake.pip_calls) == 1  # only the damaged one was fetched again
-    assert fake.pip_calls[0][fake.pip_calls[0].index("--platform") + 1] in cudart.platform_tags
+    assert fake.downloads == [cudart.filename]  # only the damaged one was fetched again
     cached = pypi.download_dir(fake.settings, cudart) / cudart.filename
     assert hashlib.sha256(cached.read_bytes()).hexdigest() == cudart.sha256
     assert (tk.root / "lib" / "libcudart.so.13").read_bytes() == ELF
 
 
-def test_pip_serving_another_file_is_refused(fake: Fake, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_index_serving_another_file_is_refused(fake: Fake) -> None:
     fake.seed()
     cudart = next(r for r in fake.plan() if r.component == "cuda_cudart")
     shutil.rmtree(pypi.download_dir(fake.settings, cudart))
-
-    def tampering_pip(argv: list[str], **kw: Any) -> str:
-        out = Path(argv[argv.index("-d") + 1])
-        out.mkdir(parents=True, exist_ok=True)
-        (out / cudart.filename).write_bytes(fake.blobs[cudart.filename] + b"tampered")
-        return ""
-
-    monkeypatch.setattr(pypi.proc, "run", tampering_pip)
+    fake.index.served[cudart.filename] = fake.blobs[cudart.filename][:-8] + b"tampered"  # same size, other bytes
     with pytest.raises(VerifyError, match="sha256 mismatch") as e:
         fake.install()
     assert e.value.exit_code == 5
-    assert not (pypi.download_dir(fake.settings, cudart) / cudart.filename).exists()
+    assert not pypi.download_dir(fake.settings, cudart).exists() or \
+        list(pypi.download_dir(fake.settings, cudart).iterdir()) == []
+    assert list((fake.settings.cache_dir / "toolkits").glob("*")) == []
+
+
+def test_an_index_listing_another_sha256_is_refused_before_downloading(fake: Fake) -> None:
+    cudart = next(r for r in fake.plan() if r.component == "cuda_cudart")
+    fake.index.listed_sha256[cudart.filename] = "0" * 64
+    with pytest.raises(VerifyError, match="lists .* with sha256 0000") as e:
+        fake.install()
+    assert e.value.exit_code == 5 and cudart.filename not in fake.downloads
+
+
+def test_an_unreachable_index_is_a_network_error(fake: Fake) -> None:
+    fake.settings = Settings(cache_dir=fake.settings.cache_dir, pip_index_url="http://127.0.0.1:9/simple")
+    with pytest.raises(LlamaBundleError) as e:
+        fake.install()
+    assert e.value.exit_code == 6 and "127.0.0.1:9" in e.value.what
     assert list((fake.settings.cache_dir / "toolkits").glob("*")) == []
 
 
