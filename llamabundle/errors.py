@@ -8,12 +8,18 @@ class LlamaBundleError(Exception):
 
     exit_code: int = 1
 
-    def __init__(self, what: str, *, why: str = "", fix: str = "", details: str = "") -> None:
+    def __init__(self, what: str, *, why: str = "", fix: str = "", details: str = "",
+                 file: str | None = None, line: int | None = None, col: int | None = None) -> None:
         super().__init__(what)
         self.what = what
         self.why = why
         self.fix = fix
         self.details = details
+        # where in a file the problem is (1-based), when known: a GitHub annotation points there.
+        # The message (`what`) already names it for people; these are for machines.
+        self.file = file
+        self.line = line
+        self.col = col
 
     def render(self) -> str:
         lines = [f"error: {self.what}"]

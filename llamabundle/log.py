@@ -3,14 +3,73 @@ GitHub Actions groups and annotations when running there."""
 
 from __future__ import annotations
 
+import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from rich.console import Console
 from rich.progress import (BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
                            TimeRemainingColumn, TransferSpeedColumn)
+
+from .errors import LlamaBundleError
+
+# ------------------------------------------------------------------ GitHub Actions workflow commands
+# https://docs.github.com/actions/reference/workflow-commands-for-github-actions: a command is one line
+# `::name k=v,k=v::data`; the runner reads only that line, so data and values are escaped, never wrapped.
+
+
+def escape_data(text: str) -> str:
+    """A workflow command's message: `%`, CR and LF as %25, %0D, %0A (as the runner's toolkit does)."""
+    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+
+
+def escape_property(text: str) -> str:
+    """A workflow command's property value: as message data, and `:` and `,` as %3A and %2C."""
+    return escape_data(text).replace(":", "%3A").replace(",", "%2C")
+
+
+def workflow_command(name: str, message: str = "", properties: Mapping[str, object] | None = None) -> str:
+    """`::name k=v,…::message`, escaped; properties whose value is None or empty are left out."""
+    props = ",".join(f"{k}={escape_property(str(v))}" for k, v in (properties or {}).items()
+                     if v is not None and str(v) != "")
+    return f"::{name}{' ' + props if props else ''}::{escape_data(message)}"
+
+
+_TITLES = {2: "usage or recipe error", 3: "toolchain error", 4: "build failed", 5: "verification failed",
+           6: "store or network error"}  # DESIGN §8
+
+
+def _annotation_file(path: str) -> str:
+    """A path as an annotation wants it: relative to the checkout ($GITHUB_WORKSPACE) when inside it."""
+    ws = os.environ.get("GITHUB_WORKSPACE")
+    if ws and os.path.isabs(path):
+        try:
+            rel = os.path.relpath(path, ws)
+        except ValueError:  # another drive (Windows)
+            return path
+        if not rel.startswith(".."):
+            return rel.replace(os.sep, "/")
+    return path
+
+
+def _parts(err: str | LlamaBundleError) -> tuple[str, str, str, str]:
+    """(what, why, fix, details) of an error, or of text rendered like LlamaBundleError.render()."""
+    if isinstance(err, LlamaBundleError):
+        return err.what, err.why, err.fix, err.details.rstrip()
+    first, _, rest = str(err).partition("\n")
+    what = first.removeprefix("error: ")
+    why = fix = ""
+    details: list[str] = []
+    for line in rest.splitlines():
+        if not details and line.startswith("  why: ") and not why and not fix:
+            why = line[len("  why: "):]
+        elif not details and line.startswith("  fix: ") and not fix:
+            fix = line[len("  fix: "):]
+        else:
+            details.append(line)
+    return what, why, fix, "\n".join(details).rstrip()
 
 
 @dataclass
@@ -25,20 +84,46 @@ class Log:
         if not self.quiet:
             self.console.print(msg, markup=False, soft_wrap=True)
 
-    def warn(self, msg: str) -> None:
-        if self.github_actions:
-            self.console.print(f"::warning::{msg}", markup=False)
-        else:
-            self.console.print(f"warning: {msg}", style="yellow", markup=False, soft_wrap=True)
+    def raw(self, line: str) -> None:
+        """One line exactly as given: no wrapping, markup, emoji or tab expansion (workflow commands)."""
+        f = self.console.file
+        f.write(line + "\n")
+        f.flush()
 
-    def error(self, text: str) -> None:
-        first, _, rest = text.partition("\n")
+    def warn(self, msg: str | LlamaBundleError) -> None:
+        """A warning; under GitHub Actions one `::warning::` annotation (what, why, fix; location if known)."""
         if self.github_actions:
-            self.console.print(f"::error::{first}", markup=False, soft_wrap=True)
-            if rest:
-                self.console.print(rest, markup=False, soft_wrap=True)
+            details = self._annotate("warning", msg, title=None, rendered=False)
+            if details:
+                self.console.print(details, markup=False, soft_wrap=True)
         else:
+            text = msg.render().removeprefix("error: ") if isinstance(msg, LlamaBundleError) else msg
+            self.console.print(f"warning: {text}", style="yellow", markup=False, soft_wrap=True)
+
+    def error(self, err: str | LlamaBundleError) -> None:
+        """The one message of a failure (DESIGN §8). Under GitHub Actions one `::error::` annotation holding what,
+        why and fix (and file/line/col when the error knows them), then any details as plain lines."""
+        if not self.github_actions:
+            text = err.render() if isinstance(err, LlamaBundleError) else err
             self.console.print(text, style="red", markup=False, soft_wrap=True)
+            return
+        code = err.exit_code if isinstance(err, LlamaBundleError) else 1
+        details = self._annotate("error", err, title=f"llamabundle: {_TITLES.get(code, 'error')}", rendered=True)
+        if details:
+            self.console.print(details, markup=False, soft_wrap=True)
+
+    def _annotate(self, kind: str, err: str | LlamaBundleError, *, title: str | None, rendered: bool) -> str:
+        """Write the `::kind …::` line; returns the details, which are not part of it. Text is taken whole,
+        or (`rendered`) as LlamaBundleError.render() wrote it."""
+        what, why, fix, details = _parts(err) if rendered or isinstance(err, LlamaBundleError) else (err, "", "", "")
+        lines = [what] + ([f"why: {why}"] if why else []) + ([f"fix: {fix}"] if fix else [])
+        props: dict[str, object] = {}
+        if isinstance(err, LlamaBundleError) and err.file:
+            props = {"file": _annotation_file(err.file), "line": err.line, "col": err.col}
+        if title:
+            props["title"] = title
+        self.raw(workflow_command(kind, "\n".join(lines), props))
+        return details
 
     def command(self, argv: list[str]) -> None:
         self.info("+ " + " ".join(argv))
@@ -47,7 +132,7 @@ class Log:
     def step(self, title: str) -> Iterator[None]:
         start = time.monotonic()
         if self.github_actions:
-            self.console.print(f"::group::{title}", markup=False)
+            self.raw(workflow_command("group", title))
         else:
             self.info(f"==> {title}")
         ok = False
@@ -57,7 +142,7 @@ class Log:
         finally:
             took = time.monotonic() - start
             if self.github_actions:
-                self.console.print("::endgroup::", markup=False)
+                self.raw("::endgroup::")
             mark = "done" if ok else "FAILED"
             self.info(f"    {title}: {mark} in {took:.1f}s")
 

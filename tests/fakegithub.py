@@ -2,7 +2,7 @@
 "CDN" on another host (127.0.0.2) that asset downloads redirect to, as on github.com.
 
 - API (127.0.0.1): repos/{o}/{r}, git/ref(s) (create: 422 already_exists on a duplicate; delete), releases
-  (create, get by tag — drafts are not visible by tag —, list, get, patch, delete), release assets (list,
+  (create, get by tag — drafts are not visible by tag —, list, get, patch, delete, `latest`), release assets (list,
   get, delete, download: `Accept: application/octet-stream` answers 302 to the CDN), uploads on
   `/uploads/repos/{o}/{r}/releases/{id}/assets?name=…` (the release's `upload_url` template).
 - CDN (127.0.0.2): the asset bytes, with ETag, Accept-Ranges, Range and If-Range.
@@ -10,6 +10,11 @@
 - Fault injection: `faults` is a list of callables `(req, handler) -> bool` tried before normal handling
   (True: handled, and removed when `once`); helpers below add the usual ones.
 - Time: `backdate(seconds)` makes every release and asset that many seconds older (stale-lock tests).
+- "Latest" as GitHub keeps it: a release that is created published, or published from a draft (PATCH
+  draft false), or patched, with `make_latest` "true" or absent becomes the repo's latest; "false" leaves
+  the latest as it is; "legacy" makes the most recently created published non-prerelease one latest.
+  Drafts and prereleases are never latest; deleting the latest one falls back to "legacy".
+  `GET /repos/{o}/{r}/releases/latest` answers it (404 when there is none); `latest` holds its id.
 """
 
 from __future__ import annotations
@@ -88,6 +93,7 @@ class Release:
     published_at: str | None = None
     assets: list[int] = field(default_factory=list)
     body: str = ""
+    prerelease: bool = False
 
 
 def iso(t: float | None = None) -> str:
@@ -102,6 +108,7 @@ class FakeGitHub:
         self.head_sha = "c0ffee" + "0" * 34
         self.refs: dict[str, str] = {f"refs/heads/{default_branch}": self.head_sha}
         self.releases: dict[int, Release] = {}
+        self.latest: int | None = None  # the id of the repo's "Latest" release (see the module docstring)
         self.assets: dict[int, Asset] = {}
         self.requests: list[Request] = []
         self.faults: list[Fault] = []
@@ -131,14 +138,38 @@ class FakeGitHub:
             self.refs[f"refs/tags/{tag}"] = self.head_sha
 
     def add_release(self, tag: str, *, draft: bool, created_at: float | None = None,
-                    assets: dict[str, bytes] | None = None, state: str = "uploaded") -> Release:
+                    assets: dict[str, bytes] | None = None, state: str = "uploaded",
+                    prerelease: bool = False, make_latest: str | None = None) -> Release:
+        """A release as someone else made it; a published one becomes latest as `make_latest` says."""
         with self.lock:
             rel = Release(id=next(self._ids), tag_name=tag, name=tag, draft=draft, created_at=iso(created_at),
-                          published_at=None if draft else iso())
+                          published_at=None if draft else iso(), prerelease=prerelease)
             self.releases[rel.id] = rel
             for name, data in (assets or {}).items():
                 self._add_asset(rel, name, data, state=state)
+            if not draft:
+                self.set_latest(rel, make_latest)
             return rel
+
+    def set_latest(self, rel: Release, make_latest: object) -> None:
+        """What GitHub does with `make_latest` when `rel` is published (or patched while published)."""
+        with self.lock:
+            choice = "true" if make_latest is None else str(make_latest).lower()
+            if choice == "legacy":
+                self.latest = self._legacy_latest()
+            elif choice == "true" and not rel.draft and not rel.prerelease:
+                self.latest = rel.id
+            elif choice == "false" and self.latest == rel.id:
+                self.latest = self._legacy_latest(but=rel.id)
+
+    def latest_release(self) -> Release | None:
+        with self.lock:
+            rel = self.releases.get(self.latest) if self.latest is not None else None
+            return rel if rel is not None and not rel.draft and not rel.prerelease else None
+
+    def _legacy_latest(self, but: int | None = None) -> int | None:
+        rels = [r for r in self.releases.values() if not r.draft and not r.prerelease and r.id != but]
+        return max(rels, key=lambda r: (r.created_at, r.id)).id if rels else None
 
     def release_by_tag(self, tag: str, *, drafts: bool = True) -> list[Release]:
         with self.lock:
@@ -270,7 +301,7 @@ class FakeGitHub:
 
     def release_json(self, rel: Release) -> dict[str, Any]:
         return {"id": rel.id, "tag_name": rel.tag_name, "name": rel.name, "body": rel.body, "draft": rel.draft,
-                "prerelease": False,
+                "prerelease": rel.prerelease,
                 "created_at": rel.created_at, "published_at": rel.published_at,
                 "url": f"{self.api_url}/repos/{self.repo}/releases/{rel.id}",
                 "html_url": f"{self.cdn_url}/{self.repo}/releases/tag/{rel.tag_name}",
@@ -431,13 +462,18 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 tag = body.get("tag_name") or ""
                 if any(r.tag_name == tag and not r.draft for r in gh.releases.values()):
                     return self.validation("already_exists", "Validation Failed", "Release", "tag_name")
-                rel = gh.add_release(tag, draft=bool(body.get("draft")))
+                rel = gh.add_release(tag, draft=True, prerelease=bool(body.get("prerelease")))
                 rel.name = body.get("name") or tag
                 rel.body = str(body.get("body") or "")
-                if not rel.draft:
+                if not body.get("draft"):
+                    rel.draft, rel.published_at = False, iso()
                     gh.refs.setdefault(f"refs/tags/{tag}", gh.head_sha)
+                    gh.set_latest(rel, body.get("make_latest"))
                 return self.reply_json(201, gh.release_json(rel))
             return self.not_found()
+        if parts == ["latest"] and method == "GET":
+            latest = gh.latest_release()
+            return self.reply_json(200, gh.release_json(latest)) if latest else self.not_found()
         if parts[0] == "tags" and len(parts) == 2 and method == "GET":
             rels = [r for r in gh.releases.values() if r.tag_name == parts[1] and not r.draft]
             return self.reply_json(200, gh.release_json(rels[0])) if rels else self.not_found()
@@ -470,16 +506,25 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 body = json.loads(self.read_body() or b"{}")
                 if "body" in body:
                     rel.body = str(body["body"] or "")
+                if "prerelease" in body:
+                    rel.prerelease = bool(body["prerelease"])
+                publishing = "draft" in body and rel.draft and not body["draft"]
                 if "draft" in body:
-                    if rel.draft and not body["draft"]:
+                    if publishing:
                         rel.published_at = iso()
                         gh.refs.setdefault(f"refs/tags/{rel.tag_name}", gh.head_sha)
                     rel.draft = bool(body["draft"])
+                if publishing or (not rel.draft and "make_latest" in body):
+                    gh.set_latest(rel, body.get("make_latest"))  # absent on publishing: "true", as on GitHub
+                if gh.latest == rel.id and (rel.draft or rel.prerelease):
+                    gh.latest = gh._legacy_latest(but=rel.id)
                 return self.reply_json(200, gh.release_json(rel))
             if method == "DELETE":
                 for a in rel.assets:
                     gh.assets.pop(a, None)
                 del gh.releases[rel.id]
+                if gh.latest == rel.id:
+                    gh.latest = gh._legacy_latest()
                 return self.reply_json(204, None)
         if len(parts) == 2 and parts[1] == "assets" and method == "GET":
             return self.reply_json(200, [gh.asset_json(gh.assets[i]) for i in rel.assets if i in gh.assets])

@@ -282,6 +282,7 @@ class GitHubStore:
                 rel = self._json(self._api("POST", f"{self._repo_api}/releases", ok=(201,),
                                            what=f"create the release {tag}",
                                            json_body={"tag_name": tag, "name": tag, "draft": True,
+                                                      "make_latest": "false",  # never the repo's "Latest"
                                                       "body": f"{body}\n{nonce}"}), "the release")
             except GitHubValidationError as e:
                 if not _already_exists(e.errors, e.why):
@@ -302,7 +303,8 @@ class GitHubStore:
             self._upload(rel_id, upload, MANIFEST, "application/json", lambda: mbytes, len(mbytes), _sha(mbytes))
             publishing = True
             done = self._json(self._api("PATCH", f"{self._repo_api}/releases/{rel_id}",
-                                        json_body={"draft": False, "body": body},
+                                        # GitHub recomputes "Latest" when a draft is published: say no again
+                                        json_body={"draft": False, "make_latest": "false", "body": body},
                                         what=f"publish the release {tag}"), "the release")
         except AssetConflictError:
             raise  # never clean up an uploaded asset with a different digest
@@ -524,7 +526,7 @@ class GitHubStore:
                 r = self._send(method, url, json_body=json_body, headers=headers, follow=follow, stream=stream)
             except _HOPELESS as e:
                 raise net.NetworkError(f"cannot {what} in {self.repo}", why=self._redact(str(e)),
-                                       fix="check LLAMABUNDLE_GITHUB_API_URL") from None
+                                       fix="check GITHUB_API_URL (or LLAMABUNDLE_GITHUB_API_URL)") from None
             except _DROPPED as e:
                 refused = net._refused(e)
                 lost = lost or not refused
@@ -534,7 +536,7 @@ class GitHubStore:
                 if attempt >= limit or time.monotonic() - start + delay > self.max_total:
                     raise net.NetworkError(f"cannot {what} in {self.repo}: {self.api_url} is unreachable",
                                            why=self._redact(f"{why} (gave up after {attempt} attempts)"),
-                                           fix="check the network, or LLAMABUNDLE_GITHUB_API_URL") from None
+                                           fix="check the network, or GITHUB_API_URL (or LLAMABUNDLE_GITHUB_API_URL)") from None
                 self.log.info(self._redact(f"    github: {what}: {why}; retry {attempt}/{limit - 1} in {delay:.1f}s"))
                 self.sleep(delay)
                 continue
@@ -630,7 +632,7 @@ class GitHubStore:
             return r.json()
         except ValueError:
             raise StoreError(f"GitHub answered something that is not JSON for {what}",
-                             why=f"HTTP {r.status_code}", fix="check LLAMABUNDLE_GITHUB_API_URL") from None
+                             why=f"HTTP {r.status_code}", fix="check GITHUB_API_URL (or LLAMABUNDLE_GITHUB_API_URL)") from None
 
     def _redact(self, text: str) -> str:
         return text.replace(self.token, "***") if self.token else text

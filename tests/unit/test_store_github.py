@@ -166,6 +166,52 @@ def test_second_publish_reports_already_published(gh: FakeGitHub, tmp_path: Path
     assert gh.count("POST", "/git/refs") == 1
 
 
+def _api(gh: FakeGitHub, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+    """A raw API call, as another tool (or a person) would make it."""
+    import requests
+
+    r = requests.request(method, f"{gh.api_url}/repos/{REPO}{path}", json=body, timeout=10,
+                         headers={"Authorization": f"Bearer {TOKEN}", "Accept": "application/vnd.github+json"})
+    return r.status_code, (r.json() if r.content else None)
+
+
+def test_the_fake_keeps_latest_as_github_does(gh: FakeGitHub) -> None:
+    assert _api(gh, "GET", "/releases/latest")[0] == 404
+    _, a = _api(gh, "POST", "/releases", {"tag_name": "v1", "name": "v1"})  # make_latest absent: "true"
+    assert _api(gh, "GET", "/releases/latest")[1]["id"] == a["id"]
+    _, b = _api(gh, "POST", "/releases", {"tag_name": "v2", "make_latest": "false"})
+    assert _api(gh, "GET", "/releases/latest")[1]["id"] == a["id"]
+    _, c = _api(gh, "POST", "/releases", {"tag_name": "v3", "draft": True, "make_latest": "false"})
+    _api(gh, "PATCH", f"/releases/{c['id']}", {"draft": False})  # publishing a draft: "true" unless told
+    assert _api(gh, "GET", "/releases/latest")[1]["id"] == c["id"]
+    _api(gh, "POST", "/releases", {"tag_name": "v4", "prerelease": True})  # a prerelease is never latest
+    assert _api(gh, "GET", "/releases/latest")[1]["id"] == c["id"]
+    _api(gh, "PATCH", f"/releases/{a['id']}", {"make_latest": "true"})
+    assert _api(gh, "GET", "/releases/latest")[1]["id"] == a["id"]
+    _api(gh, "DELETE", f"/releases/{a['id']}")  # the latest deleted: the newest published one ("legacy")
+    assert _api(gh, "GET", "/releases/latest")[1]["id"] == c["id"]
+    _api(gh, "PATCH", f"/releases/{b['id']}", {"make_latest": "legacy"})
+    assert _api(gh, "GET", "/releases/latest")[1]["id"] == c["id"]
+
+
+def test_publishing_never_takes_latest_from_the_apps_own_release(gh: FakeGitHub, tmp_path: Path) -> None:
+    code, app = _api(gh, "POST", "/releases", {"tag_name": "v1.2.0", "name": "MyApp 1.2.0"})
+    assert code == 201 and _api(gh, "GET", "/releases/latest")[1]["id"] == app["id"]
+    zip_path, manifest = make_bundle(tmp_path)
+    assert store_for(gh).publish(zip_path, manifest).created is True
+    (ours,) = [r for r in gh.releases.values() if r.tag_name == TAG]
+    assert not ours.draft
+    code, latest = _api(gh, "GET", "/releases/latest")
+    assert (code, latest["id"], latest["tag_name"]) == (200, app["id"], "v1.2.0")
+    assert gh.latest == app["id"]
+    # and with no release of its own, a bundle release does not become latest either
+    gh.releases.pop(app["id"])
+    gh.latest = None
+    zip2, manifest2 = make_bundle(tmp_path / "b", OTHER_KEY)
+    store_for(gh, tags={}).publish(zip2, manifest2)
+    assert _api(gh, "GET", "/releases/latest")[0] == 404
+
+
 def test_a_published_release_without_its_manifest_is_not_a_hit(gh: FakeGitHub, tmp_path: Path) -> None:
     zip_path, _manifest = make_bundle(tmp_path)
     gh.add_ref(TAG)
