@@ -13,6 +13,7 @@ from pathlib import Path
 from packaging.version import InvalidVersion, Version
 
 from . import data, proc
+from .compilers import EXECUTABLES
 from .errors import BuildError, ToolchainError
 from .log import Log
 from .recipe import Recipe
@@ -73,13 +74,10 @@ def program_file(recipe: Recipe, target: str) -> str:
     return f"{target}.exe" if recipe.platform.startswith("windows") else target
 
 
-_COMPILERS = {"gcc": ("gcc", "g++"), "clang": ("clang", "clang++"), "msvc": ("cl", "cl"), "mingw": ("x86_64-w64-mingw32-gcc-posix", "x86_64-w64-mingw32-g++-posix")}
-
-
 def plan_build(recipe: Recipe, *, source_dir: Path, build_dir: Path, tools: BuildTools, jobs: int | None = None,
                cuda_root: Path | None = None) -> BuildPlan:
     """Pure: the exact commands that build this recipe. Shown by `llamabundle show`."""
-    cc, cxx = _COMPILERS[recipe.toolchain.compiler]
+    cc, cxx = EXECUTABLES[recipe.toolchain.compiler]
     defs: dict[str, str] = {
         "CMAKE_BUILD_TYPE": "Release",
         "CMAKE_C_COMPILER": cc,

@@ -24,7 +24,7 @@ from yaml.constructor import SafeConstructor
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from . import data
-from .errors import RecipeError
+from .errors import RecipeError, ToolchainError
 
 SCHEMA_VERSION = 1
 BUNDLE_FORMAT = 1
@@ -102,6 +102,10 @@ class Toolchain:
     compiler: Compiler = _f("C/C++ compiler family")
     msvc_version: str | None = _f("MSVC version range, e.g. \"[17.0,18.0)\" (msvc only)", default=None,
                                   pattern=r"^([\[(][0-9.]*,[0-9.]*[\])]|[0-9]+(\.[0-9]+)*)$")
+    version: str | None = _f("the C++ compiler's version (gcc, clang, mingw): \"12.2\" is any 12.2.x, \"[12.2,13)\" "
+                             "a range; in the cache key. Without it the key holds the exact version of the "
+                             "compiler found here", default=None,
+                             pattern=r"^([\[(][0-9.]*,[0-9.]*[\])]|[0-9]+(\.[0-9]+)*)$")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -152,6 +156,9 @@ class Recipe:
     publish: Publish = _f("publish settings (not part of the cache key)", default_factory=Publish)
     # Not from YAML: where the recipe came from (for relative paths and messages).
     origin: str = field(default="", compare=False, metadata={"internal": True})
+    # Not from YAML: the exact version of the compiler found on this machine, for a recipe that does not
+    # pin toolchain.version (it is then part of the key); None where there is none or a pin.
+    host_compiler: str | None = field(default=None, metadata={"internal": True})
 
     # ---- derived values
 
@@ -186,7 +193,9 @@ class Recipe:
                 "archs": sorted(self.cuda.archs),
                 "driver_floor": self.driver_floor,
             }
-        toolchain = {"compiler": self.toolchain.compiler}
+        toolchain: dict[str, Any] = {"compiler": self.toolchain.compiler}
+        if self.compiler_key() is not None:
+            toolchain["version"] = self.compiler_key()
         if self.toolchain.msvc_version:
             toolchain["msvc_version"] = self.toolchain.msvc_version
         extra: dict[str, Any] = {}
@@ -196,6 +205,7 @@ class Recipe:
             **extra,
             "recipe": self.recipe,
             "bundle_format": BUNDLE_FORMAT,
+            "derivation": derivation(),
             "platform": self.platform,
             "commit": self.llama_cpp.commit,
             "backends": sorted(self.backends),
@@ -209,12 +219,47 @@ class Recipe:
     def key(self) -> str:
         return hashlib.sha256(canonical_json(self.key_inputs()).encode()).hexdigest()
 
+    @property
+    def pins_compiler(self) -> bool:
+        return bool(self.toolchain.version or (self.toolchain.compiler == "msvc" and self.toolchain.msvc_version))
+
+    def compiler_key(self) -> str | None:
+        """The compiler's part of the key: the recipe's pin, else `=<exact version found here>`
+        (None for MSVC pinned by msvc_version, which is in the key itself)."""
+        if self.toolchain.version:
+            return self.toolchain.version
+        if self.toolchain.compiler == "msvc" and self.toolchain.msvc_version:
+            return None
+        if self.host_compiler:
+            return "=" + self.host_compiler
+        from .compilers import cxx_program
+
+        raise ToolchainError(f"{self.origin or self.name}: the cache key needs the version of {cxx_program(self.toolchain.compiler)}",
+                             why="the recipe does not pin toolchain.version, so its key holds the exact version of the "
+                                 "compiler that builds it, and there is no such compiler on PATH here",
+                             fix="pin the compiler in the recipe (toolchain: {compiler: "
+                                 f"{self.toolchain.compiler}, version: \"12.2\"}}), or install it here")
+
     def tag(self) -> str:
         key = self.key()
         commit = self.llama_cpp.commit
         return self.publish.tag.format(
             name=self.name, key=key, key12=key[:12], commit=commit, commit12=commit[:12], platform=self.platform
         )
+
+
+# What the tool itself derives from a recipe (the CMake flags and files of build.py, the CPU-variant
+# sets, the mingw compatibility header, the collection of runtime libraries): a new llamabundle that
+# builds differently must never serve an old bundle as a hit. Bump DERIVATION with any change to that
+# code; the knowledge files' digest follows their data by itself. tests/unit/test_key.py records the
+# flags each version derives and fails when they change without a bump.
+DERIVATION = 2
+DERIVATION_DATA = ("build.json", "mingw.json")
+
+
+def derivation() -> dict[str, Any]:
+    blob = canonical_json({name: data.load(name) for name in DERIVATION_DATA})
+    return {"version": DERIVATION, "data": hashlib.sha256(blob.encode()).hexdigest()[:16]}
 
 
 def canonical_json(value: Any) -> str:
@@ -231,14 +276,18 @@ class _Ctx:
 
     def fail(self, node: Node | None, path: str, msg: str, fix: str = "") -> RecipeError:
         where = self.file
+        line: int | None = None
+        col: int | None = None
         if node is not None:
-            where += f":{node.start_mark.line + 1}:{node.start_mark.column + 1}"
+            line, col = node.start_mark.line + 1, node.start_mark.column + 1
         elif path in self.marks:
             line, col = self.marks[path]
+        if line is not None:
             where += f":{line}:{col}"
         key = f" {path}:" if path else ""
         return RecipeError(f"{where}:{key} {msg}", why="the recipe does not match schema 1 (DESIGN §4)",
-                           fix=fix or "correct the recipe; `llamabundle recipe lint FILE` checks it")
+                           fix=fix or "correct the recipe; `llamabundle recipe lint FILE` checks it",
+                           file=self.file, line=line, col=col)
 
 
 def load_recipe(path: str | Path) -> Recipe:
@@ -252,11 +301,11 @@ def load_recipe(path: str | Path) -> Recipe:
         raise RecipeError(f"{p}: cannot read the recipe", why=str(e)) from None
     if len(raw) > MAX_RECIPE_BYTES:
         raise RecipeError(f"{p}: recipe is {len(raw)} bytes; the limit is {MAX_RECIPE_BYTES}",
-                          fix="a recipe is a short YAML file; check that the right file was passed")
+                          fix="a recipe is a short YAML file; check that the right file was passed", file=str(p))
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise RecipeError(f"{p}: recipe is not UTF-8 text", why=str(e)) from None
+        raise RecipeError(f"{p}: recipe is not UTF-8 text", why=str(e), file=str(p)) from None
     return parse_recipe(text, file=str(p))
 
 
@@ -275,6 +324,10 @@ def parse_recipe(text: str, *, file: str = "<recipe>") -> Recipe:
     recipe = typing.cast(Recipe, _convert(root, Recipe, "", ctx))
     recipe = dataclasses.replace(recipe, origin=file)
     _check(recipe, ctx)
+    if not recipe.pins_compiler:
+        from .compilers import detect_version
+
+        recipe = dataclasses.replace(recipe, host_compiler=detect_version(recipe.toolchain.compiler))
     return recipe
 
 
@@ -286,18 +339,19 @@ def _compose(text: str, ctx: _Ctx) -> Node:
                 m = event.start_mark
                 raise RecipeError(f"{ctx.file}:{m.line + 1}:{m.column + 1}: YAML aliases (*{event.anchor}) are not allowed in recipes",
                                   why="a recipe is read as plain data; anchors, aliases and merge keys hide what is pinned",
-                                  fix="write the values out in full")
+                                  fix="write the values out in full", file=ctx.file, line=m.line + 1, col=m.column + 1)
         docs = list(yaml.compose_all(text, Loader=yaml.SafeLoader))
     except yaml.MarkedYAMLError as e:
         m = e.problem_mark
         where = f"{ctx.file}:{m.line + 1}:{m.column + 1}" if m else ctx.file
         raise RecipeError(f"{where}: malformed YAML: {e.problem}", why=str(e.context or "the file is not valid YAML"),
-                          fix="fix the YAML syntax at that line") from None
+                          fix="fix the YAML syntax at that line", file=ctx.file,
+                          line=m.line + 1 if m else None, col=m.column + 1 if m else None) from None
     except yaml.YAMLError as e:
-        raise RecipeError(f"{ctx.file}: malformed YAML", why=str(e)) from None
+        raise RecipeError(f"{ctx.file}: malformed YAML", why=str(e), file=ctx.file) from None
     if len(docs) != 1 or docs[0] is None:
         raise RecipeError(f"{ctx.file}: expected exactly one YAML document, found {len(docs)}",
-                          fix="a recipe is a single YAML mapping")
+                          fix="a recipe is a single YAML mapping", file=ctx.file)
     _check_scalars(docs[0], ctx, "")
     return docs[0]
 
@@ -492,6 +546,9 @@ def _check(r: Recipe, ctx: _Ctx) -> None:
                        fix="use one of: " + ", ".join(allowed))
     if r.toolchain.msvc_version and r.toolchain.compiler != "msvc":
         raise ctx.fail(None, "toolchain.msvc_version", "msvc_version is only for compiler: msvc")
+    if r.toolchain.version and r.toolchain.compiler == "msvc":
+        raise ctx.fail(None, "toolchain.version", "compiler: msvc is pinned by msvc_version (a Visual Studio range)",
+                       fix='use msvc_version: "[17.0,18.0)"')
     if not r.targets:
         raise ctx.fail(None, "targets", "no targets", fix="add llama-server")
     if ("cuda" in r.backends) != (r.cuda is not None):
@@ -646,19 +703,38 @@ class Settings:
     def from_env(cls, env: Mapping[str, str]) -> "Settings":
         import platformdirs
 
+        from .errors import UsageError
+
+        def number(name: str, kind: type, default: Any, ok: Any, wanted: str) -> Any:
+            """The variable's value as a number; a bad one is a usage error naming it (never a traceback)."""
+            raw = (env.get(name) or "").strip()
+            if not raw:
+                return default
+            try:
+                value = kind(raw)
+            except ValueError:
+                value = None
+            if value is None or not ok(value):
+                raise UsageError(f"{name}={env.get(name)!r} is not {wanted}",
+                                 why=f"{name} is read from the environment", fix=f"set {name} to {wanted}, or unset it")
+            return value
+
         cache = env.get("LLAMABUNDLE_CACHE_DIR") or platformdirs.user_cache_dir("llamabundle", appauthor=False)
-        sde = env.get("SOURCE_DATE_EPOCH")
+        sde = number("SOURCE_DATE_EPOCH", int, None, lambda v: v >= 0, "a Unix timestamp (whole seconds, e.g. 1700000000)")
         return cls(
             cache_dir=Path(cache).expanduser().resolve(),
             github_archive_url=env.get("LLAMABUNDLE_GITHUB_ARCHIVE_URL", "https://codeload.github.com").rstrip("/"),
-            github_api_url=env.get("LLAMABUNDLE_GITHUB_API_URL", "https://api.github.com").rstrip("/"),
+            # GITHUB_API_URL: set by GitHub Actions runners (GitHub Enterprise Server: https://HOST/api/v3)
+            github_api_url=(env.get("LLAMABUNDLE_GITHUB_API_URL") or env.get("GITHUB_API_URL")
+                            or "https://api.github.com").rstrip("/"),
             github_token=env.get("GITHUB_TOKEN") or env.get("GH_TOKEN") or None,
             pip_index_url=env.get("LLAMABUNDLE_PIP_INDEX_URL") or None,
-            source_date_epoch=int(sde) if sde and sde.isdigit() else None,
+            source_date_epoch=sde,
             github_actions=env.get("GITHUB_ACTIONS") == "true",
             github_output=Path(env["GITHUB_OUTPUT"]) if env.get("GITHUB_ACTIONS") == "true" and env.get("GITHUB_OUTPUT") else None,
             github_step_summary=Path(env["GITHUB_STEP_SUMMARY"])
             if env.get("GITHUB_ACTIONS") == "true" and env.get("GITHUB_STEP_SUMMARY") else None,
-            connect_timeout=float(env.get("LLAMABUNDLE_CONNECT_TIMEOUT", "10")),
+            connect_timeout=number("LLAMABUNDLE_CONNECT_TIMEOUT", float, 10.0, lambda v: 0 < v < float("inf"),
+                                   "a number of seconds greater than 0 (e.g. 10)"),
             cuda_redist_url=env.get("LLAMABUNDLE_CUDA_REDIST_URL", "https://developer.download.nvidia.com/compute/cuda/redist").rstrip("/"),
         )

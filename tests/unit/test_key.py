@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from llamabundle.compilers import detect_version
+from llamabundle.errors import ToolchainError
 from llamabundle.recipe import BUNDLE_FORMAT, Recipe, canonical_json, load_recipe, parse_recipe
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -73,7 +75,7 @@ def test_key_inputs_are_exactly_design_4() -> None:
     for path in (LINUX_PATH, WINDOWS_PATH):
         inputs = load_recipe(path).key_inputs()
         assert set(inputs) == {"recipe", "platform", "commit", "backends", "toolchain", "cuda", "cmake",
-                               "targets", "runtime", "bundle_format"}
+                               "targets", "runtime", "bundle_format", "derivation"}
         assert inputs["recipe"] == 1 and inputs["bundle_format"] == BUNDLE_FORMAT
         assert inputs["commit"] == COMMIT
         assert not {"sources", "publish", "name", "origin", "llama_cpp"} & set(inputs)
@@ -102,7 +104,7 @@ def test_key_inputs_linux_values() -> None:
     inputs = load_recipe(LINUX_PATH).key_inputs()
     assert inputs["platform"] == "linux-x86_64"
     assert inputs["backends"] == ["cpu"]
-    assert inputs["toolchain"] == {"compiler": "gcc"}
+    assert inputs["toolchain"] == {"compiler": "gcc", "version": "=" + detect_version("gcc")}  # unpinned: the host's
     assert inputs["cuda"] is None
     assert inputs["cmake"]["LLAMA_USE_PREBUILT_UI"] == "OFF"
 
@@ -146,8 +148,8 @@ def test_key_ignores_yaml_style(base: str, restyled: Edits) -> None:
 
 # ----------------------------------------------------------------------- every input changes it
 
-CLANG = ("toolchain: {compiler: gcc}", "toolchain: {compiler: clang}")
-W_CLANG = (W_TOOLCHAIN, "toolchain: {compiler: clang}")
+CLANG = ("toolchain: {compiler: gcc}", 'toolchain: {compiler: clang, version: "16"}')
+W_CLANG = (W_TOOLCHAIN, 'toolchain: {compiler: clang, version: "16"}')
 W_SM75_UP = (W_ARCHS, "archs: [75-virtual, 86-real, 89-real, 120a-real]")
 L_CUDA = (("backends: [cpu]", "backends: [cpu, cuda]"),
           ("targets: [llama-server]", "cuda:\n  toolkit: 12.8.1\n  components: [cuda_nvcc, cuda_cudart]\n  archs: [86-real]\n"
@@ -161,10 +163,12 @@ L_CUDA = (("backends: [cpu]", "backends: [cpu, cuda]"),
     ("W", (W_CLANG,), (("platform: windows-x86_64", "platform: linux-x86_64"),)),
     ("L", (), L_CUDA),
     ("L", (), (CLANG,)),
-    ("W", (), ((W_TOOLCHAIN, "toolchain: {compiler: clang}"),)),
-    ("W", (), ((W_TOOLCHAIN, "toolchain: {compiler: mingw}"),)),
+    ("W", (), ((W_TOOLCHAIN, 'toolchain: {compiler: clang, version: "16"}'),)),
+    ("W", (), ((W_TOOLCHAIN, 'toolchain: {compiler: mingw, version: "12"}'),)),
     ("W", (), ((W_TOOLCHAIN, 'toolchain: {compiler: msvc, msvc_version: "[17.0,19.0)"}'),)),
-    ("W", (), ((W_TOOLCHAIN, "toolchain: {compiler: msvc}"),)),
+    ("L", (), (("toolchain: {compiler: gcc}", 'toolchain: {compiler: gcc, version: "[12,13)"}'),)),
+    ("L", (("toolchain: {compiler: gcc}", 'toolchain: {compiler: gcc, version: "12"}'),),
+     (('version: "12"', 'version: "12.2"'),)),
     ("W", (W_SM75_UP,), (("toolkit: 12.8.1", "toolkit: 13.0.1"),)),
     ("W", (W_SM75_UP,), (("toolkit: 12.8.1", "toolkit: 13.0.2"),)),
     ("W", (), (("cuda_nvrtc, libnvfatbin,", "cuda_nvrtc,"),)),
@@ -184,7 +188,7 @@ L_CUDA = (("backends: [cpu]", "backends: [cpu, cuda]"),
     ("L", (), (("runtime: {openmp: auto}", "runtime: {openmp: none}"),)),
     ("W", (), (("runtime: {openmp: auto}", "runtime: {openmp: vcomp}"),)),
 ], ids=["commit", "commit-last-digit", "platform-to-windows", "platform-to-linux", "backends", "compiler", "compiler-win-clang",
-        "compiler-mingw", "msvc-version", "msvc-version-dropped", "toolkit-13.0.1", "toolkit-13.0.2",
+        "compiler-mingw", "msvc-version", "gcc-pinned", "gcc-pin-narrowed", "toolkit-13.0.1", "toolkit-13.0.2",
         "component-removed", "component-added", "arch-changed", "arch-real-to-virtual", "arch-removed", "arch-added",
         "driver-floor", "driver-floor-only-windows", "cmake-value", "cmake-removed", "cmake-added", "cmake-value-windows",
         "target-changed", "target-added", "openmp", "openmp-windows"])
@@ -265,3 +269,93 @@ def test_key_ignores_file_path(tmp_path: Path) -> None:
 def test_tag_uses_the_key() -> None:
     r = load("L", ('publish: {tag: "{name}-{key12}"}', 'publish: {tag: "{name}-{commit12}-{platform}-{key}"}'))
     assert r.tag() == f"linux-x86_64-cpu-{COMMIT[:12]}-linux-x86_64-{r.key()}"
+
+
+# ------------------------------------------------------------------ honest keys: compiler, derivation
+
+
+def test_an_unpinned_compiler_keys_the_exact_version_found(monkeypatch: pytest.MonkeyPatch) -> None:
+    import llamabundle.compilers as compilers
+
+    monkeypatch.setattr(compilers, "detect_version", lambda compiler, path=None: "12.2.0")
+    a = load("L")
+    monkeypatch.setattr(compilers, "detect_version", lambda compiler, path=None: "12.3.0")
+    b = load("L")
+    assert a.key_inputs()["toolchain"] == {"compiler": "gcc", "version": "=12.2.0"}
+    assert a.key() != b.key()  # another gcc makes other bytes: another key
+
+
+def test_a_pinned_compiler_keys_the_pin_whatever_is_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    import llamabundle.compilers as compilers
+
+    pinned = ("toolchain: {compiler: gcc}", 'toolchain: {compiler: gcc, version: "12.2"}')
+    keys = set()
+    for found in ("12.2.0", None):
+        monkeypatch.setattr(compilers, "detect_version", lambda compiler, path=None, v=found: v)
+        keys.add(load("L", pinned).key())
+    assert len(keys) == 1 and load("L", pinned).key_inputs()["toolchain"] == {"compiler": "gcc", "version": "12.2"}
+
+
+def test_an_unpinned_recipe_without_its_compiler_cannot_be_keyed(monkeypatch: pytest.MonkeyPatch) -> None:
+    import llamabundle.compilers as compilers
+
+    monkeypatch.setattr(compilers, "detect_version", lambda compiler, path=None: None)
+    r = load("W", (W_TOOLCHAIN, "toolchain: {compiler: mingw}"))
+    with pytest.raises(ToolchainError) as e:
+        r.key()
+    assert e.value.exit_code == 3 and "x86_64-w64-mingw32-g++-posix" in e.value.what
+    assert "toolchain.version" in e.value.why and "version:" in e.value.fix
+    with pytest.raises(ToolchainError):
+        load("W", (W_TOOLCHAIN, "toolchain: {compiler: msvc}")).key()  # msvc without msvc_version, no cl here
+
+
+def test_msvc_is_pinned_by_msvc_version_not_version() -> None:
+    from llamabundle.errors import RecipeError
+
+    with pytest.raises(RecipeError, match="pinned by msvc_version"):
+        load("W", (W_TOOLCHAIN, 'toolchain: {compiler: msvc, version: "19.44"}'))
+
+
+def test_derivation_version_and_knowledge_are_inputs(monkeypatch: pytest.MonkeyPatch) -> None:
+    import llamabundle.recipe as recipe_mod
+    from llamabundle import data
+
+    r = load_recipe(LINUX_PATH)
+    k = r.key()
+    assert r.key_inputs()["derivation"]["version"] == recipe_mod.DERIVATION
+    monkeypatch.setattr(recipe_mod, "DERIVATION", recipe_mod.DERIVATION + 1)
+    assert r.key() != k
+    monkeypatch.undo()
+    real = data.load
+
+    def more_variants(name: str):  # type: ignore[no-untyped-def]
+        value = real(name)
+        if name == "build.json":
+            value = {**value, "cpu_variants": {**value["cpu_variants"], "x86_64": [*value["cpu_variants"]["x86_64"], "zen5"]}}
+        return value
+
+    monkeypatch.setattr(data, "load", more_variants)
+    assert r.key() != k  # a new default CPU-variant set: a new key, though the recipe did not change
+
+
+# The flags, files and variant set the tool derives for the shipped recipes, per DERIVATION. When this
+# test fails, the tool now builds differently: bump recipe.DERIVATION and record the new digest here.
+DERIVED = {2: "9feb2dcd0ca8cb560aa5ee8d1a60f9b94c71edf8c454f819f588745c6d260156"}
+
+
+def test_what_the_tool_derives_is_recorded_for_this_derivation_version(tmp_path: Path) -> None:
+    import llamabundle.recipe as recipe_mod
+    from llamabundle.build import BuildTools, plan_build
+
+    tools = BuildTools(cmake="cmake", ninja="ninja")
+    parts = []
+    for path in sorted((ROOT / "recipes").glob("*.yaml")):
+        r = parse_recipe(path.read_text(encoding="utf-8").replace("toolchain: {compiler: mingw}",
+                                                                  'toolchain: {compiler: mingw, version: "12"}'),
+                         file=path.name)
+        plan = plan_build(r, source_dir=Path("/S"), build_dir=Path("/B"), tools=tools, cuda_root=Path("/C") if r.cuda else None)
+        parts.append({"recipe": path.name, "configure": list(plan.configure), "build": list(plan.build),
+                      "files": dict(plan.files)})
+    digest = hashlib.sha256(canonical_json(parts).encode()).hexdigest()
+    assert DERIVED.get(recipe_mod.DERIVATION) == digest, (
+        f"the derived build changed (digest {digest}): bump recipe.DERIVATION and record it in DERIVED")

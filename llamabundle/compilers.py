@@ -1,0 +1,109 @@
+"""Host compilers: the programs each `toolchain.compiler` names, their exact version, and whether a
+version satisfies the recipe's pin (`toolchain.version`).
+
+The version of the compiler is an input of the bundle's bytes, so it is part of the cache key: the
+recipe's pin when it has one (a range declares the compilers in it interchangeable), else the exact
+version of the compiler found on this machine.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+
+from . import proc
+from .errors import RecipeError, ToolchainError
+
+# compiler family -> (C compiler, C++ compiler) as CMake is told to use them
+EXECUTABLES: dict[str, tuple[str, str]] = {
+    "gcc": ("gcc", "g++"),
+    "clang": ("clang", "clang++"),
+    "msvc": ("cl", "cl"),
+    "mingw": ("x86_64-w64-mingw32-gcc-posix", "x86_64-w64-mingw32-g++-posix"),
+}
+_VERSION = re.compile(r"^[0-9]+(\.[0-9]+)*$")
+
+
+def cxx_program(compiler: str) -> str:
+    return EXECUTABLES[compiler][1]
+
+
+def detect_version(compiler: str, *, path: str | None = None) -> str | None:
+    """The exact version of this family's C++ compiler first on PATH ("12.2.0"), or None when there is none."""
+    exe = shutil.which(cxx_program(compiler), path=path)
+    if exe is None:
+        return None
+    env = {**os.environ, "LC_ALL": "C"}
+    if path is not None:
+        env["PATH"] = path
+    try:
+        if compiler == "msvc":
+            res = proc.capture([exe], env=env, timeout=60)
+            m = re.search(r"Version (\d+\.\d+\.\d+)", res.stderr + res.stdout)
+            return m.group(1) if m else None
+        # The compiler's own macros, as CMake reads them (gcc -dumpfullversion says "12-posix" for some builds)
+        res = proc.capture([exe, "-dM", "-E", "-x", "c++", os.devnull], env=env, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if res.returncode != 0:
+        return None
+    macros = dict(re.findall(r"^#define (__\w+__) (\d+)$", res.stdout, re.M))
+    names = (("__clang_major__", "__clang_minor__", "__clang_patchlevel__") if compiler == "clang"
+             else ("__GNUC__", "__GNUC_MINOR__", "__GNUC_PATCHLEVEL__"))
+    if not all(n in macros for n in names):
+        return None
+    return ".".join(macros[n] for n in names)
+
+
+def _parts(v: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in v.split("."))
+
+
+def version_matches(spec: str, version: str) -> bool:
+    """`12.2` matches 12.2 and 12.2.x (every leading component equal); `[12.2,13)`, `(11,]`, `[12,14]`
+    are intervals, brackets inclusive, parentheses exclusive, an empty end unbounded."""
+    v = _parts(version)
+    spec = spec.strip()
+    if _VERSION.match(spec):
+        want = _parts(spec)
+        return v[:len(want)] == want
+    m = re.fullmatch(r"([\[(])\s*([0-9.]*)\s*,\s*([0-9.]*)\s*([\])])", spec)
+    if not m:
+        raise RecipeError(f"{spec!r} is not a version or a version range",
+                          fix='write "12.2" (any 12.2.x) or a range such as "[12.2,13)"')
+    lo_inc, lo, hi, hi_inc = m.group(1) == "[", m.group(2), m.group(3), m.group(4) == "]"
+
+    def cmp(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+        n = max(len(a), len(b))
+        a, b = a + (0,) * (n - len(a)), b + (0,) * (n - len(b))
+        return (a > b) - (a < b)
+
+    if lo and (cmp(v, _parts(lo)) < 0 or (cmp(v, _parts(lo)) == 0 and not lo_inc)):
+        return False
+    if hi and (cmp(v, _parts(hi)) > 0 or (cmp(v, _parts(hi)) == 0 and not hi_inc)):
+        return False
+    return True
+
+
+def check_host(compiler: str, *, pin: str | None, keyed: str | None, path: str | None) -> str:
+    """Before a build: the compiler that will build is the one the key names. Returns its version.
+
+    With a pin, the compiler found must satisfy it; without one, it must be exactly the version the
+    key was computed with (`keyed`, found when the recipe was loaded)."""
+    exe = cxx_program(compiler)
+    found = detect_version(compiler, path=path)
+    if found is None:
+        raise ToolchainError(f"cannot find the version of {exe}",
+                             why=f"toolchain.compiler is {compiler}; {exe} is not on PATH or did not say its version",
+                             fix=f"install {exe} and put it on PATH")
+    if pin is not None and not version_matches(pin, found):
+        raise ToolchainError(f"{exe} {found} is outside the recipe's toolchain.version {pin}",
+                             why="the compiler is pinned because it changes the bundle's bytes, and so its cache key",
+                             fix=f"put a {compiler} matching {pin} first on PATH, or change toolchain.version "
+                                 "(a new key)")
+    if pin is None and keyed is not None and keyed != found:
+        raise ToolchainError(f"{exe} is {found} now, but the cache key was computed for {keyed}",
+                             fix="run the command again with one compiler on PATH")
+    return found
