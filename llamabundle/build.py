@@ -271,7 +271,9 @@ class BuildResult:
     compiled: int  # ninja edges run (0 = everything was up to date)
 
 
-def run_build(plan: BuildPlan, *, log: Log, env: Mapping[str, str], clean: bool = False) -> BuildResult:
+def run_build(plan: BuildPlan, *, log: Log, env: Mapping[str, str], clean: bool = False,
+              timeout: float | None = None) -> BuildResult:
+    """Configure (when the stamp says so) and build; each step is stopped after `timeout` seconds."""
     bd = plan.build_dir
     stamp = bd / STAMP
     wanted = list(plan.configure) if not plan.files else {"configure": list(plan.configure), "files": dict(plan.files)}
@@ -289,7 +291,7 @@ def run_build(plan: BuildPlan, *, log: Log, env: Mapping[str, str], clean: bool 
     if not configured:
         with log.step("configure (cmake)"):
             proc.run(plan.configure, log=log, error=BuildError, what="cmake configure failed", fix=fix,
-                     env=env, log_path=log_path)
+                     env=env, log_path=log_path, timeout=timeout)
         stamp.write_text(json.dumps(wanted))
     compiled = 0
     with log.step(f"build {len(plan.targets)} targets (ninja)"), log.progress("compile") as bar:
@@ -300,7 +302,7 @@ def run_build(plan: BuildPlan, *, log: Log, env: Mapping[str, str], clean: bool 
                 compiled = int(m.group(1))
                 bar.update(compiled, int(m.group(2)))
         proc.run(plan.build, log=log, error=BuildError, what="the build failed", fix=fix, env=env,
-                 log_path=log_path, on_line=on_line)
+                 log_path=log_path, on_line=on_line, timeout=timeout)
     for name in plan.programs + plan.backends:
         if not (plan.output_dir / name).is_file():
             raise BuildError(f"the build did not produce {name}", why=f"expected it in {plan.output_dir}",
