@@ -698,6 +698,7 @@ class Settings:
     github_step_summary: Path | None = None  # $GITHUB_STEP_SUMMARY: markdown shown on the run's page
     connect_timeout: float = 10.0
     cuda_redist_url: str = "https://developer.download.nvidia.com/compute/cuda/redist"
+    build_timeout: float = 6 * 3600.0  # seconds one cmake configure or build may run before it is stopped
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> "Settings":
@@ -737,4 +738,6 @@ class Settings:
             connect_timeout=number("LLAMABUNDLE_CONNECT_TIMEOUT", float, 10.0, lambda v: 0 < v < float("inf"),
                                    "a number of seconds greater than 0 (e.g. 10)"),
             cuda_redist_url=env.get("LLAMABUNDLE_CUDA_REDIST_URL", "https://developer.download.nvidia.com/compute/cuda/redist").rstrip("/"),
+            build_timeout=number("LLAMABUNDLE_BUILD_TIMEOUT", float, 6 * 3600.0, lambda v: 0 < v < float("inf"),
+                                 "a number of seconds greater than 0 (e.g. 21600)"),
         )
