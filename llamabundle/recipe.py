@@ -290,13 +290,47 @@ class _Ctx:
                            file=self.file, line=line, col=col)
 
 
+def shipped_recipes() -> dict[str, Path]:
+    """The recipes that come with llamabundle, by name: from the source checkout it runs from, else from
+    the install's data directory (`<prefix>/share/llamabundle/recipes`, where pip, pipx and uvx put them)."""
+    import site
+    import sys
+    import sysconfig
+
+    here = Path(__file__).resolve().parent
+    dirs = [here.parent / "recipes", Path(sysconfig.get_path("data")) / "share" / "llamabundle" / "recipes",
+            Path(sys.prefix) / "share" / "llamabundle" / "recipes",
+            Path(site.getuserbase()) / "share" / "llamabundle" / "recipes"]
+    for d in dirs:
+        found = {f.stem: f for f in sorted(d.glob("*.yaml"))} if d.is_dir() else {}
+        if found:
+            return found
+    return {}
+
+
+def find_recipe(arg: str | Path) -> Path:
+    """A recipe file: the path itself when it exists, else a shipped recipe of that name
+    (`linux-x86_64-cpu` or `linux-x86_64-cpu.yaml`)."""
+    p = Path(arg)
+    if p.exists() or len(p.parts) != 1:
+        return p
+    shipped = shipped_recipes()
+    name = p.name[:-5] if p.name.endswith(".yaml") else p.name
+    return shipped.get(name, p)
+
+
 def load_recipe(path: str | Path) -> Recipe:
-    """Load and validate a recipe file. Every problem is a RecipeError naming file, line and key path."""
-    p = Path(path)
+    """Load and validate a recipe file (or a shipped recipe by name). Every problem is a RecipeError
+    naming file, line and key path."""
+    p = find_recipe(path)
     try:
+        if p.exists() and not p.is_file():  # a directory, a FIFO, a device: never opened (a FIFO would block)
+            raise RecipeError(f"{p}: not a regular file", fix="pass the path of a recipe YAML file")
         raw = p.read_bytes()
     except FileNotFoundError:
-        raise RecipeError(f"{p}: no such recipe file", fix="pass the path of a recipe YAML file") from None
+        names = ", ".join(shipped_recipes()) or "none found"
+        raise RecipeError(f"{p}: no such recipe file", why=f"nor a shipped recipe of that name (shipped: {names})",
+                          fix="pass the path of a recipe YAML file, or a name from `llamabundle recipe list`") from None
     except OSError as e:
         raise RecipeError(f"{p}: cannot read the recipe", why=str(e)) from None
     if len(raw) > MAX_RECIPE_BYTES:

@@ -142,5 +142,5 @@ def test_ci_runs_the_ci_script() -> None:
     job = wf["jobs"]["tests"]
     assert job["runs-on"] == "ubuntu-22.04" and job["timeout-minutes"] == 90
     assert job["steps"][-1]["run"] == "bash .ci/run"
-    cache = next(s for s in job["steps"] if str(s.get("uses", "")).startswith("actions/cache@"))
-    assert cache["with"]["path"] == "~/.cache/llamabundle" and "recipes/*.yaml" in cache["with"]["key"]
+    # no cache of llamabundle's trees: .ci/run starts from empty caches
+    assert not [s for s in job["steps"] if str(s.get("uses", "")).startswith("actions/cache@")]
