@@ -30,6 +30,7 @@ from .log import Log
 TAIL_LINES = 50
 HEARTBEAT = 30.0  # seconds of silence between two "still running" lines on a pipe
 KILL_GRACE = 5.0  # seconds between SIGTERM and SIGKILL of a process group
+DEFAULT_TIMEOUT = 3600.0  # seconds: no child runs unbounded; long steps (builds) pass their own
 ORPHAN_GRACE = 1.0  # seconds the output may stay open after the child exited (then its group is ended)
 _EOF = object()
 
@@ -154,7 +155,7 @@ def run(
     fix: str = "",
     cwd: Path | None = None,
     env: Mapping[str, str] | None = None,
-    timeout: float | None = None,
+    timeout: float | None = DEFAULT_TIMEOUT,
     log_path: Path | None = None,
     on_line: Callable[[str], None] | None = None,
     echo_output: bool = False,
