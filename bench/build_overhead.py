@@ -61,7 +61,7 @@ def main() -> None:
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=tool_env)
     t_tool = time.monotonic() - t0
     result = json.loads(out.stdout)
-    assert result["cache_hit"] is False and result["compiled"] > 0, result
+    assert result["hit"] is False and result["compiled"] > 0, result
     shutil.rmtree(work, ignore_errors=True)
     print(f"plain cmake + ninja : {t_plain:8.1f} s")
     print(f"llamabundle build   : {t_tool:8.1f} s  (configure, compile, collect, pack, verify --level load, store)")

@@ -6,6 +6,7 @@ import json
 import os
 import re
 import shlex
+import signal
 import sys
 import traceback
 from pathlib import Path
@@ -13,10 +14,10 @@ from typing import Any, NoReturn
 
 import click
 
-from . import __version__
+from . import __version__, cli_json
 from .errors import LlamaBundleError
 from .log import Log
-from .recipe import Recipe, Settings, canonical_json, json_schema, load_recipe
+from .recipe import Recipe, Settings, canonical_json, json_schema, load_recipe, shipped_recipes
 from .lazy import lazy_import
 from .store.base import Store, open_store
 
@@ -39,11 +40,12 @@ class Ctx:
 
 
     def actions_report(self, *, key: str, hit: bool, location: str | None, zip_path: Path | None = None) -> None:
-        """Under GitHub Actions: step outputs (key, hit, asset-url) and a line of the step summary."""
+        """Under GitHub Actions: step outputs (key, hit, location: the names and values of the --json output)
+        and a line of the step summary."""
         s = self.settings
         if s.github_output is not None:
             with open(s.github_output, "a", encoding="utf-8") as f:
-                f.write(f"key={key}\nhit={'true' if hit else 'false'}\nasset-url={location or ''}\n")
+                f.write(f"key={key}\nhit={'true' if hit else 'false'}\nlocation={location or ''}\n")
         if s.github_step_summary is not None:
             size = sha = ""
             if zip_path is not None and zip_path.is_file():
@@ -64,7 +66,7 @@ RECIPE_ARG = click.argument("recipe_path", metavar="RECIPE", type=click.Path(dir
 
 
 def _emit(data: Any) -> None:
-    click.echo(json.dumps(data, indent=2, sort_keys=True))
+    cli_json.emit(data)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -84,26 +86,50 @@ def recipe() -> None:
 
 @recipe.command("lint")
 @click.argument("paths", metavar="RECIPE...", nargs=-1, required=True, type=click.Path(path_type=Path))
+@JSON_OPT
 @pass_ctx
-def recipe_lint(c: Ctx, paths: tuple[Path, ...]) -> None:
+def recipe_lint(c: Ctx, paths: tuple[Path, ...], as_json: bool) -> None:
     """Check recipes against schema 1; exit 2 on the first problem of any file."""
     failed: list[LlamaBundleError] = []
+    results: list[dict[str, Any]] = []
     for p in paths:
         try:
             r = load_recipe(p)
         except LlamaBundleError as e:
-            c.log.error(e.render())
+            c.log.error(e)  # the error itself: under GitHub Actions an annotation at its file, line and column
             failed.append(e)
+            results.append({"path": str(p), "ok": False, "name": None, "key": None, "error": cli_json.error_json(e)})
             continue
-        click.echo(f"ok  {p}  ({r.name}, key {r.key()[:12]})")
+        results.append({"path": str(p), "ok": True, "name": r.name, "key": r.key(), "error": None})
+        if not as_json:
+            click.echo(f"ok  {p}  ({r.name}, key {r.key()[:12]})")
+    if as_json:  # one object, also on failure: the first problem is its error
+        cli_json.emit({"recipes": results, **({"error": cli_json.error_json(failed[0])} if failed else {})}, ok=not failed)
     if failed:
         raise SystemExit(failed[0].exit_code)
+
+
+@recipe.command("list")
+@JSON_OPT
+def recipe_list(as_json: bool) -> None:
+    """The recipes that ship with llamabundle (any RECIPE argument takes their name)."""
+    rows = []
+    for name, path in shipped_recipes().items():
+        r = load_recipe(path)
+        rows.append({"name": name, "path": str(path), "platform": r.platform, "backends": list(r.backends),
+                     "compiler": r.toolchain.compiler, "cuda": r.cuda.toolkit if r.cuda else None})
+    if as_json:
+        _emit({"recipes": rows})
+        return
+    for row in rows:
+        cuda = f", CUDA {row['cuda']}" if row["cuda"] else ""
+        click.echo(f"{row['name']:28} {row['platform']:16} {'+'.join(row['backends'])} ({row['compiler']}{cuda})")
 
 
 @recipe.command("schema")
 def recipe_schema() -> None:
     """Print the recipe's JSON schema."""
-    _emit(json_schema())
+    click.echo(json.dumps(json_schema(), indent=2, sort_keys=True))  # the schema itself, not a report
 
 
 @cli.command()
@@ -201,17 +227,16 @@ def build(c: Ctx, recipe_path: Path, store_url: str | None, force: bool, publish
     outcome = pipeline.build(r, settings=c.settings, store=store, log=c.log, env=c.env, force=force,
                              publish=publish, out=out, jobs=jobs, clean=clean,
                              toolkit_source=toolkit_source, check_reproducible=check_reproducible)
-    c.actions_report(key=outcome.key, hit=outcome.cache_hit, location=outcome.published or str(outcome.zip_path),
-                     zip_path=outcome.zip_path)
+    c.actions_report(key=outcome.key, hit=outcome.hit, location=outcome.location, zip_path=outcome.zip_path)
     if as_json:
         _emit(outcome.to_json())
         return
-    what = "cache hit, verified" if outcome.cache_hit else "built and verified"
+    what = "cache hit, verified" if outcome.hit else "built and verified"
     click.echo(f"{what}: {outcome.zip_path}")
     if outcome.reproducible:
         click.echo(f"reproducible: a second build elsewhere gave the same zip (sha256 {outcome.reproducible['sha256']})")
-    if outcome.published and not outcome.cache_hit:
-        click.echo(f"stored: {outcome.published}")
+    if outcome.location and not outcome.hit:
+        click.echo(f"stored: {outcome.location}")
 
 
 @cli.command()
@@ -220,13 +245,17 @@ def build(c: Ctx, recipe_path: Path, store_url: str | None, force: bool, publish
 @click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path), help="New directory to unpack into.")
 @click.option("--level", type=click.Choice(LEVELS), default="static", show_default=True,
               help="Verification level (load runs llama-server from the bundle; gpu also wants a CUDA device).")
+@JSON_OPT
 @pass_ctx
-def fetch(c: Ctx, what: str, store_url: str | None, out: Path, level: str) -> None:
+def fetch(c: Ctx, what: str, store_url: str | None, out: Path, level: str, as_json: bool) -> None:
     """Fetch a bundle from the store, verify it and unpack it (download, sha256 and unpack in one pass)."""
     is_key = re.fullmatch(r"[0-9a-f]{64}", what) is not None and not os.path.exists(what)
     r = None if is_key else load_recipe(Path(what))  # anything else is a recipe path (exit 2 if not)
     key_ = what if r is None else r.key()
     outcome = pipeline.fetch(key_, store=c.store(store_url, r), settings=c.settings, log=c.log, out=out, level=verify_mod.Level(level))
+    if as_json:
+        _emit(outcome.to_json(fetch=True))
+        return
     click.echo(f"fetched and verified: {outcome.out_dir}")
 
 
@@ -252,19 +281,43 @@ def verify(c: Ctx, path: Path, level: str, require_gpu: bool, as_json: bool) -> 
 @cli.command()
 @click.argument("path", metavar="BUNDLE.zip", type=click.Path(dir_okay=False, exists=True, path_type=Path))
 @STORE_OPT
+@JSON_OPT
 @pass_ctx
-def publish(c: Ctx, path: Path, store_url: str | None) -> None:
+def publish(c: Ctx, path: Path, store_url: str | None, as_json: bool) -> None:
     """Verify a bundle zip and publish it to the store."""
-    report, done = pipeline.publish_zip(path, store=c.store(store_url))
+    store = c.store(store_url)
+    report, done = pipeline.publish_zip(path, store=store)
+    if as_json:
+        _emit({"key": report.key, "created": done.created, "store": store.url, "location": done.entry.location,
+               "verify": report.to_json()})
+        return
     state = "published" if done.created else "already published"
     click.echo(f"{state}: {report.key} -> {done.entry.location}")
 
 
-def main(argv: list[str] | None = None) -> NoReturn:
-    args = sys.argv[1:] if argv is None else argv
-    debug = "--debug" in args or os.environ.get("LLAMABUNDLE_DEBUG") == "1"
+def _run(args: list[str]) -> None:
+    """The command; under --json a failure also prints its JSON object on stdout (then main() reports it)."""
     try:
         cli.main(args=args, prog_name="llamabundle", standalone_mode=False)
+    except SystemExit:
+        raise
+    except BaseException as e:
+        if cli_json.wants_json(args):
+            cli_json.emit_failure(e)
+        raise
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # SIGTERM (a CI cancel, `kill`) cleans up as Ctrl-C does: children ended, exit 130
+
+
+def main(argv: list[str] | None = None) -> NoReturn:
+    args = sys.argv[1:] if argv is None else argv
+    if argv is None and hasattr(signal, "SIGTERM"):
+        signal.signal(signal.SIGTERM, _terminated)
+    debug = "--debug" in args or os.environ.get("LLAMABUNDLE_DEBUG") == "1"
+    try:
+        _run(args)
         code = 0
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else 0
@@ -278,7 +331,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
         e.show()
         code = 2 if isinstance(e, click.UsageError) else e.exit_code
     except LlamaBundleError as e:
-        Log(github_actions=os.environ.get("GITHUB_ACTIONS") == "true").error(e.render())
+        Log(github_actions=os.environ.get("GITHUB_ACTIONS") == "true").error(e)
         if debug:
             traceback.print_exc()
         code = e.exit_code

@@ -5,13 +5,13 @@ store(url)); registered on the main group by the last line of cli.py."""
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
 
 import click
 
+from . import cli_json
 from .errors import UsageError
 from .recipe import load_recipe
 from .lazy import lazy_import
@@ -30,7 +30,7 @@ _SMI = click.option("--nvidia-smi", "nvidia_smi", metavar="PATH", help="The nvid
 
 
 def _emit(value: Any) -> None:
-    click.echo(json.dumps(value, indent=2, sort_keys=True))
+    cli_json.emit(value)
 
 
 def _cache(c: Any) -> Path:
@@ -116,7 +116,7 @@ def list_cmd(c: Any, dest: Path | None, as_json: bool) -> None:
     for i in found:
         j = i.to_json()
         click.echo(f"{i.name:<28} {i.key[:12]}  {'+'.join(i.backends) or '?':<9} "
-                   f"{('CUDA ' + str(j['toolkit']) + ' driver>=' + str(j['driver_floor'])) if j['toolkit'] else '-':<28} {i.path}")
+                   f"{('CUDA ' + str(j['toolkit']) + (' driver>=' + str(j['driver_floor']) if j['driver_floor'] else '')) if j['toolkit'] else '-':<28} {i.path}")
 
 
 @click.command("uninstall")

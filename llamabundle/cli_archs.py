@@ -6,7 +6,6 @@ click command only (DESIGN §8); registered on the main `cli` group by cli.py; c
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from . import cli_json
 from .archreport import ArchReport, Status, arch_report
 from .recipe import load_recipe
 
@@ -56,7 +56,7 @@ def archs_cmd(c: Any, recipe_path: Path, as_json: bool) -> None:
     """Per GPU generation: does the bundle run it from SASS, from PTX through the driver's JIT, or not at all."""
     report = arch_report(load_recipe(recipe_path))
     if as_json:
-        click.echo(json.dumps(report.to_json(), indent=2, sort_keys=True))
+        cli_json.emit(report.to_json())
     elif c.log.console.is_terminal and sys.stdout.isatty():
         print_table(report, c.log.console)
     else:

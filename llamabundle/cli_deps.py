@@ -3,18 +3,18 @@ class and where it was found. click only: parse, call deps.pe / deps.elf, print 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import click
 
+from . import cli_json
 from .deps.policy import linux_policy
+from .errors import UsageError, VerifyError
 from .lazy import lazy_import
 
 elf = lazy_import("llamabundle.deps.elf")
 pe = lazy_import("llamabundle.deps.pe")
-from .errors import UsageError
 
 
 def elf_closure(files: list[Path], search: list[Path]) -> dict[str, Any]:
@@ -23,6 +23,7 @@ def elf_closure(files: list[Path], search: list[Path]) -> dict[str, Any]:
     dirs = [*search, *elf.system_library_dirs(policy, ldconfig_output=elf.ldconfig_cache())]
     c = elf.resolve_closure(files, products=[files[0].parent], policy=policy, system_dirs=dirs)
     roots = {f.name for f in files}
+    binaries = [p for n, p in c.bundled.items() if n in roots or n in c.needed_by]
     deps = []
     for name, by in c.needed_by.items():
         cls = ("driver" if name in c.driver else "system" if name in c.system else "missing" if name in c.missing
@@ -30,9 +31,15 @@ def elf_closure(files: list[Path], search: list[Path]) -> dict[str, Any]:
         path = c.bundled.get(name) if cls == "bundled" else None
         deps.append({"name": name, "class": cls, "kind": None, "path": str(path) if path else None,
                      "imported_by": list(by), "delay_only": False})
-    return {"schema": 1, "format": "elf", "binaries": [str(p) for n, p in c.bundled.items() if n in roots or n in c.needed_by],
+    return {"schema": 1, "format": "elf",
+            "binaries": [_elf_binary(p) for p in binaries],
             "deps": deps, "companions": [], "missing": {k: list(v) for k, v in c.missing.items()},
             "system_deps": c.system_deps, "glibc_floor": c.glibc_floor}
+
+
+def _elf_binary(path: Path) -> dict[str, Any]:
+    info = elf.read_elf(path)
+    return {"path": str(path), "machine": info.machine, "imports": list(info.needed)}
 
 
 @click.command("deps")
@@ -58,8 +65,15 @@ def deps_command(files: tuple[Path, ...], search: tuple[Path, ...], as_json: boo
         info = pe.resolve_closure(paths, bundle_dir=paths[0].parent, extra_dirs=list(search)).to_json()
     else:
         info = elf_closure(paths, list(search))
+    missing = ([VerifyError(f"{len(info['missing'])} of the libraries these binaries need were not found: "
+                            + ", ".join(f"{name} (needed by {', '.join(by)})" for name, by in info["missing"].items()),
+                            why="they are neither beside the binaries, in a --search directory, nor system or driver libraries",
+                            fix="copy them beside the binaries, or pass the directory that has them with --search")]
+               if info["missing"] else [])
     if as_json:
-        click.echo(json.dumps(info, indent=2, sort_keys=True))
+        if missing:
+            raise cli_json.with_report(missing[0], info)
+        cli_json.emit(info)
         return
     width = max([len(d["name"]) for d in info["deps"]] + [20])
     click.echo(f"{'library':<{width}}  {'class':<13}  found")
@@ -72,3 +86,5 @@ def deps_command(files: tuple[Path, ...], search: tuple[Path, ...], as_json: boo
     click.echo(f"system deps: {', '.join(info['system_deps']) or '-'}")
     for name, by in info["missing"].items():
         click.echo(f"missing: {name} (needed by {', '.join(by)})")
+    if missing:
+        raise missing[0]

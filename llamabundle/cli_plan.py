@@ -6,13 +6,13 @@ group by cli.py.
 
 from __future__ import annotations
 
-import json
 import shlex
 from pathlib import Path
 from typing import Any
 
 import click
 
+from . import cli_json
 from .offload import MiB, kv_types, parse_headroom, parse_size, plan_offload, read_model
 
 
@@ -34,7 +34,7 @@ def plan_command(model_path: Path, free_vram: str, ctx: int | None, min_ctx: int
     plan = plan_offload(read_model(model_path), free_vram=free, ctx=ctx, min_ctx=min_ctx, n_parallel=n_parallel,
                         kv_type=kv_type, flash_attn=flash_attn, headroom=parse_headroom(headroom))
     if as_json:
-        click.echo(json.dumps(plan.to_json(), indent=2, sort_keys=True))
+        cli_json.emit(plan.to_json())
         return
     m, e = plan.model, plan.estimate
 

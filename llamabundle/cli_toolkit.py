@@ -6,7 +6,6 @@ registered on the main `cli` group by cli.py; ctx.obj is cli.Ctx (settings, log)
 
 from __future__ import annotations
 
-import json
 import re
 import sys
 import time
@@ -15,7 +14,7 @@ from typing import Any
 
 import click
 
-from . import data
+from . import cli_json, data
 from .errors import ToolchainError, UsageError
 from .recipe import load_recipe
 from .lazy import lazy_import
@@ -28,7 +27,7 @@ redist = lazy_import("llamabundle.toolkit.redist")
 
 
 def _emit(value: Any) -> None:
-    click.echo(json.dumps(value, indent=2, sort_keys=True))
+    cli_json.emit(value)
 
 
 def _host_platform() -> str:

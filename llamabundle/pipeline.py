@@ -23,38 +23,45 @@ from . import bundle as bundle_mod
 from . import source as source_mod
 from . import data, proc, zipstream
 from .archive import _tmp_beside, extract_zip
+from .compilers import check_host
 from .build import BuildPlan, BuildTools, library_file, plan_build, resolve_tools, run_build
 from .cudabin import binary_archs
 from .deps import elf, pe
 from .deps.policy import linux_policy
-from .errors import UsageError, VerifyError
+from .errors import LlamaBundleError, ToolchainError, UsageError, VerifyError
 from .log import Log
 from .recipe import Recipe, Settings
 from .store.base import Entry, Published, Store
 from .toolkit.layout import Toolkit
 from .toolkit.resolve import check_toolkit, resolve_toolkit
-from .verify import Level, VerifyReport, host_platform_name, verify_bundle, verify_unpacked
+from .verify import Level, Naming, VerifyReport, host_platform_name, verify_bundle, verify_unpacked
 
 LICENSE_FILES = {"LICENSE": "LICENSE", "licenses/LICENSE-jsonhpp": "LICENSE-jsonhpp"}
 
 
 @dataclass(kw_only=True)
 class BuildOutcome:
+    """What build (and fetch) did. The JSON names are those of `check --json` and of the GitHub Actions step
+    outputs: `hit` (the store had the key), `location` (where the store keeps the bundle), `store`."""
     key: str
-    cache_hit: bool
+    hit: bool  # the store had it: fetched and verified, nothing built
     zip_path: Path
     manifest: dict[str, Any]
     verify: VerifyReport
-    published: str | None = None  # where the result was stored, if it was
+    store: str = ""  # the store's URL
+    location: str | None = None  # where the store keeps the bundle (None: it was not stored)
     out_dir: Path | None = None
     bundled_libs: dict[str, str] = field(default_factory=dict)
     compiled: int = 0
     reproducible: dict[str, Any] | None = None  # with --check-reproducible: the zip sha256 both builds gave
 
-    def to_json(self) -> dict[str, Any]:
-        return {"schema": 1, "key": self.key, "cache_hit": self.cache_hit, "zip": str(self.zip_path),
-                "published": self.published, "out": str(self.out_dir) if self.out_dir else None,
-                "verify": self.verify.to_json(), "bundled_libs": self.bundled_libs, "compiled": self.compiled,
+    def to_json(self, *, fetch: bool = False) -> dict[str, Any]:
+        """build --json (fetch=True: fetch --json, without what only a build has)."""
+        out = {"schema": 1, "key": self.key, "store": self.store, "location": self.location, "zip": str(self.zip_path),
+               "out": str(self.out_dir) if self.out_dir else None, "verify": self.verify.to_json()}
+        if fetch:
+            return out
+        return {**out, "hit": self.hit, "bundled_libs": self.bundled_libs, "compiled": self.compiled,
                 "reproducible": self.reproducible}
 
 
@@ -131,6 +138,11 @@ def build(recipe: Recipe, *, settings: Settings, store: Store, log: Log, env: Ma
 def _build_locked(recipe: Recipe, *, key: str, settings: Settings, store: Store, log: Log, env: Mapping[str, str],
                   publish: bool, out: Path | None, jobs: int | None, clean: bool,
                   toolkit_source: str | None, check_reproducible: bool = False) -> BuildOutcome:
+    compiler = None
+    if recipe.toolchain.compiler != "msvc":  # before anything starts: the compiler the key names
+        compiler = check_host(recipe.toolchain.compiler, pin=recipe.toolchain.version, keyed=recipe.host_compiler,
+                              path=env.get("PATH"))
+        log.info(f"    compiler: {recipe.toolchain.compiler} {compiler} (key: {recipe.compiler_key()})")
     with log.step(f"source llama.cpp {recipe.llama_cpp.commit[:12]}"):
         src = source_mod.fetch_source(recipe, settings, log)
     tools = resolve_tools(path=env.get("PATH"))
@@ -149,21 +161,25 @@ def _build_locked(recipe: Recipe, *, key: str, settings: Settings, store: Store,
     build_env = {**env, "SOURCE_DATE_EPOCH": str(sde)} if sde is not None else env
     plan = plan_build(recipe, source_dir=src.path, build_dir=build_dir_for(recipe, settings, tools, cuda_root), tools=tools,
                       jobs=jobs, cuda_root=cuda_root)
-    result = run_build(plan, log=log, env=build_env, clean=clean)
+    result = run_build(plan, log=log, env=build_env, clean=clean, timeout=settings.build_timeout)
+    if compiler is not None and result.compiler.rsplit(" ", 1)[-1] != compiler:
+        raise ToolchainError(f"CMake built with {result.compiler}, not the {recipe.toolchain.compiler} {compiler} "
+                             "the cache key names", why=f"CMake's record in {plan.build_dir}",
+                             fix="rerun with --clean, with one compiler of that family on PATH")
     made = Made(recipe=recipe, key=key, src=src, tools=tools, toolkit=toolkit, checked=checked, sde=sde)
     out_zip = settings.cache_dir / "out" / zip_name(recipe)
     manifest, closure = _package(made, plan, result, out_zip, settings=settings, log=log)
     with log.step(f"verify ({verify_level_for(recipe.platform)})"):
         report = verify_bundle(out_zip, level=verify_level_for(recipe.platform))
         _log_report(report, log)
-    outcome = BuildOutcome(key=key, cache_hit=False, zip_path=out_zip, manifest=manifest, verify=report,
+    outcome = BuildOutcome(key=key, hit=False, zip_path=out_zip, manifest=manifest, verify=report, store=store.url,
                            bundled_libs={k: str(v) for k, v in closure.bundled.items()}, compiled=result.compiled)
     if check_reproducible:
         outcome.reproducible = _rebuild_elsewhere(made, out_zip, jobs=jobs, settings=settings, log=log, env=build_env)
     if publish:
         with log.step(f"store in {store.url}"):
             published = store.publish(out_zip, manifest)
-            outcome.published = published.entry.location
+            outcome.location = published.entry.location
             if not published.created:
                 log.info("    an identical key was already stored by another run; kept that one")
     if out is not None:
@@ -234,7 +250,7 @@ def _rebuild_elsewhere(made: Made, zip_a: Path, *, jobs: int | None, settings: S
             shutil.copytree(made.src.path, src_b, symlinks=True)
             plan_b = plan_build(made.recipe, source_dir=src_b, build_dir=work / "b" / "build", tools=made.tools,
                                 jobs=jobs, cuda_root=made.toolkit.root if made.toolkit else None)
-            result_b = run_build(plan_b, log=log, env=env, clean=True)
+            result_b = run_build(plan_b, log=log, env=env, clean=True, timeout=settings.build_timeout)
         zip_b = work / zip_a.name
         _package(replace(made, src=replace(made.src, path=src_b)), plan_b, result_b, zip_b, settings=settings, log=log)
         diffs = bundle_mod.diff_zips(zip_a, zip_b)
@@ -414,6 +430,8 @@ def _from_store(entry: Entry, *, store: Store, settings: Settings, log: Log, out
     if out is not None and out.exists():
         out.rmdir()  # empty (checked before any work)
     tmp = _tmp_beside(target)
+    # messages name --out (or the stored zip), never the directory the bundle is checked in before the rename
+    naming = Naming.of([tmp], out if out is not None else entry.location, is_zip=out is None, partial=False)
     stream = zipstream.Pipelined(zipstream.ZipStream(tmp, label=entry.zip_name))
     try:
         with log.step("fetch from the store"):
@@ -424,16 +442,20 @@ def _from_store(entry: Entry, *, store: Store, settings: Settings, log: Log, out
                 extract_zip(zip_path, tmp)
                 hashes = None
         with log.step(f"verify ({level})"):
-            manifest, check = bundle_mod.check_unpacked(tmp, hashes=hashes)
-            report = verify_unpacked(tmp, manifest, check, level=level, label=str(zip_path))
+            try:
+                manifest, check = bundle_mod.check_unpacked(tmp, hashes=hashes)
+                report = naming.report(verify_unpacked(tmp, manifest, check, level=level, label=str(zip_path)))
+            except LlamaBundleError as e:
+                naming.error(e)
+                raise
             _log_report(report, log)
         if out is not None:
             os.replace(tmp, out)
     finally:
         stream.close()
         shutil.rmtree(tmp, ignore_errors=True)
-    outcome = BuildOutcome(key=entry.key, cache_hit=True, zip_path=zip_path, manifest=entry.manifest, verify=report,
-                           published=entry.location)
+    outcome = BuildOutcome(key=entry.key, hit=True, zip_path=zip_path, manifest=entry.manifest, verify=report,
+                           store=store.url, location=entry.location)
     if out is not None:
         outcome.out_dir = out
         log.info(f"bundle unpacked in {out}")

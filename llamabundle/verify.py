@@ -20,11 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from . import bundle as bundle_mod
+from . import proc as procs
 from .deps import elf, pe
 from .deps.policy import LibClass, linux_policy
 from .archs import split_archs
 from .cudabin import binary_archs
-from .errors import VerifyError
+from .errors import LlamaBundleError, UsageError, VerifyError
 
 LOAD_TIMEOUT = 120
 WINE_TIMEOUT = 300  # a new Wine prefix boots first (20-60 s)
@@ -68,24 +69,89 @@ def host_platform_name() -> str:
     return f"{system}-{machine}"
 
 
+@dataclass(frozen=True, kw_only=True)
+class Naming:
+    """How messages name the files of a bundle that is checked in a temporary directory: by the zip or
+    directory the user gave (`bundle.zip:libggml-cpu.so`, `DIR/libggml-cpu.so`), never by the temporary path."""
+
+    temps: tuple[str, ...]  # regular expressions of the temporary directories that hold the bundle's files
+    origin: str  # the user's zip or directory
+    is_zip: bool
+
+    @classmethod
+    def of(cls, temps: list[Path], origin: Path | str, *, is_zip: bool, partial: bool = True) -> "Naming":
+        """`temps`, and (partial) the `.NAME.partial-N` directory an unpack into one of them fills first."""
+        pats: list[str] = []
+        for t in temps:
+            for variant in dict.fromkeys((str(t), str(t.resolve()))):
+                pats.append(re.escape(variant))
+                if partial:
+                    pats.append(re.escape(str(Path(variant).parent / f".{t.name}.partial-")) + r"\d+")
+        return cls(temps=tuple(sorted(pats, key=len, reverse=True)), origin=str(origin), is_zip=is_zip)
+
+    def name(self, rel: str) -> str:
+        if not rel:
+            return self.origin
+        return f"{self.origin}:{rel}" if self.is_zip else os.path.join(self.origin, rel)
+
+    def text(self, text: str) -> str:
+        for pat in self.temps:
+            text = re.sub(pat + r"(?![^/\s'\":,;()\[\]])(?:/([^\s'\":,;()\[\]]*))?",
+                          lambda m: self.name(m.group(1) or ""), text)
+        return text
+
+    def error(self, e: LlamaBundleError) -> LlamaBundleError:
+        """The error with its messages naming the user's paths (the same object, rewritten)."""
+        e.what, e.why, e.fix, e.details = self.text(e.what), self.text(e.why), self.text(e.fix), self.text(e.details)
+        e.args = (e.what, *e.args[1:])
+        return e
+
+    def report(self, r: VerifyReport) -> VerifyReport:
+        r.backends_loaded = {k: self.text(v) for k, v in r.backends_loaded.items()}
+        return r
+
+
 def verify_bundle(path: Path, *, level: Level, require_gpu: bool = False, wine_prefix: Path | None = None) -> VerifyReport:
-    """Verify a bundle zip or directory up to `level`. Raises VerifyError naming what failed."""
+    """Verify a bundle zip or directory up to `level`. Raises VerifyError naming what failed (UsageError: a
+    path that is missing or cannot be read). Messages name `path`, never the temporary copy."""
+    _check_readable(path)
     with tempfile.TemporaryDirectory(prefix="llamabundle-verify-") as tmp:
-        if path.is_file():
-            root = Path(tmp) / "bundle"
-            manifest, check = bundle_mod.unpack(path, root)
-        elif path.is_dir():
-            manifest = bundle_mod.read_manifest(path)
-            check = bundle_mod.check_contents(path, manifest)
-            root = Path(tmp) / "bundle"
-            if level is not Level.STATIC:  # run a copy, never the original
-                shutil.copytree(path, root, symlinks=False)
+        naming = Naming.of([Path(tmp) / "bundle"], path, is_zip=path.is_file())
+        try:
+            if path.is_file():
+                root = Path(tmp) / "bundle"
+                manifest, check = bundle_mod.unpack(path, root)
             else:
-                root = path
+                manifest = bundle_mod.read_manifest(path)
+                check = bundle_mod.check_contents(path, manifest)
+                root = Path(tmp) / "bundle"
+                if level is not Level.STATIC:  # run a copy, never the original
+                    shutil.copytree(path, root, symlinks=False)
+                else:
+                    root = path
+            report = verify_unpacked(root, manifest, check, level=level, require_gpu=require_gpu, label=str(path),
+                                     wine_prefix=wine_prefix)
+        except LlamaBundleError as e:
+            naming.error(e)
+            raise
+        return naming.report(report)
+
+
+def _check_readable(path: Path) -> None:
+    """A usage error (exit 2) unless `path` is a file or directory that can be read."""
+    fix = "pass a bundle zip or an unpacked bundle directory"
+    if not path.exists():
+        raise UsageError(f"{path} does not exist", fix=fix)
+    try:
+        if path.is_file():
+            with open(path, "rb") as f:
+                f.read(1)
+        elif path.is_dir():
+            os.listdir(path)
         else:
-            raise VerifyError(f"{path} does not exist", fix="pass a bundle zip or an unpacked bundle directory")
-        return verify_unpacked(root, manifest, check, level=level, require_gpu=require_gpu, label=str(path),
-                               wine_prefix=wine_prefix)
+            raise UsageError(f"{path} is neither a file nor a directory", fix=fix)
+    except OSError as e:
+        raise UsageError(f"cannot read {path}", why=e.strerror or str(e), fix="check the path and its permissions") from None
 
 
 def verify_unpacked(root: Path, manifest: dict[str, Any], check: bundle_mod.ContentCheck, *, level: Level,
@@ -119,7 +185,10 @@ def check_archs(root: Path, manifest: dict[str, Any]) -> str:
                           why=f"the recipe asks for SASS {wanted['sass']} and PTX {wanted['ptx']}",
                           fix="rebuild the bundle; check CMAKE_CUDA_ARCHITECTURES reached nvcc")
     if recorded != found:
-        raise VerifyError(f"bundle.json records archs {recorded}, {lib} carries {found}", fix="rebuild the bundle")
+        said = (f"SASS {recorded.get('sass', [])} and PTX {recorded.get('ptx', [])}" if isinstance(recorded, dict)
+                else "no archs")
+        raise VerifyError(f"bundle.json records {said}, {lib} carries SASS {found['sass']} and PTX {found['ptx']}",
+                          fix="rebuild the bundle")
     return f"passed (SASS {' '.join(found['sass']) or '-'}; PTX {' '.join(found['ptx']) or '-'})"
 
 
@@ -204,8 +273,8 @@ def check_load(root: Path, manifest: dict[str, Any], report: VerifyReport, *, wi
         raise VerifyError(f"the bundle has no {exe_name}", fix="include llama-server in the recipe's targets")
     env = {"PATH": "/usr/bin:/bin", "HOME": str(root), "LANG": "C.UTF-8", "TMPDIR": str(root.parent)}
     try:
-        proc = subprocess.run([str(exe), "--verbose", "--list-devices"], cwd=root.parent, env=env, capture_output=True,
-                              text=True, errors="replace", timeout=LOAD_TIMEOUT, stdin=subprocess.DEVNULL)
+        proc = procs.capture([str(exe), "--verbose", "--list-devices"], cwd=root.parent, env=env,
+                             timeout=LOAD_TIMEOUT)  # its own process group: a hang ends with all it started
     except subprocess.TimeoutExpired:
         raise VerifyError(f"{exe_name} --list-devices did not finish in {LOAD_TIMEOUT}s") from None
     except OSError as e:
@@ -333,7 +402,7 @@ def check_load_wine(root: Path, report: VerifyReport, *, prefix: Path) -> None:
 
     def stop() -> None:
         if wineserver:
-            subprocess.run([wineserver, "-k"], env=env, stdin=subprocess.DEVNULL, capture_output=True, timeout=60)
+            procs.capture([wineserver, "-k"], env=env, timeout=60)
 
     with FileLock(str(prefix) + ".lock"):  # one run per prefix: wineserver -k ends every process in it
         res = run_until_device_list([wine, str(exe), "--verbose", "--list-devices"], env=env, cwd=root, stop=stop)

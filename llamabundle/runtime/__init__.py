@@ -4,6 +4,7 @@ Reason codes are stable strings; their human sentences and fixes live in data/re
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import secrets
 from collections.abc import Mapping
@@ -56,6 +57,21 @@ def explain(reason: Reason, facts: Mapping[str, Any]) -> tuple[str, str]:
 
 def backend_for(reason: Reason) -> Backend:
     return Backend(reasons()[reason.value]["backend"])
+
+
+def utc_timestamp(epoch: float | None = None) -> str:
+    """ISO 8601 UTC to the second, `YYYY-MM-DDTHH:MM:SSZ`: every timestamp of a JSON output or of a file an
+    app reads (now, or the given Unix time)."""
+    when = dt.datetime.now(dt.UTC) if epoch is None else dt.datetime.fromtimestamp(epoch, dt.UTC)
+    return when.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_utc_timestamp(value: str | float) -> int:
+    """Unix seconds of a `utc_timestamp` string (a number, as older caches wrote, is taken as it is)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return int(value)
+    when = dt.datetime.strptime(str(value), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC)
+    return int(when.timestamp())
 
 
 def write_atomic(path: Path, text: str) -> None:

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import Reason
+from . import Reason, utc_timestamp
 from .install import Installed, list_installed
 from .probe import PROC_VERSION, SMI_TIMEOUT, ProbeResult, driver_older, probe, read_cached
 
@@ -41,23 +40,27 @@ class Diagnosis:
         """(what, found) rows of the table doctor prints."""
         f = self.result.facts
         gpus = f.get("gpus") or []
-        rows = [(f"GPU {n}", f"{g['name']}, {g['memory_total_mib']} MiB ({g['memory_free_mib']} MiB free)")
+        def mib(v: Any) -> str:
+            return "?" if v is None else str(v)
+
+        rows = [(f"GPU {n}", f"{g['name']}, {mib(g['memory_total_mib'])} MiB ({mib(g['memory_free_mib'])} MiB free)")
                 for n, g in enumerate(gpus)] or [("GPU", f"none found ({f.get('nvidia_smi_error') or 'no NVIDIA driver'})")]
         driver = f.get("driver")
         rows.append(("driver", f"{driver or 'none'}" + (f" (kernel module {f['proc_driver']})" if f.get("proc_driver") else "")))
         for i in self.installed:
             ok = self._driver_ok(i)
-            floor = i.cuda.get("driver_floor")
+            floor, toolkit, commit = i.cuda.get("driver_floor"), i.cuda.get("toolkit"), i.to_json()["commit"]
             note = "" if ok is None else " (driver ok)" if ok else f" (driver {driver} is too old)"
-            rows.append((f"bundle {i.name}", f"key {i.key[:12]}, llama.cpp {str(i.to_json()['commit'])[:12]}, "
-                         f"backends {'+'.join(i.backends) or '?'}, "
-                         + (f"CUDA {i.cuda.get('toolkit')}, driver floor {floor}{note}, " if i.cuda else "")
-                         + f"installed {i.installed_at}"))
+            cuda = (f"CUDA {toolkit or 'of an unrecorded version'}, "
+                    + (f"driver floor {floor}{note}, " if floor else "no driver floor recorded, ")) if i.cuda else ""
+            rows.append((f"bundle {i.name}", f"key {i.key[:12]}, llama.cpp {str(commit)[:12] if commit else 'commit unrecorded'}, "
+                         f"backends {'+'.join(i.backends) or '?'}, " + cuda
+                         + f"installed {i.installed_at or 'at an unrecorded time'}"))
         if not self.installed:
             rows.append(("bundles", f"none installed in {self.root}"))
         last = self.last_probe
         rows.append(("last probe", "none" if last is None else
-                     f"{last.backend} / {last.reason} at {dt.datetime.fromtimestamp(last.probed_at, dt.UTC):%Y-%m-%d %H:%M:%SZ}"))
+                     f"{last.backend} / {last.reason} at {utc_timestamp(last.probed_at)}"))
         rows += [("backend", self.result.backend.value), ("reason", self.result.reason.value),
                  ("why", self.result.sentence), ("what to do", self.result.fix)]
         return rows

@@ -9,7 +9,6 @@ leftovers under the same per-name file lock."""
 
 from __future__ import annotations
 
-import datetime as dt
 import hashlib
 import json
 import os
@@ -31,7 +30,7 @@ from ..log import Log
 from ..recipe import canonical_json
 from ..store.base import Entry, Store
 from ..verify import host_platform_name
-from . import Reason, write_atomic
+from . import Reason, utc_timestamp, write_atomic
 
 BUNDLES = "bundles"
 POINTER = "current"
@@ -98,14 +97,18 @@ def check_bundle(path: Path, *, key: str, platform: str, commit: str | None = No
         raise _invalid(key, e.what, e.why) from None
     inputs = m.get("inputs")
     cuda = m.get("cuda") or {}
+    has_commit, has_toolkit = m["llama_cpp"].get("commit"), cuda.get("toolkit")  # messages never say None
     for ok, what in [
         (m["key"] == key, f"its bundle.json names key {str(m['key'])[:12]}, not {key[:12]}"),
         (inputs is None or hashlib.sha256(canonical_json(inputs).encode()).hexdigest() == m["key"],
          "its key is not the sha256 of the inputs its bundle.json records"),
         (m["platform"] == platform, f"it is built for {m['platform']}, this machine is {platform}"),
-        (commit is None or m["llama_cpp"].get("commit") == commit,
-         f"it holds llama.cpp {m['llama_cpp'].get('commit')}, expected {commit}"),
-        (toolkit is None or cuda.get("toolkit") == toolkit, f"it was built with CUDA {cuda.get('toolkit')}, expected {toolkit}"),
+        (commit is None or has_commit == commit,
+         f"it holds llama.cpp {has_commit}, expected {commit}" if has_commit
+         else f"its bundle.json records no llama.cpp commit, expected {commit}"),
+        (toolkit is None or has_toolkit == toolkit,
+         f"it was built with CUDA {has_toolkit}, expected {toolkit}" if has_toolkit
+         else f"it was built without CUDA, expected CUDA {toolkit}"),
     ]:
         if not ok:
             raise _invalid(key, what)
@@ -195,8 +198,8 @@ def _install_locked(store: Store, entry: Entry, slot: Path, *, log: Log, platfor
         hook("verified")
         os.replace(stage / version, slot / version)
         hook("swapping")
-        now = dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
-        write_atomic(slot / POINTER, json.dumps({"dir": version, "key": key, "installed_at": now}, sort_keys=True) + "\n")
+        write_atomic(slot / POINTER, json.dumps({"dir": version, "key": key, "installed_at": utc_timestamp()},
+                                                sort_keys=True) + "\n")
         swapped = True
         hook("swapped")
     finally:

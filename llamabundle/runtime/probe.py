@@ -26,7 +26,7 @@ from ..errors import LlamaBundleError, VerifyError
 from ..log import Log
 from ..store.base import Store
 from ..verify import VerifyReport, check_load, host_platform_name
-from . import Backend, Reason, backend_for, explain, write_atomic
+from . import Backend, Reason, backend_for, explain, parse_utc_timestamp, utc_timestamp, write_atomic
 from .install import Installed, install_bundle, list_installed
 
 NVIDIA_SMI_ARGS = ("--query-gpu=name,driver_version,memory.total,memory.free", "--format=csv,noheader,nounits")
@@ -129,7 +129,7 @@ class ProbeResult:
     fix: str
     facts: dict[str, Any] = field(default_factory=dict)
     token: int = 0  # taken when the probe started; a newer one is never overwritten by an older one
-    probed_at: float = 0.0  # time.time() when it started
+    probed_at: int = 0  # when it started (Unix seconds; JSON: utc_timestamp, YYYY-MM-DDTHH:MM:SSZ)
     cached: bool = False
 
     @classmethod
@@ -139,13 +139,14 @@ class ProbeResult:
 
     def to_json(self) -> dict[str, Any]:
         return {"schema": 1, "backend": self.backend.value, "reason": self.reason.value, "sentence": self.sentence,
-                "fix": self.fix, "facts": self.facts, "token": self.token, "probed_at": self.probed_at, "cached": self.cached}
+                "fix": self.fix, "facts": self.facts, "token": self.token, "probed_at": utc_timestamp(self.probed_at),
+                "cached": self.cached}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> "ProbeResult":
         return cls(backend=Backend(data["backend"]), reason=Reason(data["reason"]), sentence=str(data["sentence"]),
                    fix=str(data["fix"]), facts=dict(data["facts"]), token=int(data["token"]),
-                   probed_at=float(data["probed_at"]))
+                   probed_at=parse_utc_timestamp(data["probed_at"]))
 
 
 def with_gpu_layers(result: ProbeResult, ngl: int | None) -> ProbeResult:
@@ -185,7 +186,7 @@ def probe(*, root: Path, env: Mapping[str, str], cache_dir: Path | None = None, 
             return replace(last, cached=True)
     token = take_token(cache_dir) if cache_dir is not None else 0
     result = _probe_now(target, context, env=env, nvidia_smi=nvidia_smi, proc_version=proc_version,
-                        smi_timeout=smi_timeout, token=token, started=time.time())
+                        smi_timeout=smi_timeout, token=token, started=int(time.time()))
     if cache_dir is not None:
         store_result(cache_dir, result)
     return result
@@ -193,7 +194,7 @@ def probe(*, root: Path, env: Mapping[str, str], cache_dir: Path | None = None, 
 
 def _probe_now(target: tuple[Path, dict[str, Any]] | None, context: dict[str, Any], *, env: Mapping[str, str],
                nvidia_smi: str | None, proc_version: Path | None, smi_timeout: float, token: int,
-               started: float) -> ProbeResult:
+               started: int) -> ProbeResult:
     scan = scan_gpus(env=env, nvidia_smi=nvidia_smi, proc_version=proc_version, timeout=smi_timeout)
     facts: dict[str, Any] = {**scan.to_json(), **context, "host": host_platform_name()}
     facts["gpu"] = ", ".join(g.name for g in scan.gpus) or ("an NVIDIA GPU" if scan.present else None)
@@ -207,7 +208,7 @@ def _probe_now(target: tuple[Path, dict[str, Any]] | None, context: dict[str, An
         return done(Reason.BINARY_MISSING_NVIDIA_DETECTED)
     root, manifest = target
     floor = (manifest.get("cuda") or {}).get("driver_floor")
-    facts.update(bundle=f"{manifest.get('name')} ({str(manifest['key'])[:12]})", floor=floor)
+    facts.update(bundle=f"{manifest.get('name') or 'bundle'} ({str(manifest['key'])[:12]})", floor=floor)
     if floor and scan.driver and driver_older(scan.driver, str(floor)):
         return done(Reason.DRIVER_TOO_OLD)
     report = VerifyReport(path=str(root), key=manifest["key"], platform=manifest["platform"], files=0, bytes=0)

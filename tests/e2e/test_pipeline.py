@@ -24,10 +24,10 @@ def test_check_misses_then_build_stores_then_check_hits(first_build: dict[str, A
     assert first_build["miss"].returncode == 1
     assert "miss" in first_build["miss"].stdout
     result = first_build["result"]
-    assert result["cache_hit"] is False
+    assert result["hit"] is False
     assert result["key"] == recipe_key
-    assert Path(result["published"]).is_file()
-    assert Path(result["published"]).parent == store / recipe_key
+    assert Path(result["location"]).is_file()
+    assert Path(result["location"]).parent == store / recipe_key
     assert first_build["hit"].returncode == 0
     hit = json.loads(first_build["hit"].stdout)
     assert hit["hit"] is True and hit["key"] == recipe_key
@@ -47,7 +47,7 @@ def test_second_build_is_a_cache_hit_that_compiles_nothing(first_build: dict[str
     res = run_cli("build", RECIPE, "--store", store, "--json", env=env)
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout)
-    assert out["cache_hit"] is True
+    assert out["hit"] is True
     assert out["compiled"] == 0
     assert out["verify"]["levels"]["load"] == "passed"
     assert "cache hit" in res.stderr and "cmake" not in res.stderr
@@ -80,7 +80,7 @@ def test_bundle_json_contract(unpacked: Path, recipe_key: str) -> None:
 
 
 def test_verify_load_runs_llama_server_from_a_copy(first_build: dict[str, Any], e2e_env: dict[str, str]) -> None:
-    zip_path = first_build["result"]["published"]
+    zip_path = first_build["result"]["location"]
     res = run_cli("verify", zip_path, "--level", "load", "--json", env=e2e_env)
     assert res.returncode == 0, res.stderr
     report = json.loads(res.stdout)
@@ -107,7 +107,7 @@ def test_one_changed_byte_in_a_library_fails_verify(unpacked: Path, e2e_env: dic
 
 def test_a_damaged_zip_fails_verify(first_build: dict[str, Any], e2e_env: dict[str, str], tmp_path: Path) -> None:
     bad = tmp_path / "bad.zip"
-    shutil.copyfile(first_build["result"]["published"], bad)
+    shutil.copyfile(first_build["result"]["location"], bad)
     with zipfile.ZipFile(bad) as zf:
         info = zf.getinfo("libllama.so.0")
     data = bytearray(bad.read_bytes())

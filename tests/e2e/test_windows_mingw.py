@@ -37,7 +37,7 @@ def mingw_build(e2e_env: dict[str, str], store: Path) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def unpacked_mingw(mingw_build: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("mingw") / "bundle"
-    with zipfile.ZipFile(mingw_build["published"]) as zf:
+    with zipfile.ZipFile(mingw_build["location"]) as zf:
         zf.extractall(out)
     return out
 
@@ -61,7 +61,7 @@ def test_the_bundle_holds_the_programs_13_variants_and_the_mingw_runtime(unpacke
 
 
 def test_static_verification_passes(mingw_build: dict[str, Any], e2e_env: dict[str, str]) -> None:
-    res = run_cli("verify", mingw_build["published"], "--level", "static", "--json", env=e2e_env)
+    res = run_cli("verify", mingw_build["location"], "--level", "static", "--json", env=e2e_env)
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout)["levels"] == {"manifest": "passed", "static": "passed"}
 
@@ -70,7 +70,7 @@ def test_llama_server_exe_loads_its_backend_from_the_bundle_under_wine(mingw_bui
                                                                          e2e_env: dict[str, str]) -> None:
     if shutil.which("wine") is None:
         pytest.skip("wine is not installed")
-    res = run_cli("verify", mingw_build["published"], "--level", "load", "--json", env=e2e_env, timeout=900)
+    res = run_cli("verify", mingw_build["location"], "--level", "load", "--json", env=e2e_env, timeout=900)
     assert res.returncode == 0, res.stderr
     report = json.loads(res.stdout)
     assert report["levels"]["load"].startswith("passed (under Wine")

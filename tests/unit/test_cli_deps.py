@@ -34,15 +34,17 @@ def test_deps_json_names_the_missing_dll_and_its_importer(built: Built, tmp_path
                                                           capsys: pytest.CaptureFixture[str]) -> None:
     d = make_dir(tmp_path, built, "app.exe", "lazy.exe")
     code, out, err = run(capsys, "deps", "--json", d / "app.exe", d / "lazy.exe")
-    assert code == 0, err
+    assert code == 5, err  # a missing library is a failed check (README)
     info = json.loads(out)
-    assert info["format"] == "pe" and info["schema"] == 1
+    assert info["format"] == "pe" and info["schema"] == 1 and info["ok"] is False
+    assert info["error"]["exit_code"] == 5 and "cudart64_12.dll (needed by app.exe)" in info["error"]["what"]
     assert info["missing"] == {"cudart64_12.dll": ["app.exe"], "lazy.dll": ["lazy.exe"]}
     deps = {x["name"]: x for x in info["deps"]}
     assert deps["lazy.dll"]["delay_only"] and deps["cudart64_12.dll"]["kind"] == "cuda_runtime"
     assert deps["KERNEL32.dll"]["imported_by"] == ["app.exe", "lazy.exe"]
-    code, out, _ = run(capsys, "deps", d / "lazy.exe")
+    code, out, err = run(capsys, "deps", d / "lazy.exe")
     assert "lazy.dll" in out and "[delay-load]" in out and "missing: lazy.dll (needed by lazy.exe)" in out
+    assert code == 5 and "error: 1 of the libraries these binaries need were not found: lazy.dll" in err
 
 
 @needs_mingw
@@ -87,12 +89,14 @@ def test_deps_of_elf_binaries(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     subprocess.run([*gcc, "-shared", "-fPIC", "-Wl,-soname,libghost.so", "-o", "libghost.so", "ghost.c"], cwd=tmp_path, check=True)
     subprocess.run([*gcc, "-o", d / "main", "main.c", f"-L{d}", f"-L{tmp_path}", "-lone", "-lghost"], cwd=tmp_path, check=True)
     code, out, err = run(capsys, "deps", "--json", d / "main")
-    assert code == 0, err
+    assert code == 5, err  # libghost.so is missing
     info = json.loads(out)
+    assert info["ok"] is False and "libghost.so (needed by main)" in info["error"]["what"]
+    assert info["binaries"][0]["path"] == str(d / "main") and "libone.so" in info["binaries"][0]["imports"]
     deps = {x["name"]: x for x in info["deps"]}
     assert info["format"] == "elf"
     assert (deps["libone.so"]["class"], deps["libone.so"]["path"]) == ("bundled", str(d / "libone.so"))
     assert deps["libc.so.6"]["class"] == "system"
     assert info["missing"] == {"libghost.so": ["main"]} and deps["libghost.so"]["class"] == "missing"
     code, out, _ = run(capsys, "deps", "--search", tmp_path, d / "main")
-    assert "missing:" not in out and f"{tmp_path / 'libghost.so'}" in out
+    assert code == 0 and "missing:" not in out and f"{tmp_path / 'libghost.so'}" in out

@@ -94,12 +94,13 @@ def test_a_silent_configure_step_is_stopped_at_the_build_timeout(setup: dict[str
     assert_nothing_left(setup)
 
 
-def test_ctrl_c_during_a_long_step_exits_130_with_nothing_left(setup: dict[str, object]) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_during_a_long_step_exits_130_with_nothing_left(setup: dict[str, object], sig: int) -> None:
     p = start_build(setup)
     state = setup["state"]
     assert isinstance(state, Path)
     wait_for(state / "child.pid", p)
-    p.send_signal(signal.SIGINT)  # what a terminal's Ctrl-C sends to the foreground process
+    p.send_signal(sig)  # SIGINT: a terminal's Ctrl-C; SIGTERM: a CI job cancelled, `kill`
     out, err = p.communicate(timeout=60)
     assert p.returncode == 130, err
     assert "interrupted" in err and "Traceback" not in err

@@ -340,7 +340,7 @@ def test_load_nonexistent_file(tmp_path: Path) -> None:
 def test_load_directory(tmp_path: Path) -> None:
     with pytest.raises(RecipeError) as info:
         load_recipe(tmp_path)
-    assert info.value.what == f"{tmp_path}: cannot read the recipe"
+    assert info.value.what == f"{tmp_path}: not a regular file"
 
 
 def test_load_non_utf8(tmp_path: Path) -> None:
