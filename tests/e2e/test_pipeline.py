@@ -4,7 +4,6 @@ bundle.json → verify → local store → cache hit."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import socket
 import subprocess
