@@ -30,7 +30,7 @@ def mingw_build(e2e_env: dict[str, str], store: Path) -> dict[str, Any]:
         pytest.fail(f"llamabundle build of the mingw recipe failed ({res.returncode}):\n{res.stderr[-6000:]}")
     out = json.loads(res.stdout)
     print(f"\nmingw bundle: built in {time.monotonic() - started:.0f} s, "
-          f"{Path(out['published']).stat().st_size / 1e6:.1f} MB zip")
+          f"{Path(out['location']).stat().st_size / 1e6:.1f} MB zip")
     return out
 
 
