@@ -40,7 +40,7 @@ def _alive(pid: int) -> bool:
 
 def alive(pid: int) -> bool:
     """Still running after the signals sent to it have had a moment to land."""
-    for _ in range(200):
+    for _ in range(500):  # up to 10 s: a loaded 2-core machine can be slow to deliver and reap
         if not _alive(pid):
             return False
         time.sleep(0.02)
