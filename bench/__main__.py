@@ -116,20 +116,23 @@ def last_json_object(text: str) -> Figures:
     raise ValueError("no JSON object in the output")
 
 
+def _tool_vs_plain(f: Figures, benchmark: str, note: str) -> list[Row]:
+    """One row: the tool's seconds against plain cmake + ninja, with the ratio and its target."""
+    return [Row(benchmark=benchmark, measured=f"{f['tool_s']:,.1f} s", baseline=f"{f['plain_s']:,.1f} s",
+                ratio=f"{f['ratio']:.3f}", target=f"≤ {f['target_ratio']}", met=met(f["ratio"] <= f["target_ratio"]),
+                note=note)]
+
+
 def rows_build_overhead(f: Figures) -> list[Row]:
-    return [Row(benchmark="tool overhead: cold `llamabundle build` vs plain cmake + ninja",
-                measured=f"{f['tool_s']:,.1f} s", baseline=f"{f['plain_s']:,.1f} s", ratio=f"{f['ratio']:.3f}",
-                target=f"≤ {f['target_ratio']}", met=met(f["ratio"] <= f["target_ratio"]),
-                note=f"overhead {f['overhead_s']:+.1f} s; one cold build each, same flags, no ccache; "
-                     f"{f['compiled']} compile steps")]
+    return _tool_vs_plain(f, "tool overhead: cold `llamabundle build` vs plain cmake + ninja",
+                          f"overhead {f['overhead_s']:+.1f} s; one cold build each, same flags, no ccache; "
+                          f"{f['compiled']} compile steps")
 
 
 def rows_first_contact(f: Figures) -> list[Row]:
-    return [Row(benchmark="README (a) in a fresh clone, empty caches, vs plain cmake + ninja",
-                measured=f"{f['tool_s']:,.1f} s", baseline=f"{f['plain_s']:,.1f} s", ratio=f"{f['ratio']:.3f}",
-                target=f"≤ {f['target_ratio']}", met=met(f["ratio"] <= f["target_ratio"]),
-                note=f"venv + pip install + source + build + collect + pack + verify + store; "
-                     f"the source step (sdist download and proof) {f['source_s']:.1f} s")]
+    return _tool_vs_plain(f, "README (a) in a fresh clone, empty caches, vs plain cmake + ninja",
+                          "venv + pip install + source + build + collect + pack + verify + store; "
+                          f"the source step (sdist download and proof) {f['source_s']:.1f} s")
 
 
 def rows_cache_hit(f: Figures) -> list[Row]:
