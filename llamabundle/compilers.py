@@ -8,6 +8,7 @@ version of the compiler found on this machine.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
@@ -31,13 +32,17 @@ def cxx_program(compiler: str) -> str:
 
 
 def detect_version(compiler: str, *, path: str | None = None) -> str | None:
-    """The exact version of this family's C++ compiler first on PATH ("12.2.0"), or None when there is none."""
+    """The exact version of this family's C++ compiler first on PATH ("12.2.0"), or None when there is none.
+    Asked once per compiler and PATH in a process (every recipe load needs it for an unpinned key)."""
+    return _detect(compiler, path if path is not None else os.environ.get("PATH", os.defpath))
+
+
+@functools.lru_cache(maxsize=16)
+def _detect(compiler: str, path: str) -> str | None:
     exe = shutil.which(cxx_program(compiler), path=path)
     if exe is None:
         return None
-    env = {**os.environ, "LC_ALL": "C"}
-    if path is not None:
-        env["PATH"] = path
+    env = {**os.environ, "LC_ALL": "C", "PATH": path}
     try:
         if compiler == "msvc":
             res = proc.capture([exe], env=env, timeout=60)
