@@ -62,8 +62,10 @@ def make_bundle(work: Path, key: str, size: int) -> Path:
             f.write(os.urandom(n))
             left -= n
     roles = {"llama-server": "exe", "LICENSE": "license", "payload.bin": "runtime"}
-    bundle.write_manifest(stage, {"name": "linux-x86_64-cpu", "key": key, "platform": "linux-x86_64",
-                                  "llama_cpp": {"commit": load_recipe(HIT_RECIPE).llama_cpp.commit},
+    recipe = load_recipe(HIT_RECIPE)
+    assert recipe.key() == key
+    bundle.write_manifest(stage, {"name": "linux-x86_64-cpu", "key": key, "inputs": recipe.key_inputs(),
+                                  "platform": "linux-x86_64", "llama_cpp": {"commit": recipe.llama_cpp.commit},
                                   "files": bundle.file_entries(stage, roles)})
     zip_path = bundle.pack(stage, work / f"linux-x86_64-cpu-{key[:12]}.zip", source_date_epoch=0)
     shutil.rmtree(stage)

@@ -8,18 +8,17 @@ import json
 import os
 import shutil
 import zipfile
-from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from . import __version__
-from . import zipstream
+from . import __version__, zipstream
+from . import manifest as manifest_mod
 from .archive import _tmp_beside, extract_zip
-from .errors import VerifyError
+from .manifest import ANYTHING, FORMAT, MANIFEST, ROLES, ContentCheck, Expect, Manifest
 
-MANIFEST = "bundle.json"
-FORMAT = 1
-ROLES = ("exe", "backend", "runtime", "license")
+__all__ = ["FORMAT", "MANIFEST", "ROLES", "ContentCheck", "Expect", "Manifest"]
+
 ZIP_EPOCH_DEFAULT = (1980, 1, 1, 0, 0, 0)
 
 
@@ -34,7 +33,7 @@ def sha256_file(path: Path) -> str:
 def file_entries(root: Path, roles: dict[str, str]) -> list[dict[str, Any]]:
     """Every file under root except bundle.json, sorted, with sha256, size and role."""
     entries = []
-    for path in sorted(_walk(root)):
+    for path in sorted(walk(root)):
         if path == MANIFEST:
             continue
         role = roles.get(path)
@@ -45,7 +44,7 @@ def file_entries(root: Path, roles: dict[str, str]) -> list[dict[str, Any]]:
     return entries
 
 
-def _walk(root: Path) -> list[str]:
+def walk(root: Path) -> list[str]:
     out = []
     for dirpath, _dirs, files in os.walk(root):
         for name in files:
@@ -58,65 +57,23 @@ def built_at(source_date_epoch: int | None) -> str:
     return when.replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
 
-def write_manifest(root: Path, manifest: dict[str, Any]) -> dict[str, Any]:
-    manifest = {"format": FORMAT, **manifest, "tool": f"llamabundle {__version__}"}
-    (root / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    return manifest
+def write_manifest(root: Path, fields: dict[str, Any]) -> Manifest:
+    """Write bundle.json (format and tool added) into root; returns it parsed, so a malformed one is never written."""
+    m = manifest_mod.parse(json.loads(json.dumps({"format": FORMAT, **fields, "tool": f"llamabundle {__version__}"})))
+    (root / MANIFEST).write_text(m.text(), encoding="utf-8")
+    return m
 
 
-def read_manifest(root: Path) -> dict[str, Any]:
-    path = root / MANIFEST
-    if not path.is_file():
-        raise VerifyError(f"{root} has no {MANIFEST}", why="every bundle carries its manifest at the root",
-                          fix="this is not a llamabundle bundle, or it is incomplete")
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as e:
-        raise VerifyError(f"{MANIFEST} is not valid JSON", why=str(e)) from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise VerifyError(f"{MANIFEST} has unknown format {manifest.get('format') if isinstance(manifest, dict) else '?'}",
-                          why=f"this llamabundle reads format {FORMAT}", fix="upgrade llamabundle")
-    for k in ("key", "platform", "files", "llama_cpp"):
-        if k not in manifest:
-            raise VerifyError(f"{MANIFEST} lacks '{k}'")
-    return manifest
+def read_manifest(root: Path) -> Manifest:
+    """The typed manifest at the root of an unpacked bundle (manifest.read)."""
+    return manifest_mod.read(root)
 
 
-@dataclass(frozen=True, kw_only=True)
-class ContentCheck:
-    files: int
-    bytes: int
-
-
-def check_contents(root: Path, manifest: dict[str, Any], *, hashes: dict[str, str] | None = None) -> ContentCheck:
-    """Every listed file exists with its size and sha256; no file outside the list. `hashes` (path → sha256)
-    are the digests of files just written (by an unpack that hashed them as it went), so they are not read again."""
-    listed = {}
-    for entry in manifest["files"]:
-        path = entry.get("path", "")
-        if not isinstance(path, str) or path.startswith("/") or ".." in path.split("/") or path == MANIFEST:
-            raise VerifyError(f"{MANIFEST} lists an invalid path {path!r}")
-        listed[path] = entry
-    present = set(_walk(root)) - {MANIFEST}
-    extra = sorted(present - set(listed))
-    if extra:
-        raise VerifyError(f"{extra[0]} is in the bundle but not in {MANIFEST}" + (f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""),
-                          why="a bundle holds exactly the files its manifest lists", fix="do not use this bundle")
-    total = 0
-    for path, entry in sorted(listed.items()):
-        f = root / path
-        if not f.is_file():
-            raise VerifyError(f"{path} is listed in {MANIFEST} but missing", fix="fetch or rebuild the bundle")
-        size = f.stat().st_size
-        if size != entry.get("size"):
-            raise VerifyError(f"{path} has size {size}, {MANIFEST} says {entry.get('size')}",
-                              why="the file was changed after the bundle was made", fix="fetch or rebuild the bundle")
-        got = hashes[path] if hashes is not None and path in hashes else sha256_file(f)
-        if got != entry.get("sha256"):
-            raise VerifyError(f"{path} does not match its sha256 in {MANIFEST}",
-                              why="the file was changed after the bundle was made", fix="fetch or rebuild the bundle")
-        total += size
-    return ContentCheck(files=len(listed), bytes=total)
+def check_contents(root: Path, manifest: Manifest, *, hashes: Mapping[str, str] | None = None) -> ContentCheck:
+    """The one trust check (manifest.trust) of an unpacked bundle, asking for nothing in particular."""
+    check = manifest_mod.trust(manifest, root, hashes=hashes)
+    assert check is not None
+    return check
 
 
 def pack(root: Path, zip_path: Path, *, source_date_epoch: int | None = None) -> Path:
@@ -125,7 +82,7 @@ def pack(root: Path, zip_path: Path, *, source_date_epoch: int | None = None) ->
     if source_date_epoch is not None:
         t = dt.datetime.fromtimestamp(max(source_date_epoch, 315532800), dt.UTC)
         when = (t.year, t.month, t.day, t.hour, t.minute, t.second)
-    names = sorted(_walk(root), key=lambda n: (n != MANIFEST, n))
+    names = sorted(walk(root), key=lambda n: (n != MANIFEST, n))
     tmp = zip_path.with_name(zip_path.name + ".part")
     zip_path.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -145,7 +102,7 @@ def pack(root: Path, zip_path: Path, *, source_date_epoch: int | None = None) ->
     return zip_path
 
 
-def unpack(zip_path: Path, dest: Path) -> tuple[dict[str, Any], ContentCheck]:
+def unpack(zip_path: Path, dest: Path, expect: Expect = ANYTHING) -> tuple[Manifest, ContentCheck]:
     """Safely extract a bundle zip into dest (new directory) and check it against its manifest, in one read
     of the zip (zipstream), or with archive.extract_zip for zips that cannot be streamed.
     On any failure dest is not left behind."""
@@ -157,7 +114,7 @@ def unpack(zip_path: Path, dest: Path) -> tuple[dict[str, Any], ContentCheck]:
         except zipstream.NotStreamable:
             extract_zip(zip_path, tmp)
             hashes = None
-        manifest, check = check_unpacked(tmp, hashes=hashes)
+        manifest, check = check_unpacked(tmp, hashes=hashes, expect=expect)
         os.replace(tmp, dest)
         return manifest, check
     except BaseException:
@@ -165,10 +122,13 @@ def unpack(zip_path: Path, dest: Path) -> tuple[dict[str, Any], ContentCheck]:
         raise
 
 
-def check_unpacked(root: Path, *, hashes: dict[str, str] | None) -> tuple[dict[str, Any], ContentCheck]:
-    """The manifest of a freshly unpacked bundle, and its contents checked against it."""
+def check_unpacked(root: Path, *, hashes: Mapping[str, str] | None,
+                   expect: Expect = ANYTHING) -> tuple[Manifest, ContentCheck]:
+    """The manifest of a freshly unpacked bundle, trusted (manifest.trust) against `expect` and its files."""
     manifest = read_manifest(root)
-    return manifest, check_contents(root, manifest, hashes=hashes)
+    check = manifest_mod.trust(manifest, root, expect, hashes=hashes)
+    assert check is not None
+    return manifest, check
 
 
 def diff_zips(a: Path, b: Path) -> list[str]:

@@ -21,11 +21,13 @@ from typing import Any
 
 from . import bundle as bundle_mod
 from . import proc as procs
-from .deps import elf, pe
-from .deps.policy import LibClass, linux_policy
+from . import scratch
 from .archs import split_archs
 from .cudabin import binary_archs
+from .deps import elf, pe
+from .deps.policy import LibClass, linux_policy
 from .errors import LlamaBundleError, UsageError, VerifyError
+from .manifest import ANYTHING, Expect, Manifest
 
 LOAD_TIMEOUT = 120
 WINE_TIMEOUT = 300  # a new Wine prefix boots first (20-60 s)
@@ -79,14 +81,14 @@ class Naming:
     is_zip: bool
 
     @classmethod
-    def of(cls, temps: list[Path], origin: Path | str, *, is_zip: bool, partial: bool = True) -> "Naming":
+    def of(cls, temps: list[Path], origin: Path | str, *, is_zip: bool, partial: bool = True) -> Naming:
         """`temps`, and (partial) the `.NAME.partial-N` directory an unpack into one of them fills first."""
         pats: list[str] = []
         for t in temps:
             for variant in dict.fromkeys((str(t), str(t.resolve()))):
                 pats.append(re.escape(variant))
                 if partial:
-                    pats.append(re.escape(str(Path(variant).parent / f".{t.name}.partial-")) + r"\d+")
+                    pats.append(re.escape(str(Path(variant).parent / f".{t.name}.partial-")) + r"[0-9a-f-]+")
         return cls(temps=tuple(sorted(pats, key=len, reverse=True)), origin=str(origin), is_zip=is_zip)
 
     def name(self, rel: str) -> str:
@@ -111,20 +113,45 @@ class Naming:
         return r
 
 
-def verify_bundle(path: Path, *, level: Level, require_gpu: bool = False, wine_prefix: Path | None = None) -> VerifyReport:
-    """Verify a bundle zip or directory up to `level`. Raises VerifyError naming what failed (UsageError: a
-    path that is missing or cannot be read). Messages name `path`, never the temporary copy."""
+SCRATCH = "verify-"
+
+
+def scratch_root() -> Path:
+    """Where verify unpacks and runs bundles: `<cache>/tmp`, never bare /tmp (a killed run's copy, hundreds of
+    MB, is removed by the next run that uses the cache)."""
+    from .recipe import Settings  # the one reader of LLAMABUNDLE_* settings
+
+    return Settings.from_env(os.environ).cache_dir / "tmp"
+
+
+def sweep_scratch(root: Path | None = None) -> None:
+    """Remove the verify copies of dead runs (and those older versions left in the system temp directory)."""
+    scratch.sweep(root or scratch_root(), [SCRATCH])
+    scratch.sweep(Path(tempfile.gettempdir()), ["llamabundle-verify-"])
+
+
+def verify_bundle(path: Path, *, level: Level, require_gpu: bool = False, wine_prefix: Path | None = None,
+                  expect: Expect = ANYTHING, verified: list[Manifest] | None = None) -> VerifyReport:
+    """Verify a bundle zip or directory up to `level`, trusting it (manifest.trust) against `expect`. Raises
+    VerifyError naming what failed (UsageError: a path that is missing or cannot be read). Messages name
+    `path`, never the temporary copy. `verified`, when given, receives the trusted manifest."""
     _check_readable(path)
-    with tempfile.TemporaryDirectory(prefix="llamabundle-verify-") as tmp:
-        naming = Naming.of([Path(tmp) / "bundle"], path, is_zip=path.is_file())
+    base = scratch_root()
+    sweep_scratch(base)
+    try:
+        tmp = scratch.make_dir(base, SCRATCH)
+    except OSError as e:
+        raise UsageError(f"cannot make a scratch directory in {base}", why=e.strerror or str(e),
+                         fix="free space there, or point LLAMABUNDLE_CACHE_DIR at a writable disk") from None
+    try:
+        naming = Naming.of([tmp / "bundle"], path, is_zip=path.is_file())
         try:
             if path.is_file():
-                root = Path(tmp) / "bundle"
-                manifest, check = bundle_mod.unpack(path, root)
+                root = tmp / "bundle"
+                manifest, check = bundle_mod.unpack(path, root, expect)
             else:
-                manifest = bundle_mod.read_manifest(path)
-                check = bundle_mod.check_contents(path, manifest)
-                root = Path(tmp) / "bundle"
+                manifest, check = bundle_mod.check_unpacked(path, hashes=None, expect=expect)
+                root = tmp / "bundle"
                 if level is not Level.STATIC:  # run a copy, never the original
                     shutil.copytree(path, root, symlinks=False)
                 else:
@@ -134,7 +161,14 @@ def verify_bundle(path: Path, *, level: Level, require_gpu: bool = False, wine_p
         except LlamaBundleError as e:
             naming.error(e)
             raise
+        except OSError as e:  # the scratch disk, not the bundle
+            raise UsageError(f"cannot copy {path} into {base} to check it", why=e.strerror or str(e),
+                             fix="free space there, or point LLAMABUNDLE_CACHE_DIR at a writable disk") from None
+        if verified is not None:
+            verified.append(manifest)
         return naming.report(report)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _check_readable(path: Path) -> None:
@@ -154,16 +188,16 @@ def _check_readable(path: Path) -> None:
         raise UsageError(f"cannot read {path}", why=e.strerror or str(e), fix="check the path and its permissions") from None
 
 
-def verify_unpacked(root: Path, manifest: dict[str, Any], check: bundle_mod.ContentCheck, *, level: Level,
+def verify_unpacked(root: Path, manifest: Manifest, check: bundle_mod.ContentCheck, *, level: Level,
                     require_gpu: bool = False, label: str, wine_prefix: Path | None = None) -> VerifyReport:
     """The levels above the manifest, on a bundle directory whose contents were just checked (`check`).
     The load level runs the binaries in `root`: pass a copy, or a directory of one's own."""
-    report = VerifyReport(path=label, key=manifest["key"], platform=manifest["platform"],
+    report = VerifyReport(path=label, key=manifest.key, platform=manifest.platform,
                           files=check.files, bytes=check.bytes)
     report.levels["manifest"] = "passed"
     check_static(root, manifest)
     report.levels["static"] = "passed"
-    if manifest.get("cuda"):
+    if manifest.cuda is not None:
         report.levels["archs"] = check_archs(root, manifest)
     if level is not Level.STATIC:
         check_load(root, manifest, report, wine_prefix=wine_prefix)
@@ -172,21 +206,23 @@ def verify_unpacked(root: Path, manifest: dict[str, Any], check: bundle_mod.Cont
     return report
 
 
-def check_archs(root: Path, manifest: dict[str, Any]) -> str:
+def check_archs(root: Path, manifest: Manifest) -> str:
     """The SASS and PTX in ggml-cuda equal what the recipe asked for and what bundle.json records."""
-    lib = "ggml-cuda.dll" if manifest["platform"].startswith("windows") else "libggml-cuda.so"
+    assert manifest.cuda is not None
+    lib = "ggml-cuda.dll" if manifest.is_windows else "libggml-cuda.so"
     if not (root / lib).is_file():
         raise VerifyError(f"bundle.json declares CUDA but the bundle has no {lib}")
     found = binary_archs(root / lib).to_json()
-    wanted = split_archs(manifest.get("inputs", {}).get("cuda", {}).get("archs", []))
-    recorded = manifest["cuda"].get("archs")
+    cuda_inputs = manifest.inputs.get("cuda")
+    asked = cuda_inputs.get("archs", ()) if hasattr(cuda_inputs, "get") else ()
+    wanted = split_archs([str(a) for a in asked])
+    recorded = manifest.cuda.archs_json()
     if found != wanted:
         raise VerifyError(f"{lib} carries SASS {found['sass']} and PTX {found['ptx']}",
                           why=f"the recipe asks for SASS {wanted['sass']} and PTX {wanted['ptx']}",
                           fix="rebuild the bundle; check CMAKE_CUDA_ARCHITECTURES reached nvcc")
     if recorded != found:
-        said = (f"SASS {recorded.get('sass', [])} and PTX {recorded.get('ptx', [])}" if isinstance(recorded, dict)
-                else "no archs")
+        said = f"SASS {recorded['sass']} and PTX {recorded['ptx']}"
         raise VerifyError(f"bundle.json records {said}, {lib} carries SASS {found['sass']} and PTX {found['ptx']}",
                           fix="rebuild the bundle")
     return f"passed (SASS {' '.join(found['sass']) or '-'}; PTX {' '.join(found['ptx']) or '-'})"
@@ -198,8 +234,8 @@ def nvidia_driver_present() -> bool:
     return any(Path(d, "libcuda.so.1").exists() for d in ("/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/local/nvidia/lib64"))
 
 
-def check_gpu(manifest: dict[str, Any], report: VerifyReport, *, require_gpu: bool) -> None:
-    if "cuda" not in manifest.get("backends", []):
+def check_gpu(manifest: Manifest, report: VerifyReport, *, require_gpu: bool) -> None:
+    if "cuda" not in manifest.backends:
         report.levels["gpu"] = "skipped: the bundle has no GPU backend"
     elif report.levels.get("load", "").startswith("skipped"):
         report.levels["gpu"] = "skipped: " + report.levels["load"].removeprefix("skipped: ")
@@ -218,39 +254,39 @@ def check_gpu(manifest: dict[str, Any], report: VerifyReport, *, require_gpu: bo
                           fix="run the check on a machine with an NVIDIA GPU and driver")
 
 
-def check_static(root: Path, manifest: dict[str, Any]) -> list[str] | None:
+def check_static(root: Path, manifest: Manifest) -> list[str] | None:
     """Every import of every binary resolves inside the bundle, in the system allowlist or the driver set.
     For a Windows bundle, returns the system and driver DLLs its binaries import."""
-    if manifest["platform"].startswith("windows"):
+    if manifest.is_windows:
         return _check_static_pe(root, manifest)
-    if not manifest["platform"].startswith("linux"):
-        raise VerifyError(f"static verification of {manifest['platform']} bundles is not supported yet",
+    if not manifest.platform.startswith("linux"):
+        raise VerifyError(f"static verification of {manifest.platform} bundles is not supported yet",
                           fix="verify it on a llamabundle version with PE support")
     policy = linux_policy()
-    present = {f["path"] for f in manifest["files"]}
-    for entry in manifest["files"]:
-        f = root / entry["path"]
+    present = {f.path for f in manifest.files}
+    for entry in manifest.files:
+        f = root / entry.path
         if not elf.is_elf(f):
             continue
         info = elf.read_elf(f)
         for dep in info.needed:
             if dep in present or policy.classify(dep) is not LibClass.OTHER:
                 continue
-            raise VerifyError(f"{entry['path']} needs {dep}, which is neither in the bundle nor a system or driver library",
+            raise VerifyError(f"{entry.path} needs {dep}, which is neither in the bundle nor a system or driver library",
                               why="the bundle would fail to load on a clean machine", fix="rebuild the bundle")
         bad = [p for p in info.runpath if p not in ("$ORIGIN", "${ORIGIN}")]
         if bad:
-            raise VerifyError(f"{entry['path']} has RUNPATH {':'.join(info.runpath)}",
+            raise VerifyError(f"{entry.path} has RUNPATH {':'.join(info.runpath)}",
                               why="only $ORIGIN keeps a bundle relocatable", fix="rebuild the bundle")
     return None
 
 
-def _check_static_pe(root: Path, manifest: dict[str, Any]) -> list[str]:
+def _check_static_pe(root: Path, manifest: Manifest) -> list[str]:
     """The PE import closure of every .exe/.dll (imports and delay-imports, x64 only) stays inside the bundle."""
-    names = [e["path"] for e in manifest["files"]]
+    names = [e.path for e in manifest.files]
     for name in names:
         if elf.is_elf(root / name):
-            raise VerifyError(f"{name} is an ELF binary in a {manifest['platform']} bundle",
+            raise VerifyError(f"{name} is an ELF binary in a {manifest.platform} bundle",
                               why="a Windows bundle holds PE binaries only", fix="rebuild the bundle")
     closure = pe.resolve_closure([root / n for n in names if n.lower().endswith((".exe", ".dll"))], bundle_dir=root)
     missing = [f"{dll} (imported by {', '.join(by)}) is not in the bundle" for dll, by in closure.missing.items()]
@@ -260,14 +296,14 @@ def _check_static_pe(root: Path, manifest: dict[str, Any]) -> list[str]:
     return closure.system_deps
 
 
-def check_load(root: Path, manifest: dict[str, Any], report: VerifyReport, *, wine_prefix: Path | None = None) -> None:
-    if manifest["platform"] == "windows-x86_64" and host_platform_name() == "linux-x86_64":
+def check_load(root: Path, manifest: Manifest, report: VerifyReport, *, wine_prefix: Path | None = None) -> None:
+    if manifest.platform == "windows-x86_64" and host_platform_name() == "linux-x86_64":
         check_load_wine(root, report, prefix=wine_prefix or default_wine_prefix())
         return
-    if manifest["platform"] != host_platform_name():
-        report.levels["load"] = f"skipped: a {manifest['platform']} bundle cannot run on {host_platform_name()}"
+    if manifest.platform != host_platform_name():
+        report.levels["load"] = f"skipped: a {manifest.platform} bundle cannot run on {host_platform_name()}"
         return
-    exe_name = "llama-server.exe" if manifest["platform"].startswith("windows") else "llama-server"
+    exe_name = "llama-server.exe" if manifest.is_windows else "llama-server"
     exe = root / exe_name
     if not exe.is_file():
         raise VerifyError(f"the bundle has no {exe_name}", fix="include llama-server in the recipe's targets")

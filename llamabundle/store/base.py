@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from ..errors import UsageError
 
 if TYPE_CHECKING:
+    from ..manifest import Manifest
     from ..log import Log
     from ..net import Sink
     from ..recipe import Settings
@@ -20,7 +21,7 @@ class Entry:
     zip_name: str
     zip_sha256: str
     zip_size: int
-    manifest: dict[str, Any]
+    manifest: Manifest  # parsed and checked against the key (manifest.check_consistent) by lookup
     location: str  # where it lives, for messages
 
 
@@ -40,7 +41,9 @@ class Store(Protocol):
         given, is fed the zip's bytes in order as they arrive (net.Sink), to unpack while downloading."""
         ...
 
-    def publish(self, zip_path: Path, manifest: dict[str, Any]) -> Published: ...
+    def publish(self, zip_path: Path, manifest: Manifest) -> Published:
+        """Store the zip under manifest.key. The caller has checked the zip against the manifest (manifest.trust)."""
+        ...
 
 
 def open_store(url: str, *, settings: "Settings | None" = None, log: "Log | None" = None,

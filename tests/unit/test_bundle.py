@@ -24,9 +24,19 @@ from llamabundle.bundle import (
     unpack,
     write_manifest,
 )
+from llamabundle import manifest as manifest_mod
 from llamabundle.errors import VerifyError
 
-KEY = "ab" * 32
+try:
+    from tests.bundles import inputs_for, key_of
+except ImportError:  # pytest run without the project root on sys.path
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from tests.bundles import inputs_for, key_of
+
+INPUTS = inputs_for("bundle")
+KEY = key_of(INPUTS)
 FILES = {
     "llama-server": (b"\x7fELF fake server\n" * 50, 0o755, "exe"),
     "libggml-cpu.so": (b"cpu backend " * 300, 0o644, "backend"),
@@ -40,15 +50,15 @@ def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def make_bundle(root: Path, *, manifest: bool = True) -> dict[str, Any] | None:
+def make_bundle(root: Path, *, manifest: bool = True) -> manifest_mod.Manifest | None:
     root.mkdir(parents=True)
     for name, (data, mode, _) in FILES.items():
         (root / name).write_bytes(data)
         os.chmod(root / name, mode)
     if not manifest:
         return None
-    return write_manifest(root, {"name": "test", "key": KEY, "platform": "linux-x86_64",
-                                 "llama_cpp": {"commit": "0" * 40, "version": "b1"},
+    return write_manifest(root, {"name": "test", "key": KEY, "inputs": INPUTS, "platform": "linux-x86_64",
+                                 "llama_cpp": {"commit": INPUTS["commit"], "version": "b1"},
                                  "files": file_entries(root, ROLES), "built_at": "2024-01-01T00:00:00Z"})
 
 
@@ -99,14 +109,15 @@ def test_write_and_read_manifest_round_trip(tmp_path: Path) -> None:
     root = tmp_path / "b"
     written = make_bundle(root)
     assert written is not None
-    assert written["format"] == 1
-    assert written["tool"].startswith("llamabundle ")
+    assert written.to_json()["format"] == 1
+    assert written.tool is not None and written.tool.startswith("llamabundle ")
     on_disk = json.loads((root / MANIFEST).read_text())
-    assert on_disk == written
+    assert on_disk == written.to_json()
     assert list(on_disk) == sorted(on_disk)  # sort_keys: stable bytes
     read = read_manifest(root)
     assert read == written
-    assert [f["path"] for f in read["files"]] == ["LICENSE", "libggml-base.so", "libggml-cpu.so", "llama-server"]
+    assert [f.path for f in read.files] == ["LICENSE", "libggml-base.so", "libggml-cpu.so", "llama-server"]
+    assert read.key == KEY and read.inputs_key() == KEY
 
 
 @pytest.mark.parametrize("fmt", [2, 0, "1", None])
@@ -130,7 +141,7 @@ def test_read_manifest_refuses_bad_json_missing_keys_and_absence(tmp_path: Path)
     (root / MANIFEST).write_text("{not json")
     assert "not valid JSON" in expect_verify_error(read_manifest, root).what
     (root / MANIFEST).write_text("[1, 2]")
-    assert "unknown format" in expect_verify_error(read_manifest, root).what
+    assert expect_verify_error(read_manifest, root).what == "bundle.json is a list, not an object"
     (root / MANIFEST).unlink()
     assert "has no bundle.json" in expect_verify_error(read_manifest, root).what
 
@@ -185,14 +196,16 @@ def test_check_contents_catches_a_missing_file(tmp_path: Path) -> None:
     assert err.what == "libggml-base.so is listed in bundle.json but missing"
 
 
-@pytest.mark.parametrize("bad", ["../outside", "a/../../x", "/etc/passwd", "bundle.json", 7])
-def test_check_contents_refuses_an_invalid_path(tmp_path: Path, bad: Any) -> None:
+@pytest.mark.parametrize("bad", ["../outside", "a/../../x", "/etc/passwd", "bundle.json", "C:/x", "a\\b"])
+def test_a_manifest_listing_an_invalid_path_is_refused(tmp_path: Path, bad: Any) -> None:
     root = tmp_path / "b"
-    m = make_bundle(root)
+    make_bundle(root)
     (tmp_path / "outside").write_bytes(b"x")
+    m = json.loads((root / MANIFEST).read_text())
     m["files"].append({"path": bad, "sha256": sha(b"x"), "size": 1, "role": "exe"})
-    err = expect_verify_error(check_contents, root, m)
-    assert err.what == f"bundle.json lists an invalid path {bad!r}"
+    (root / MANIFEST).write_text(json.dumps(m))
+    err = expect_verify_error(read_manifest, root)
+    assert err.what == f"bundle.json: 'files[4].path' is {bad!r}, not a relative path inside the bundle"
 
 
 # ------------------------------------------------------------------------------------ pack

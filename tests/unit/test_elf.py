@@ -17,7 +17,17 @@ from llamabundle.deps.elf import ElfInfo, apply_closure, glibc_floor, read_elf, 
 from llamabundle.deps.policy import LibClass, Policy, linux_policy
 from llamabundle.errors import VerifyError
 from llamabundle.log import Log
+from llamabundle import manifest as manifest_mod
+from llamabundle.manifest import Manifest
 from llamabundle.verify import check_static
+
+try:
+    from tests import bundles as test_bundles
+except ImportError:  # pytest run without the project root on sys.path
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from tests import bundles as test_bundles
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is needed to build real ELF inputs")
 
@@ -70,8 +80,15 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
     return Built(products=products, system=system, bundle=bundle, closure=closure)
 
 
-def _manifest(root: Path) -> dict:
-    return {"platform": "linux-x86_64", "files": [{"path": p.name} for p in sorted(root.iterdir())]}
+def _manifest(root: Path, platform: str = "linux-x86_64") -> Manifest:
+    """The typed manifest of the files in root (as a build writes it), without writing bundle.json."""
+    roles = {p.name: "runtime" for p in root.iterdir()}
+    stage = root.parent / f".manifest-of-{root.name}"
+    shutil.rmtree(stage, ignore_errors=True)
+    shutil.copytree(root, stage)
+    m = test_bundles.write_bundle(stage, {}, roles, inputs=test_bundles.inputs_for("elf", platform=platform))
+    shutil.rmtree(stage)
+    return manifest_mod.parse(m)
 
 
 def _clean_env() -> dict[str, str]:
@@ -326,7 +343,7 @@ def test_check_static_accepts_the_driver_and_refuses_other_platforms(built: Buil
     shutil.copy(built.products / "libgpu.so", b / "libgpu.so")
     check_static(b, _manifest(b))  # libcuda.so.1 is the driver's; libc is the system's
     with pytest.raises(VerifyError) as e:
-        check_static(b, {"platform": "windows-x86_64", "files": [{"path": "libgpu.so"}]})
+        check_static(b, _manifest(b, "windows-x86_64"))
     assert e.value.exit_code == 5
     assert "windows-x86_64" in e.value.what
 

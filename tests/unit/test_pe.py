@@ -14,7 +14,16 @@ import pefile
 import pytest
 
 from llamabundle import bundle
+from llamabundle.manifest import Manifest
 from llamabundle.deps import pe
+
+try:
+    from tests import bundles as test_bundles
+except ImportError:  # pytest run without the project root on sys.path
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from tests import bundles as test_bundles
 from llamabundle.deps.pe import DllClass, read_pe, resolve_closure
 from llamabundle.errors import VerifyError
 from llamabundle.verify import Level, check_static, verify_bundle
@@ -118,13 +127,13 @@ def make_dir(tmp: Path, built: Built, *names: str) -> Path:
     return d
 
 
-def write_bundle(root: Path) -> dict:
+def write_bundle(root: Path) -> Manifest:
     """bundle.json for the PE files in root (as a build would write it)."""
     roles = {p.name: "exe" if p.suffix == ".exe" else "backend" if p.name.startswith("ggml") else "runtime"
              for p in root.iterdir() if p.name != bundle.MANIFEST}
-    return bundle.write_manifest(root, {"name": "windows-x86_64-test", "key": "a" * 64, "platform": "windows-x86_64",
-                                        "llama_cpp": {"commit": "0c1e57098bba43ac29e6e3b677cdceebdd22334f"},
-                                        "files": bundle.file_entries(root, roles)})
+    test_bundles.write_bundle(root, {}, roles, name="windows-x86_64-test",
+                              inputs=test_bundles.inputs_for("pe", platform="windows-x86_64"))
+    return bundle.read_manifest(root)
 
 
 # ------------------------------------------------------------------------------------------------ read_pe

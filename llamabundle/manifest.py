@@ -1,0 +1,350 @@
+"""bundle.json as typed, frozen values (DESIGN §5), and the one trust check every user of a bundle runs.
+
+`parse` is the only reader of a manifest's JSON: a wrong type or a missing field is a verification
+error (exit 5) that names the field. `trust` is the only check of a bundle against its manifest and
+against what the caller asked for: the format is known, the key is the sha256 of the inputs the
+manifest records, the recorded platform/commit/toolkit are those inputs, the key, platform, commit
+and toolkit are the ones asked for, and (given the files) every file has its size and sha256 and no
+file is outside the list. `verify`, `fetch`, `publish`, `install` and a build's cache hit all call it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from .errors import VerifyError
+
+MANIFEST = "bundle.json"
+FORMAT = 1
+ROLES = ("exe", "backend", "runtime", "license")
+PLATFORMS = ("linux-x86_64", "windows-x86_64")
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+_COMMIT = re.compile(r"[0-9a-f]{40}")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,99}")
+MAX_MANIFEST_BYTES = 16 << 20
+FIX = "do not use this bundle; fetch it again from a trusted store, or rebuild and publish it"
+
+
+class ManifestError(VerifyError):
+    """bundle.json is not a manifest this version can trust (exit 5); `field` names what is wrong."""
+
+    def __init__(self, what: str, *, field: str = "", why: str = "", fix: str = FIX) -> None:
+        super().__init__(what, why=why, fix=fix)
+        self.field = field
+
+
+@dataclass(frozen=True, kw_only=True)
+class FileEntry:
+    path: str
+    sha256: str
+    size: int
+    role: str
+    origin: str | None = None
+    why: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class CudaInfo:
+    toolkit: str
+    sass: tuple[str, ...]
+    ptx: tuple[str, ...]
+    driver_floor: str | None
+    nvcc: str | None = None
+
+    def archs_json(self) -> dict[str, list[str]]:
+        return {"sass": list(self.sass), "ptx": list(self.ptx)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class LlamaCpp:
+    commit: str
+    version: str | None = None
+    source: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Manifest:
+    name: str
+    key: str
+    inputs: Mapping[str, Any]  # read-only view; the canonical key inputs
+    llama_cpp: LlamaCpp
+    platform: str
+    backends: tuple[str, ...]
+    cuda: CudaInfo | None
+    files: tuple[FileEntry, ...]
+    system_deps: tuple[str, ...]
+    glibc_floor: str | None
+    publish_tag: str | None
+    tool: str | None
+    built_at: str | None
+    _raw: str  # the JSON as it was read, canonical (unknown fields of format 1 are kept)
+
+    @property
+    def is_windows(self) -> bool:
+        return self.platform.startswith("windows")
+
+    def file(self, path: str) -> FileEntry | None:
+        return next((f for f in self.files if f.path == path), None)
+
+    def to_json(self) -> dict[str, Any]:
+        """The manifest as it was read (a new copy: unknown fields of format 1 are kept)."""
+        data: dict[str, Any] = json.loads(self._raw)
+        return data
+
+    def text(self) -> str:
+        """bundle.json as the tool writes it."""
+        return json.dumps(self.to_json(), indent=2, sort_keys=True) + "\n"
+
+    def inputs_key(self) -> str:
+        """The sha256 of the recorded inputs: what the key must be."""
+        from .recipe import canonical_json
+
+        return hashlib.sha256(canonical_json(self.to_json()["inputs"]).encode()).hexdigest()
+
+
+# ------------------------------------------------------------------------------------- parsing
+
+
+def _fail(field: str, what: str) -> ManifestError:
+    return ManifestError(f"{MANIFEST}: '{field}' {what}", field=field,
+                         why="the manifest does not have the form of a bundle.json")
+
+
+def _obj(value: Any, field: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise _fail(field, f"is {_kind(value)}, not an object")
+    return value
+
+
+def _str(value: Any, field: str, *, pattern: re.Pattern[str] | None = None, optional: bool = False,
+         what: str = "") -> str | None:
+    if value is None and optional:
+        return None
+    if not isinstance(value, str):
+        raise _fail(field, f"is {_kind(value)}, not a string")
+    if pattern is not None and not pattern.fullmatch(value):
+        raise _fail(field, f"is {value[:80]!r}, not {what}")
+    return value
+
+
+def _strs(value: Any, field: str) -> tuple[str, ...]:
+    if not isinstance(value, list):
+        raise _fail(field, f"is {_kind(value)}, not a list")
+    for i, v in enumerate(value):
+        _str(v, f"{field}[{i}]")
+    return tuple(value)
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    return {bool: "a boolean", int: "a number", float: "a number", str: f"the string {str(value)[:40]!r}",
+            list: "a list", dict: "an object"}.get(type(value), type(value).__name__)
+
+
+def _freeze(value: Any) -> Any:
+    if isinstance(value, dict):
+        return MappingProxyType({k: _freeze(v) for k, v in value.items()})
+    if isinstance(value, list):
+        return tuple(_freeze(v) for v in value)
+    return value
+
+
+def parse(data: Any) -> Manifest:
+    """A manifest from decoded JSON. Raises ManifestError naming the first field that is wrong."""
+    if not isinstance(data, dict):
+        raise ManifestError(f"{MANIFEST} is {_kind(data)}, not an object", why="a bundle.json is one JSON object")
+    fmt = data.get("format")
+    if fmt != FORMAT or isinstance(fmt, bool):
+        raise ManifestError(f"{MANIFEST} has unknown format {fmt!r}", field="format",
+                            why=f"this llamabundle reads format {FORMAT}", fix="upgrade llamabundle")
+    for k in ("name", "key", "inputs", "llama_cpp", "platform", "files"):
+        if k not in data:
+            raise ManifestError(f"{MANIFEST} lacks '{k}'", field=k, why="every bundle.json records it")
+    name = _str(data["name"], "name", pattern=_NAME, what="a bundle name")
+    key = _str(data["key"], "key", pattern=_HEX64, what="64 lowercase hex digits")
+    inputs = _obj(data["inputs"], "inputs")
+    ll = _obj(data["llama_cpp"], "llama_cpp")
+    llama = LlamaCpp(commit=_str(ll.get("commit"), "llama_cpp.commit", pattern=_COMMIT, what="a 40-digit commit") or "",
+                     version=_str(ll.get("version"), "llama_cpp.version", optional=True),
+                     source=_str(ll.get("source"), "llama_cpp.source", optional=True))
+    platform = _str(data["platform"], "platform") or ""
+    if platform not in PLATFORMS:
+        raise ManifestError(f"{MANIFEST}: 'platform' is {platform[:40]!r}, which this llamabundle does not know",
+                            field="platform", why=f"known platforms: {', '.join(PLATFORMS)}", fix="upgrade llamabundle")
+    backends = _strs(data.get("backends", []), "backends")
+    cuda = None
+    if data.get("cuda") is not None:
+        c = _obj(data["cuda"], "cuda")
+        archs = _obj(c.get("archs", {}), "cuda.archs")
+        cuda = CudaInfo(toolkit=_str(c.get("toolkit"), "cuda.toolkit") or "",
+                        sass=_strs(archs.get("sass", []), "cuda.archs.sass"),
+                        ptx=_strs(archs.get("ptx", []), "cuda.archs.ptx"),
+                        driver_floor=_str(c.get("driver_floor"), "cuda.driver_floor", optional=True),
+                        nvcc=_str(c.get("nvcc"), "cuda.nvcc", optional=True))
+    if not isinstance(data["files"], list):
+        raise _fail("files", f"is {_kind(data['files'])}, not a list")
+    files: list[FileEntry] = []
+    seen: set[str] = set()
+    for i, f in enumerate(data["files"]):
+        where = f"files[{i}]"
+        f = _obj(f, where)
+        path = _str(f.get("path"), f"{where}.path") or ""
+        if (not path or path.startswith("/") or "\\" in path or ".." in path.split("/") or path == MANIFEST
+                or ":" in path.split("/")[0]):
+            raise _fail(f"{where}.path", f"is {path[:80]!r}, not a relative path inside the bundle")
+        if path.lower() in seen:
+            raise _fail(f"{where}.path", f"lists {path!r} twice")
+        seen.add(path.lower())
+        size = f.get("size")
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise _fail(f"{where}.size", f"is {_kind(size)}, not a size in bytes")
+        role = _str(f.get("role"), f"{where}.role") or ""
+        if role not in ROLES:
+            raise _fail(f"{where}.role", f"is {role[:40]!r}, not one of {', '.join(ROLES)}")
+        files.append(FileEntry(path=path, sha256=_str(f.get("sha256"), f"{where}.sha256", pattern=_HEX64,
+                                                      what="64 lowercase hex digits") or "",
+                               size=size, role=role, origin=_str(f.get("origin"), f"{where}.origin", optional=True),
+                               why=_str(f.get("why"), f"{where}.why", optional=True)))
+    publish = data.get("publish")
+    tag = None
+    if publish is not None:
+        tag = _str(_obj(publish, "publish").get("tag"), "publish.tag", optional=True)
+    toolchain = data.get("toolchain")
+    if toolchain is not None:
+        _obj(toolchain, "toolchain")
+    return Manifest(name=name or "", key=key or "", inputs=_freeze(inputs), llama_cpp=llama, platform=platform,
+                    backends=backends, cuda=cuda, files=tuple(files),
+                    system_deps=_strs(data.get("system_deps") or [], "system_deps"),
+                    glibc_floor=_str(data.get("glibc_floor"), "glibc_floor", optional=True),
+                    publish_tag=tag, tool=_str(data.get("tool"), "tool", optional=True),
+                    built_at=_str(data.get("built_at"), "built_at", optional=True), _raw=json.dumps(data, sort_keys=True))
+
+
+def loads(raw: bytes | str, *, where: str = MANIFEST) -> Manifest:
+    """Parse bundle.json's bytes (UTF-8 JSON). `where` names it in messages (a path, a zip member, a release)."""
+    if isinstance(raw, bytes):
+        if len(raw) > MAX_MANIFEST_BYTES:
+            raise ManifestError(f"{where} is larger than {MAX_MANIFEST_BYTES >> 20} MiB",
+                                why="a bundle.json is a few KiB")
+        try:
+            raw = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ManifestError(f"{where} is not UTF-8 text", why=str(e)) from None
+    try:
+        data = json.loads(raw)
+    except ValueError as e:
+        raise ManifestError(f"{where} is not valid JSON", why=str(e)[:200]) from None
+    try:
+        return parse(data)
+    except ManifestError as e:
+        if where != MANIFEST:
+            e.what = e.what.replace(MANIFEST, where, 1)
+            e.args = (e.what,)
+        raise
+
+
+def read(root: Path) -> Manifest:
+    """The manifest at the root of an unpacked bundle."""
+    path = root / MANIFEST
+    if not path.is_file():
+        raise ManifestError(f"{root} has no {MANIFEST}", why="every bundle carries its manifest at the root",
+                            fix="this is not a llamabundle bundle, or it is incomplete")
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise ManifestError(f"cannot read {path}", why=e.strerror or str(e), fix="check its permissions") from None
+    return loads(raw)
+
+
+# ---------------------------------------------------------------------------------------- trust
+
+
+@dataclass(frozen=True, kw_only=True)
+class Expect:
+    """What the caller asked for; None: not asked (the manifest's own consistency is still checked)."""
+    key: str | None = None
+    platform: str | None = None
+    commit: str | None = None
+    toolkit: str | None = None
+
+
+ANYTHING = Expect()  # nothing asked for: the manifest's own consistency (and the files) only
+
+
+def check_consistent(m: Manifest, expect: Expect = ANYTHING) -> None:
+    """The manifest against its own inputs and against what was asked for (no file is read)."""
+    inputs = m.inputs
+    recorded_cuda = inputs.get("cuda")
+    for ok, what, why in [
+        (m.inputs_key() == m.key, f"its key {m.key[:12]} is not the sha256 of the inputs its {MANIFEST} records",
+         "the manifest was edited, or its inputs are not what the bundle was built from"),
+        (inputs.get("platform", m.platform) == m.platform,
+         f"it says platform {m.platform}, its inputs say {inputs.get('platform')}", "the manifest was edited"),
+        (inputs.get("commit", m.llama_cpp.commit) == m.llama_cpp.commit,
+         f"it says llama.cpp {m.llama_cpp.commit[:12]}, its inputs say {str(inputs.get('commit'))[:12]}",
+         "the manifest was edited"),
+        ((recorded_cuda.get("toolkit") if isinstance(recorded_cuda, Mapping) else None)
+         == (m.cuda.toolkit if m.cuda else None) or "cuda" not in inputs,
+         (f"it says CUDA {m.cuda.toolkit if m.cuda else 'none'}, its inputs say "
+          f"{recorded_cuda.get('toolkit') if isinstance(recorded_cuda, Mapping) else 'none'}"), "the manifest was edited"),
+        (expect.key is None or m.key == expect.key, f"its {MANIFEST} names key {m.key[:12]}, not {(expect.key or '')[:12]}",
+         "it is stored under a key that is not its own"),
+        (expect.platform is None or m.platform == expect.platform,
+         f"it is built for {m.platform}, not {expect.platform}", "a bundle runs only on its own platform"),
+        (expect.commit is None or m.llama_cpp.commit == expect.commit,
+         f"it holds llama.cpp {m.llama_cpp.commit}, expected {expect.commit}", "the commit differs"),
+        (expect.toolkit is None or (m.cuda is not None and m.cuda.toolkit == expect.toolkit),
+         f"it was built with CUDA {m.cuda.toolkit}, expected {expect.toolkit}" if m.cuda
+         else f"it was built without CUDA, expected CUDA {expect.toolkit}", "the toolkit differs"),
+    ]:
+        if not ok:
+            raise ManifestError(f"bundle {m.key[:12]} refused: {what}", why=why)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ContentCheck:
+    files: int
+    bytes: int
+
+
+def check_files(root: Path, m: Manifest, *, hashes: Mapping[str, str] | None = None) -> ContentCheck:
+    """Every listed file exists with its size and sha256; no file outside the list. `hashes` (path -> sha256)
+    are digests of files just written by an unpack that hashed them as it went, so they are not read again."""
+    from .bundle import sha256_file, walk
+
+    listed = {f.path: f for f in m.files}
+    present = set(walk(root)) - {MANIFEST}
+    extra = sorted(present - set(listed))
+    if extra:
+        raise VerifyError(f"{extra[0]} is in the bundle but not in {MANIFEST}" + (f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""),
+                          why="a bundle holds exactly the files its manifest lists", fix=FIX)
+    total = 0
+    for path, entry in sorted(listed.items()):
+        f = root / path
+        if f.is_symlink() or not f.is_file():
+            raise VerifyError(f"{path} is listed in {MANIFEST} but " + ("is not a regular file" if f.exists() or f.is_symlink()
+                                                                          else "missing"), fix="fetch or rebuild the bundle")
+        size = f.stat().st_size
+        if size != entry.size:
+            raise VerifyError(f"{path} has size {size}, {MANIFEST} says {entry.size}",
+                              why="the file was changed after the bundle was made", fix="fetch or rebuild the bundle")
+        got = hashes[path] if hashes is not None and path in hashes else sha256_file(f)
+        if got != entry.sha256:
+            raise VerifyError(f"{path} does not match its sha256 in {MANIFEST}",
+                              why="the file was changed after the bundle was made", fix="fetch or rebuild the bundle")
+        total += size
+    return ContentCheck(files=len(listed), bytes=total)
+
+
+def trust(m: Manifest, root: Path | None = None, expect: Expect = ANYTHING, *,
+          hashes: Mapping[str, str] | None = None) -> ContentCheck | None:
+    """The one trust check (DESIGN §5): consistency and what was asked for, then (root given) the files."""
+    check_consistent(m, expect)
+    return check_files(root, m, hashes=hashes) if root is not None else None
