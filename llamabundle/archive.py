@@ -11,6 +11,7 @@ import zipfile
 import zlib
 from pathlib import Path, PurePosixPath
 
+from . import scratch
 from .errors import VerifyError
 
 MAX_TOTAL_BYTES = 16 * 1024**3
@@ -124,11 +125,15 @@ def extract_tar(archive: Path, dest: Path, *, select: str | None = None) -> None
         raise
 
 
+def partial_prefix(dest: Path) -> str:
+    """The name prefix of the directories an extraction into `dest` fills first (`.NAME.partial-<owner>`)."""
+    return f".{dest.name}.partial-"
+
+
 def _tmp_beside(dest: Path) -> Path:
+    """A new directory beside dest, owned by this process, after removing those of dead owners."""
     if dest.exists():
         raise FileExistsError(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.parent / f".{dest.name}.partial-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    return tmp
+    scratch.sweep(dest.parent, [partial_prefix(dest)])
+    return scratch.make_dir(dest.parent, partial_prefix(dest))

@@ -21,8 +21,15 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from .archive import MAX_MEMBERS, MAX_RATIO, MAX_TOTAL_BYTES, RATIO_FLOOR, UnsafeArchive, _safe_name
-from .errors import VerifyError
+from .archive import (
+    MAX_MEMBERS,
+    MAX_RATIO,
+    MAX_TOTAL_BYTES,
+    RATIO_FLOOR,
+    UnsafeArchive,
+    _safe_name,
+)
+from .errors import VerifyError, from_os_error
 
 LOCAL = b"PK\x03\x04"
 CENTRAL = b"PK\x01\x02"
@@ -80,6 +87,11 @@ class ZipStream:
         except NotStreamable:
             self.discard()
             self.streamable = False
+        except OSError as e:  # the destination's disk (full, read-only): name the file that could not be written
+            if e.filename is None:
+                e.filename = str(self.dest / self.cur["name"]) if self.cur is not None else str(self.dest)
+            self.discard()
+            raise from_os_error(e, doing="write") from None
         except BaseException:
             self.discard()  # a refused member leaves nothing behind
             raise
