@@ -15,7 +15,7 @@ from typing import Any, NoReturn
 import click
 
 from . import __version__, cli_json
-from .errors import LlamaBundleError
+from .errors import LlamaBundleError, from_os_error
 from .log import Log
 from .recipe import Recipe, Settings, canonical_json, json_schema, load_recipe, shipped_recipes
 from .lazy import lazy_import
@@ -252,7 +252,8 @@ def fetch(c: Ctx, what: str, store_url: str | None, out: Path, level: str, as_js
     is_key = re.fullmatch(r"[0-9a-f]{64}", what) is not None and not os.path.exists(what)
     r = None if is_key else load_recipe(Path(what))  # anything else is a recipe path (exit 2 if not)
     key_ = what if r is None else r.key()
-    outcome = pipeline.fetch(key_, store=c.store(store_url, r), settings=c.settings, log=c.log, out=out, level=verify_mod.Level(level))
+    outcome = pipeline.fetch(key_, store=c.store(store_url, r), settings=c.settings, log=c.log, out=out,
+                             level=verify_mod.Level(level), expect=pipeline.expect_for(r) if r is not None else None)
     if as_json:
         _emit(outcome.to_json(fetch=True))
         return
@@ -286,7 +287,7 @@ def verify(c: Ctx, path: Path, level: str, require_gpu: bool, as_json: bool) -> 
 def publish(c: Ctx, path: Path, store_url: str | None, as_json: bool) -> None:
     """Verify a bundle zip and publish it to the store."""
     store = c.store(store_url)
-    report, done = pipeline.publish_zip(path, store=store)
+    report, done = pipeline.publish_zip(path, store=store, settings=c.settings)
     if as_json:
         _emit({"key": report.key, "created": done.created, "store": store.url, "location": done.entry.location,
                "verify": report.to_json()})
@@ -298,7 +299,10 @@ def publish(c: Ctx, path: Path, store_url: str | None, as_json: bool) -> None:
 def _run(args: list[str]) -> None:
     """The command; under --json a failure also prints its JSON object on stdout (then main() reports it)."""
     try:
-        cli.main(args=args, prog_name="llamabundle", standalone_mode=False)
+        try:
+            cli.main(args=args, prog_name="llamabundle", standalone_mode=False)
+        except OSError as e:  # a full, read-only or missing disk path that no step named: still one clear message
+            raise from_os_error(e) from e
     except SystemExit:
         raise
     except BaseException as e:

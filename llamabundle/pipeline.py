@@ -5,36 +5,50 @@ from __future__ import annotations
 import fnmatch
 import glob
 import hashlib
-import json
 import os
 import re
-import zipfile
-from importlib import resources
 import shutil
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from filelock import FileLock, Timeout
 
 from . import bundle as bundle_mod
+from . import data, proc, scratch, zipstream
+from . import manifest as manifest_mod
 from . import source as source_mod
-from . import data, proc, zipstream
 from .archive import _tmp_beside, extract_zip
+from .build import (
+    BuildPlan,
+    BuildTools,
+    library_file,
+    plan_build,
+    resolve_tools,
+    run_build,
+)
 from .compilers import check_host
-from .build import BuildPlan, BuildTools, library_file, plan_build, resolve_tools, run_build
 from .cudabin import binary_archs
 from .deps import elf, pe
 from .deps.policy import linux_policy
 from .errors import LlamaBundleError, ToolchainError, UsageError, VerifyError
 from .log import Log
+from .manifest import Expect, Manifest
 from .recipe import Recipe, Settings
 from .store.base import Entry, Published, Store
 from .toolkit.layout import Toolkit
 from .toolkit.resolve import check_toolkit, resolve_toolkit
-from .verify import Level, Naming, VerifyReport, host_platform_name, verify_bundle, verify_unpacked
+from .verify import SCRATCH as VERIFY_SCRATCH
+from .verify import (
+    Level,
+    Naming,
+    VerifyReport,
+    host_platform_name,
+    verify_bundle,
+    verify_unpacked,
+)
 
 LICENSE_FILES = {"LICENSE": "LICENSE", "licenses/LICENSE-jsonhpp": "LICENSE-jsonhpp"}
 
@@ -46,7 +60,7 @@ class BuildOutcome:
     key: str
     hit: bool  # the store had it: fetched and verified, nothing built
     zip_path: Path
-    manifest: dict[str, Any]
+    manifest: Manifest
     verify: VerifyReport
     store: str = ""  # the store's URL
     location: str | None = None  # where the store keeps the bundle (None: it was not stored)
@@ -63,6 +77,21 @@ class BuildOutcome:
             return out
         return {**out, "hit": self.hit, "bundled_libs": self.bundled_libs, "compiled": self.compiled,
                 "reproducible": self.reproducible}
+
+
+TMP_PREFIXES = ("stage-", "repro-", "unpack-", VERIFY_SCRATCH, source_mod.TMP_PREFIX)  # what commands make in <cache>/tmp
+
+
+def sweep_cache(settings: Settings) -> None:
+    """Remove what killed runs left in the cache: their scratch directories in <cache>/tmp (never a live
+    run's). Every command that uses the cache calls this first."""
+    scratch.sweep(settings.cache_dir / "tmp", TMP_PREFIXES)
+
+
+def expect_for(recipe: Recipe) -> Expect:
+    """What a bundle of this recipe must be: its key, platform, commit and toolkit."""
+    return Expect(key=recipe.key(), platform=recipe.platform, commit=recipe.llama_cpp.commit,
+                  toolkit=recipe.cuda.toolkit if recipe.cuda else None)
 
 
 def build_dir_for(recipe: Recipe, settings: Settings, tools: BuildTools, cuda_root: Path | None = None) -> Path:
@@ -103,13 +132,13 @@ def build(recipe: Recipe, *, settings: Settings, store: Store, log: Log, env: Ma
     fails (exit 5) naming the files that differ and where, unless both zips are byte-identical."""
     key = recipe.key()
     force = force or check_reproducible
-    if out is not None and out.exists() and any(out.iterdir()):
-        raise UsageError(f"--out {out} exists and is not empty", fix="pass a new or empty directory")
+    _check_out(out)
+    sweep_cache(settings)
     if not force:
         entry = store.lookup(key)
         if entry is not None:
             log.info(f"cache hit: {key[:12]} in {store.url}")
-            return _from_store(entry, store=store, settings=settings, log=log, out=out)
+            return _from_store(entry, store=store, settings=settings, log=log, out=out, expect=expect_for(recipe))
         log.info(f"cache miss: {key[:12]} not in {store.url}; building")
     if not can_build_here(recipe):
         raise UsageError(f"{recipe.platform} bundles cannot be built on {host_platform_name()} by this version",
@@ -127,7 +156,7 @@ def build(recipe: Recipe, *, settings: Settings, store: Store, log: Log, env: Ma
             entry = store.lookup(key)
             if entry is not None:  # the process we waited for stored it
                 log.info(f"cache hit: {key[:12]} in {store.url} (stored while we waited)")
-                return _from_store(entry, store=store, settings=settings, log=log, out=out)
+                return _from_store(entry, store=store, settings=settings, log=log, out=out, expect=expect_for(recipe))
         return _build_locked(recipe, key=key, settings=settings, store=store, log=log, env=env, publish=publish,
                              out=out, jobs=jobs, clean=clean, toolkit_source=toolkit_source,
                              check_reproducible=check_reproducible)
@@ -156,7 +185,7 @@ def _build_locked(recipe: Recipe, *, key: str, settings: Settings, store: Store,
     cuda_root = toolkit.root if toolkit else None
     sde = settings.source_date_epoch if settings.source_date_epoch is not None else src.commit_time
     if sde is None:
-        log.warn("the commit's date is unknown (this source does not prove it): built_at and the zip's timestamps "
+        log.warning("the commit's date is unknown (this source does not prove it): built_at and the zip's timestamps "
                  "come from the clock, so the bundle is not reproducible; set SOURCE_DATE_EPOCH to fix them")
     build_env = {**env, "SOURCE_DATE_EPOCH": str(sde)} if sde is not None else env
     plan = plan_build(recipe, source_dir=src.path, build_dir=build_dir_for(recipe, settings, tools, cuda_root), tools=tools,
@@ -170,7 +199,7 @@ def _build_locked(recipe: Recipe, *, key: str, settings: Settings, store: Store,
     out_zip = settings.cache_dir / "out" / zip_name(recipe)
     manifest, closure = _package(made, plan, result, out_zip, settings=settings, log=log)
     with log.step(f"verify ({verify_level_for(recipe.platform)})"):
-        report = verify_bundle(out_zip, level=verify_level_for(recipe.platform))
+        report = verify_bundle(out_zip, level=verify_level_for(recipe.platform), expect=expect_for(recipe))
         _log_report(report, log)
     outcome = BuildOutcome(key=key, hit=False, zip_path=out_zip, manifest=manifest, verify=report, store=store.url,
                            bundled_libs={k: str(v) for k, v in closure.bundled.items()}, compiled=result.compiled)
@@ -183,7 +212,7 @@ def _build_locked(recipe: Recipe, *, key: str, settings: Settings, store: Store,
             if not published.created:
                 log.info("    an identical key was already stored by another run; kept that one")
     if out is not None:
-        outcome.out_dir = _unpack_to(out_zip, out)
+        outcome.out_dir = _unpack_to(out_zip, out, expect_for(recipe))
         log.info(f"bundle unpacked in {out}")
     return outcome
 
@@ -201,13 +230,12 @@ class Made:
 
 
 def _package(made: Made, plan: BuildPlan, result: Any, out_zip: Path, *, settings: Settings,
-             log: Log) -> tuple[dict[str, Any], elf.Closure | WindowsCollected]:
+             log: Log) -> tuple[Manifest, elf.Closure | WindowsCollected]:
     """Collect the build's products and their runtime libraries, write bundle.json, pack the zip."""
     recipe, tools, checked = made.recipe, made.tools, made.checked
-    work = settings.cache_dir / "tmp"
-    work.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=work, prefix="stage-") as tmp:
-        stage = Path(tmp) / "bundle"
+    tmp = scratch.make_dir(settings.cache_dir / "tmp", "stage-")
+    try:
+        stage = tmp / "bundle"
         stage.mkdir()
         with log.step("collect runtime libraries"):
             if recipe.platform.startswith("windows"):
@@ -235,15 +263,16 @@ def _package(made: Made, plan: BuildPlan, result: Any, out_zip: Path, *, setting
         manifest = bundle_mod.write_manifest(stage, manifest_fields)
         with log.step("pack"):
             bundle_mod.pack(stage, out_zip, source_date_epoch=made.sde)
-            log.info(f"    {out_zip} ({out_zip.stat().st_size / 1e6:.1f} MB, {len(manifest['files'])} files)")
+            log.info(f"    {out_zip} ({out_zip.stat().st_size / 1e6:.1f} MB, {len(manifest.files)} files)")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return manifest, closure
 
 
 def _rebuild_elsewhere(made: Made, zip_a: Path, *, jobs: int | None, settings: Settings, log: Log,
                        env: Mapping[str, str]) -> dict[str, Any]:
     """Build again from a copy of the source at another path, in a new build directory; compare the zips."""
-    work = settings.cache_dir / "tmp" / f"repro-{os.getpid()}"
-    shutil.rmtree(work, ignore_errors=True)
+    work = scratch.make_dir(settings.cache_dir / "tmp", "repro-")
     try:
         with log.step("second build elsewhere (reproducibility check)"):
             src_b = work / "elsewhere" / "src" / "llama.cpp"
@@ -421,29 +450,42 @@ def llama_version(build_dir: Path) -> str | None:
 
 
 def _from_store(entry: Entry, *, store: Store, settings: Settings, log: Log, out: Path | None,
-                level: Level | None = None) -> BuildOutcome:
+                level: Level | None = None, expect: Expect | None = None) -> BuildOutcome:
     """Download, unpack and verify in one pass over the bytes (zipstream), then move into `out` (when given).
-    The zip stays in the cache; nothing is left in `out` unless everything passed."""
+    The zip stays in the cache; nothing is left in `out` unless everything passed. The unpacked bundle is
+    trusted (manifest.trust) against `expect` (default: the entry's key) and must be the manifest the store
+    listed."""
     dest = settings.cache_dir / "fetched" / entry.key
-    level = level or verify_level_for(entry.manifest.get("platform", ""))
-    target = out if out is not None else settings.cache_dir / "tmp" / f"unpack-{entry.key[:16]}-{os.getpid()}"
+    expect = expect or Expect(key=entry.key)
+    manifest_mod.check_consistent(entry.manifest, expect)  # before a byte is downloaded
+    level = level or verify_level_for(entry.manifest.platform)
     if out is not None and out.exists():
         out.rmdir()  # empty (checked before any work)
-    tmp = _tmp_beside(target)
+    if out is not None:
+        tmp = _tmp_beside(out)
+    else:
+        tmp = scratch.make_dir(settings.cache_dir / "tmp", "unpack-")
     # messages name --out (or the stored zip), never the directory the bundle is checked in before the rename
     naming = Naming.of([tmp], out if out is not None else entry.location, is_zip=out is None, partial=False)
     stream = zipstream.Pipelined(zipstream.ZipStream(tmp, label=entry.zip_name))
     try:
         with log.step("fetch from the store"):
-            zip_path = store.fetch(entry, dest, sink=stream)
             try:
-                hashes: dict[str, str] | None = {m.name: m.sha256 for m in stream.finish()}
-            except zipstream.NotStreamable:
-                extract_zip(zip_path, tmp)
-                hashes = None
+                zip_path = store.fetch(entry, dest, sink=stream)
+                try:
+                    hashes: dict[str, str] | None = {m.name: m.sha256 for m in stream.finish()}
+                except zipstream.NotStreamable:
+                    extract_zip(zip_path, tmp)
+                    hashes = None
+            except LlamaBundleError as e:
+                naming.error(e)  # a full --out names --out, not the directory it is unpacked in first
+                raise
         with log.step(f"verify ({level})"):
             try:
-                manifest, check = bundle_mod.check_unpacked(tmp, hashes=hashes)
+                manifest, check = bundle_mod.check_unpacked(tmp, hashes=hashes, expect=expect)
+                if manifest.to_json() != entry.manifest.to_json():
+                    raise VerifyError(f"the bundle.json inside {entry.zip_name} is not the one {store.url} lists",
+                                      why="the store's manifest and the zip's disagree", fix="publish the bundle again")
                 report = naming.report(verify_unpacked(tmp, manifest, check, level=level, label=str(zip_path)))
             except LlamaBundleError as e:
                 naming.error(e)
@@ -462,27 +504,54 @@ def _from_store(entry: Entry, *, store: Store, settings: Settings, log: Log, out
     return outcome
 
 
-def fetch(key: str, *, store: Store, settings: Settings, log: Log, out: Path, level: Level = Level.STATIC) -> BuildOutcome:
+def fetch(key: str, *, store: Store, settings: Settings, log: Log, out: Path, level: Level = Level.STATIC,
+          expect: Expect | None = None) -> BuildOutcome:
+    """The store's bundle `key`, trusted against `expect` (a recipe's: key, platform, commit, toolkit)."""
+    _check_out(out)
+    sweep_cache(settings)
     entry = store.lookup(key)
     if entry is None:
         raise UsageError(f"no bundle with key {key[:12]} in {store.url}", fix="build it first: llamabundle build RECIPE")
-    if out.exists() and any(out.iterdir()):
+    return _from_store(entry, store=store, settings=settings, log=log, out=out, level=level, expect=expect)
+
+
+def _check_out(out: Path | None) -> None:
+    """--out must be a new or empty directory whose parent can be written; checked before any work."""
+    if out is None:
+        return
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} is not a directory", fix="pass a new or empty directory")
+    if out.is_dir() and any(out.iterdir()):
         raise UsageError(f"--out {out} exists and is not empty", fix="pass a new or empty directory")
-    return _from_store(entry, store=store, settings=settings, log=log, out=out, level=level)
+    parent = out.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not os.access(parent, os.W_OK) or _read_only(parent):
+        raise UsageError(f"--out {out} cannot be written", why=f"{parent} is read-only",
+                         fix="pass a directory on a writable disk")
 
 
-def publish_zip(zip_path: Path, *, store: Store) -> tuple[VerifyReport, Published]:
-    """Verify a bundle zip (static) and put it in the store under the key its manifest names."""
-    report = verify_bundle(zip_path, level=Level.STATIC)
-    with zipfile.ZipFile(zip_path) as zf:  # verified above against every file it lists
-        manifest = json.loads(zf.read(bundle_mod.MANIFEST))
-    return report, store.publish(zip_path, manifest)
+def _read_only(path: Path) -> bool:
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except (OSError, AttributeError):
+        return False
 
 
-def _unpack_to(zip_path: Path, out: Path) -> Path:
+def publish_zip(zip_path: Path, *, store: Store, settings: Settings | None = None) -> tuple[VerifyReport, Published]:
+    """Verify a bundle zip (static; the one trust check) and put it in the store under the key its manifest
+    names, which is the sha256 of the inputs it records."""
+    if settings is not None:
+        sweep_cache(settings)
+    verified: list[Manifest] = []
+    report = verify_bundle(zip_path, level=Level.STATIC, verified=verified)
+    return report, store.publish(zip_path, verified[0])
+
+
+def _unpack_to(zip_path: Path, out: Path, expect: Expect) -> Path:
     if out.exists():
         out.rmdir()  # empty (checked before any work)
-    bundle_mod.unpack(zip_path, out)
+    bundle_mod.unpack(zip_path, out, expect)
     return out
 
 

@@ -18,6 +18,12 @@ from llamabundle.cli import cli, main
 from llamabundle.recipe import canonical_json, load_recipe
 from clirun import run  # noqa: E402
 
+try:
+    from tests import bundles as test_bundles
+except ImportError:  # pytest run without the project root on sys.path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from tests import bundles as test_bundles
+
 ROOT = Path(__file__).resolve().parents[2]
 LINUX = ROOT / "recipes" / "linux-x86_64-cpu.yaml"
 WINDOWS = ROOT / "recipes" / "windows-x86_64-cuda12.8.yaml"
@@ -36,16 +42,14 @@ ROLES = {"llama-server": "exe", "LICENSE": "license"}
 
 
 def make_bundle_dir(tmp: Path, key: str = LINUX_KEY) -> tuple[Path, dict]:
+    """A bundle of the shipped Linux recipe (its inputs, so its key is the recipe's); another `key` gives a
+    manifest that names that key over the recipe's inputs (a re-keyed bundle)."""
     stage = tmp / "stage"
-    stage.mkdir(parents=True)
-    for rel, data in FILES.items():
-        (stage / rel).write_bytes(data)
-    (stage / "llama-server").chmod(0o755)
-    manifest = bundle.write_manifest(stage, {
-        "name": "linux-x86_64-cpu", "key": key, "platform": "linux-x86_64",
-        "llama_cpp": {"commit": "0c1e57098bba43ac29e6e3b677cdceebdd22334f"},
-        "files": bundle.file_entries(stage, ROLES),
-    })
+    manifest = test_bundles.write_bundle(stage, FILES, ROLES, name="linux-x86_64-cpu",
+                                         inputs=test_bundles.inputs_of(load_recipe(LINUX)), executables=("llama-server",))
+    if key != manifest["key"]:
+        manifest["key"] = key
+        (stage / bundle.MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     return stage, manifest
 
 

@@ -244,12 +244,12 @@ def test_install_list_uninstall_probe_doctor(tmp_path: Path, capsys: pytest.Capt
     m = publish_cuda(tmp_path / "store", tmp_path)
     data_dir = tmp_path / "data"
     smi = fake_smi(tmp_path / "bin", OLD)
-    inst = json_of(capsys, "install", "install", "--store", tmp_path / "store", "--key", m["key"], "--dest", data_dir)
-    assert inst["key"] == m["key"] and ISO.match(inst["installed_at"]) and inst["reused"] is False
-    again = json_of(capsys, "install", "install", "--store", tmp_path / "store", "--key", m["key"], "--dest", data_dir)
+    inst = json_of(capsys, "install", "install", "--store", tmp_path / "store", "--key", m.key, "--dest", data_dir)
+    assert inst["key"] == m.key and ISO.match(inst["installed_at"]) and inst["reused"] is False
+    again = json_of(capsys, "install", "install", "--store", tmp_path / "store", "--key", m.key, "--dest", data_dir)
     assert again["reused"] is True and again["installed_at"] == inst["installed_at"]
     listed = json_of(capsys, "list", "list", "--dest", data_dir)
-    assert [b["key"] for b in listed["bundles"]] == [m["key"]] and listed["bundles"][0]["installed_at"] == inst["installed_at"]
+    assert [b["key"] for b in listed["bundles"]] == [m.key] and listed["bundles"][0]["installed_at"] == inst["installed_at"]
 
     probe = json_of(capsys, "probe", "probe", "--dest", data_dir, "--nvidia-smi", smi, "--max-age", "0")
     assert probe["reason"] == "driver_too_old" and ISO.match(probe["probed_at"])
@@ -258,10 +258,11 @@ def test_install_list_uninstall_probe_doctor(tmp_path: Path, capsys: pytest.Capt
     doctor = json_of(capsys, "doctor", "doctor", "--dest", data_dir, "--nvidia-smi", smi)
     assert doctor["last_probe"]["probed_at"] == probe["probed_at"] and doctor["bundles"][0]["driver_ok"] is False
     code, out, _ = run(capsys, "doctor", "--dest", data_dir, "--nvidia-smi", smi)
-    assert code == 0 and f"at {probe['probed_at']}" in out and "None" not in out
+    # its last probe is the one the doctor before it made (and cached)
+    assert code == 0 and f"at {doctor['probe']['probed_at']}" in out and "None" not in out
 
-    gone = json_of(capsys, "uninstall", "uninstall", m["key"], "--dest", data_dir)
-    assert gone["removed"]["key"] == m["key"]
+    gone = json_of(capsys, "uninstall", "uninstall", m.key, "--dest", data_dir)
+    assert gone["removed"]["key"] == m.key
     assert json_of(capsys, "list", "list", "--dest", data_dir)["bundles"] == []
 
 
@@ -269,14 +270,14 @@ def test_install_if_needed_is_a_probe_result(tmp_path: Path, monkeypatch: pytest
                                              capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("PATH", str(tmp_path / "nothing"))  # no nvidia-smi: gpu_missing, nothing installed
     m = publish_cuda(tmp_path / "store", tmp_path)
-    data = json_of(capsys, "install", "install", "--store", tmp_path / "store", "--key", m["key"], "--dest",
+    data = json_of(capsys, "install", "install", "--store", tmp_path / "store", "--key", m.key, "--dest",
                    tmp_path / "data", "--if-needed")
     assert data["reason"] == "gpu_missing" and not (tmp_path / "data" / "bundles").exists()
 
 
 def test_install_of_a_cpu_bundle_expecting_cuda_never_says_none(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     m = publish_cuda(tmp_path / "store", tmp_path, backends=("cpu",))
-    data = json_of(capsys, "error", "install", "--store", tmp_path / "store", "--key", m["key"], "--dest",
+    data = json_of(capsys, "error", "install", "--store", tmp_path / "store", "--key", m.key, "--dest",
                    tmp_path / "data", "--expect-toolkit", "13.0.2", code=5)
     assert "it was built without CUDA, expected CUDA 13.0.2" in data["error"]["what"]
     assert "None" not in json.dumps(data["error"])

@@ -17,10 +17,22 @@ import pytest
 import test_store_github as tsg
 
 from llamabundle import bundle, pipeline, zipstream
+from llamabundle import manifest as manifest_mod
+from llamabundle.manifest import Manifest
 from llamabundle.archive import UnsafeArchive
 from llamabundle.errors import VerifyError
 from llamabundle.recipe import Settings
 from llamabundle.verify import Level
+
+try:
+    from tests.bundles import inputs_for, key_of
+    from tests.bundles import make_zip as make_bundle_zip
+except ImportError:  # pytest run without the project root on sys.path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from tests.bundles import inputs_for, key_of
+    from tests.bundles import make_zip as make_bundle_zip
+
+KEY = key_of(inputs_for("zipstream"))
 
 try:
     from tests.fakegithub import FakeGitHub
@@ -172,16 +184,10 @@ def test_a_declared_size_over_the_limit_is_refused_before_inflating(tmp_path: Pa
 # ------------------------------------------------------------------- fetch: download + unpack in one pass
 
 
-def make_bundle(tmp: Path, files: dict[str, bytes]) -> tuple[Path, dict[str, Any]]:
-    stage = tmp / "stage"
-    stage.mkdir()
-    for rel, data in files.items():
-        (stage / rel).write_bytes(data)
+def make_bundle(tmp: Path, files: dict[str, bytes]) -> tuple[Path, Manifest]:
     roles = {rel: "license" if rel == "LICENSE" else "runtime" for rel in files}
-    manifest = bundle.write_manifest(stage, {"name": "t", "key": tsg.KEY, "platform": "linux-x86_64",
-                                             "llama_cpp": {"commit": "0" * 40},
-                                             "files": bundle.file_entries(stage, roles)})
-    return bundle.pack(stage, tmp / "bundle.zip", source_date_epoch=0), manifest
+    zip_path, manifest = make_bundle_zip(tmp, files, roles, name="t", inputs=inputs_for("zipstream"))
+    return zip_path, manifest_mod.parse(manifest)
 
 
 def test_fetch_cut_at_half_resumes_unpacks_and_transfers_under_1_6x(tmp_path: Path) -> None:
@@ -201,7 +207,7 @@ def test_fetch_cut_at_half_resumes_unpacks_and_transfers_under_1_6x(tmp_path: Pa
         since = len(gh.requests)
         out = tmp_path / "out"
         settings = Settings.from_env({"LLAMABUNDLE_CACHE_DIR": str(tmp_path / "cache")})
-        outcome = pipeline.fetch(tsg.KEY, store=store, settings=settings, log=tsg.Captured().log, out=out,
+        outcome = pipeline.fetch(KEY, store=store, settings=settings, log=tsg.Captured().log, out=out,
                                  level=Level.STATIC)
         zip_gets = [r for r in gh.requests[since:] if r.host == "cdn" and "/bundle.zip?" in r.path]
     assert outcome.out_dir == out
@@ -212,7 +218,7 @@ def test_fetch_cut_at_half_resumes_unpacks_and_transfers_under_1_6x(tmp_path: Pa
     assert [r.headers.get("range") for r in zip_gets] == [None, f"bytes={size // 2}-"]
     transferred = size // 2 + (size - size // 2)
     assert transferred < 1.6 * size
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["bundle.zip", "cache", "out", "stage"]  # no temp dir left
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bundle.zip", "cache", "out", "stage-bundle.zip-0"]  # no temp dir left
 
 
 def test_fetch_of_a_tampered_asset_leaves_no_output(tmp_path: Path) -> None:
@@ -227,7 +233,7 @@ def test_fetch_of_a_tampered_asset_leaves_no_output(tmp_path: Path) -> None:
         out = tmp_path / "out"
         settings = Settings.from_env({"LLAMABUNDLE_CACHE_DIR": str(tmp_path / "cache")})
         with pytest.raises(VerifyError) as e:
-            pipeline.fetch(tsg.KEY, store=store, settings=settings, log=tsg.Captured().log, out=out)
+            pipeline.fetch(KEY, store=store, settings=settings, log=tsg.Captured().log, out=out)
     assert e.value.exit_code == 5
     assert not out.exists()
     assert [p for p in (tmp_path / "cache").rglob("*") if p.is_file()] == []  # no zip, no partial, no unpacked files

@@ -1,0 +1,232 @@
+"""Kills and races across real `llamabundle` processes (issue 12): SIGKILL at chosen points leaves leftovers that
+the next run removes (never a live run's); several CLIs at once on one store and cache all end with exit 0
+and one result; a full or read-only --out names the path that failed and leaves nothing behind."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from llamabundle import bundle
+from llamabundle.recipe import load_recipe
+from llamabundle.store.local import LocalStore
+
+try:
+    from tests import bundles as tb
+except ImportError:  # pytest run without the project root on sys.path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from tests import bundles as tb
+
+ROOT = Path(__file__).resolve().parents[2]
+LINUX = ROOT / "recipes" / "linux-x86_64-cpu.yaml"
+# llama-server answers the load check like the real one; HANG makes it write its pid and sleep
+SERVER = b"""#!/bin/sh
+if [ -n "$(ls "$(dirname "$0")"/HANG 2>/dev/null)" ]; then echo $$ > "$(cat "$(dirname "$0")"/HANG)"; exec sleep 600; fi
+echo "load_backend: loaded CPU backend from $(dirname "$0")/libggml-cpu.so" >&2
+echo "Available devices:"
+exit 0
+"""
+
+
+def env_for(tmp: Path) -> dict[str, str]:
+    return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LLAMABUNDLE_CACHE_DIR": str(tmp / "cache"),
+            "LLAMABUNDLE_DATA_DIR": str(tmp / "data"), "HOME": str(tmp), "LANG": "C.UTF-8"}
+
+
+def cli(tmp: Path, *args: object) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "llamabundle", *map(str, args)], env=env_for(tmp), cwd=tmp,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def finish(p: subprocess.Popen[str], timeout: float = 120) -> tuple[int, str]:
+    out, err = p.communicate(timeout=timeout)
+    assert "Traceback" not in out + err and "internal error" not in out + err, out + err
+    return p.returncode, out + err
+
+
+def wait_for(cond: Callable[[], object], timeout: float = 60, what: str = "") -> object:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = cond()
+        if got:
+            return got
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def kill_group(p: subprocess.Popen[str]) -> None:
+    try:
+        os.killpg(p.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    p.communicate()
+
+
+def linux_bundle(tmp: Path, *, payload: int = 0, hang: str | None = None) -> tuple[Path, str]:
+    """A bundle zip of the shipped Linux recipe (its key), `payload` random bytes in it."""
+    files = {"llama-server": SERVER, "LICENSE": b"MIT License\n"}
+    roles = {"llama-server": "exe", "LICENSE": "license"}
+    if payload:
+        files["payload.bin"] = random.Random(7).randbytes(payload)
+        roles["payload.bin"] = "runtime"
+    if hang is not None:
+        files["HANG"] = hang.encode()
+        roles["HANG"] = "runtime"
+    zip_path, m = tb.make_zip(tmp, files, roles, zip_name="linux-x86_64-cpu.zip", name="linux-x86_64-cpu",
+                              inputs=tb.inputs_of(load_recipe(LINUX)), executables=("llama-server",))
+    return zip_path, m["key"]
+
+
+def stored(tmp: Path, **kw: object) -> tuple[Path, str]:
+    zip_path, key = linux_bundle(tmp, **kw)  # type: ignore[arg-type]
+    store = tmp / "store"
+    LocalStore(store).publish(zip_path, bundle.read_manifest(_unpacked(tmp, zip_path)))
+    return store, key
+
+
+def _unpacked(tmp: Path, zip_path: Path) -> Path:
+    d = tmp / "unpacked"
+    if not d.exists():
+        bundle.unpack(zip_path, d)
+    return d
+
+
+# ------------------------------------------------------------------------------------------- kills
+
+
+def test_a_verify_killed_while_llama_server_runs_leaves_its_copy_under_the_cache_and_the_next_run_removes_it(
+        tmp_path: Path) -> None:
+    pidfile = tmp_path / "server.pid"
+    zip_path, _ = linux_bundle(tmp_path, hang=str(pidfile))
+    p = cli(tmp_path, "verify", zip_path, "--level", "load")
+    wait_for(pidfile.exists, what="llama-server to start")
+    scratch_dir = tmp_path / "cache" / "tmp"
+    left = [d for d in scratch_dir.iterdir() if d.name.startswith("verify-")]
+    assert len(left) == 1 and left[0].name.startswith(f"verify-{p.pid}-")  # under the cache, named by its owner
+    assert not list(Path(os.environ.get("TMPDIR", "/tmp")).glob(f"llamabundle-verify-*{p.pid}*"))
+    kill_group(p)  # SIGKILL: nothing can clean up
+    os.kill(int(pidfile.read_text()), signal.SIGKILL) if Path(f"/proc/{pidfile.read_text().strip()}").exists() else None
+    assert left[0].is_dir()
+    good, _ = linux_bundle(tmp_path / "good")
+    code, out = finish(cli(tmp_path, "verify", good))
+    assert code == 0, out
+    assert list(scratch_dir.iterdir()) == []  # the dead run's copy and this run's are gone
+
+
+def test_a_live_verify_keeps_its_copy_while_another_verify_sweeps(tmp_path: Path) -> None:
+    pidfile = tmp_path / "server.pid"
+    zip_path, _ = linux_bundle(tmp_path, hang=str(pidfile))
+    p = cli(tmp_path, "verify", zip_path, "--level", "load")
+    try:
+        wait_for(pidfile.exists, what="llama-server to start")
+        good, _ = linux_bundle(tmp_path / "good")
+        code, out = finish(cli(tmp_path, "verify", good))
+        assert code == 0, out
+        assert [d.name.split("-")[1] for d in (tmp_path / "cache" / "tmp").iterdir()] == [str(p.pid)]
+    finally:
+        kill_group(p)
+        if pidfile.exists():
+            try:
+                os.kill(int(pidfile.read_text()), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def test_a_fetch_killed_mid_unpack_leaves_a_partial_beside_out_that_the_next_fetch_removes(tmp_path: Path) -> None:
+    store, key = stored(tmp_path, payload=48 << 20)
+    out = tmp_path / "out"
+    p = cli(tmp_path, "fetch", key, "--store", store, "--out", out)
+    partial = wait_for(lambda: [d for d in tmp_path.glob(".out.partial-*")], what="the unpack to start")
+    kill_group(p)
+    assert partial[0].exists() and not out.exists()  # type: ignore[index]
+    code, text = finish(cli(tmp_path, "fetch", key, "--store", store, "--out", out))
+    assert code == 0, text
+    assert list(tmp_path.glob(".out.partial-*")) == []
+    assert (out / "payload.bin").stat().st_size == 48 << 20
+
+
+# ------------------------------------------------------------------------------------------- races
+
+
+def test_three_fetches_of_one_key_into_one_cache_all_succeed(tmp_path: Path) -> None:
+    store, key = stored(tmp_path, payload=8 << 20)
+    procs = [cli(tmp_path, "fetch", key, "--store", store, "--out", tmp_path / f"out{i}") for i in range(3)]
+    results = [finish(p) for p in procs]
+    assert [c for c, _ in results] == [0, 0, 0], results
+    fetched = tmp_path / "cache" / "fetched" / key
+    assert sorted(p.name for p in fetched.iterdir()) == ["linux-x86_64-cpu.zip"]  # one zip, no .part
+    for i in range(3):
+        assert bundle.sha256_file(tmp_path / f"out{i}" / "payload.bin") == bundle.sha256_file(
+            tmp_path / "unpacked" / "payload.bin")
+
+
+def test_two_builds_that_hit_the_store_at_once_both_succeed(tmp_path: Path) -> None:
+    store, key = stored(tmp_path, payload=8 << 20)
+    procs = [cli(tmp_path, "build", LINUX, "--store", store, "--out", tmp_path / f"out{i}") for i in range(2)]
+    results = [finish(p) for p in procs]
+    assert [c for c, _ in results] == [0, 0], results
+    assert all("cache hit" in text for _, text in results)
+    assert not list((tmp_path / "cache").glob("tmp/*"))
+
+
+# ---------------------------------------------------------------------------------- full and read-only disks
+
+
+@pytest.fixture()
+def tmpfs(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """mount(8) a small tmpfs (root only): `mount("ro")`, `mount("size=1m")`."""
+    mounted: list[Path] = []
+
+    def mount(opts: str) -> Path:
+        if os.geteuid() != 0:
+            pytest.skip("mounting a tmpfs needs root")
+        d = tmp_path / f"mnt{len(mounted)}"
+        d.mkdir()
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(d)], capture_output=True, text=True)
+        if r.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+        mounted.append(d)
+        return d
+
+    yield mount
+    for d in reversed(mounted):
+        subprocess.run(["umount", "-l", str(d)], check=False)
+
+
+def test_fetch_into_a_full_out_filesystem_names_out_and_leaves_nothing(tmp_path: Path, tmpfs) -> None:  # type: ignore[no-untyped-def]
+    store, key = stored(tmp_path, payload=4 << 20)
+    full = tmpfs("size=1m")
+    code, text = finish(cli(tmp_path, "fetch", key, "--store", store, "--out", full / "out"))
+    assert code == 6, text
+    assert f"{full}/" in text and "No space left on device" in text
+    assert str(tmp_path / "cache") not in text.split("fix:")[0]  # the full disk is --out's, not the cache's
+    assert list(full.iterdir()) == []
+
+
+def test_fetch_into_a_read_only_out_is_refused_before_any_work(tmp_path: Path, tmpfs) -> None:  # type: ignore[no-untyped-def]
+    store, key = stored(tmp_path)
+    ro = tmpfs("ro,size=1m")
+    code, text = finish(cli(tmp_path, "fetch", key, "--store", store, "--out", ro / "out"))
+    assert code == 2, text
+    assert f"--out {ro}/out cannot be written" in text and "read-only" in text
+    assert not (tmp_path / "cache" / "fetched").exists()
+
+
+def test_a_cache_on_a_full_disk_names_the_cache(tmp_path: Path, tmpfs) -> None:  # type: ignore[no-untyped-def]
+    store, key = stored(tmp_path, payload=4 << 20)
+    full = tmpfs("size=1m")
+    env = {**env_for(tmp_path), "LLAMABUNDLE_CACHE_DIR": str(full / "cache")}
+    r = subprocess.run([sys.executable, "-m", "llamabundle", "fetch", key, "--store", str(store), "--out",
+                        str(tmp_path / "out")], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 6, r.stderr
+    assert f"{full}/cache" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "out").exists()
+    assert not [p for p in (full / "cache" / "fetched" / key).iterdir()] if (full / "cache" / "fetched" / key).exists() else True
