@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-import secrets
 from collections.abc import Mapping
 from enum import StrEnum
 from functools import cache
 from pathlib import Path
 from typing import Any
 
+from .. import scratch
 from ..data import load
 
 
@@ -75,8 +75,10 @@ def parse_utc_timestamp(value: str | float) -> int:
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """Replace path's content in one step: a reader (or a SIGKILL) sees the old file or the new one, never half."""
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    """Replace path's content in one step: a reader (or a SIGKILL) sees the old file or the new one, never half.
+    The temporary file `.<name>.<owner>.tmp` names its owner (scratch): `scratch.sweep(dir, [f".{name}."])`
+    removes a killed writer's."""
+    tmp = scratch.owned(path.parent, f".{path.name}.", ".tmp")
     try:
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(text)

@@ -5,36 +5,39 @@ names a version directory `bundles/<name>/<key12>-<rand>/` holding the unpacked 
 is downloaded and extracted into `bundles/<name>/.stage-*/`, checked there, renamed beside the old one,
 and only then does the pointer move to it; the old version is removed after that. A SIGKILL at any
 instant leaves the pointer on a complete, checked install; the next install of that name cleans up the
-leftovers under the same per-name file lock."""
+leftovers under the same per-name file lock. Every decision about a slot (what is installed, what to
+replace, what to remove) is made holding that lock, from the first read to the last write."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
 import secrets
 import shutil
-import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from filelock import FileLock, Timeout
 
+from .. import scratch
 from ..archive import extract_zip
-from ..bundle import check_contents, read_manifest
+from ..bundle import read_manifest
 from ..errors import StoreError, UsageError, VerifyError
 from ..log import Log
-from ..recipe import canonical_json
+from ..manifest import Expect, Manifest, trust
 from ..store.base import Entry, Store
+from ..store.local import disk_fix
 from ..verify import host_platform_name
 from . import Reason, utc_timestamp, write_atomic
 
 BUNDLES = "bundles"
 POINTER = "current"
 LOCK_TIMEOUT = 600
+STAGE = ".stage-"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,99}")
 Hook = Callable[[str], None]  # called at "downloaded", "extracted", "verified", "swapping", "swapped"
 
@@ -60,20 +63,23 @@ class Installed:
     key: str
     path: Path
     installed_at: str
-    manifest: dict[str, Any]
+    manifest: Manifest
 
     @property
     def backends(self) -> list[str]:
-        return list(self.manifest.get("backends") or [])
+        return list(self.manifest.backends)
 
     @property
     def cuda(self) -> dict[str, Any]:
-        return dict(self.manifest.get("cuda") or {})
+        """bundle.json's `cuda` object as it was written ({} without CUDA)."""
+        return dict(self.manifest.to_json().get("cuda") or {})
 
     def to_json(self) -> dict[str, Any]:
+        cuda = self.manifest.cuda
         return {"name": self.name, "key": self.key, "path": str(self.path), "installed_at": self.installed_at,
-                "platform": self.manifest.get("platform"), "commit": self.manifest.get("llama_cpp", {}).get("commit"),
-                "backends": self.backends, "toolkit": self.cuda.get("toolkit"), "driver_floor": self.cuda.get("driver_floor")}
+                "platform": self.manifest.platform, "commit": self.manifest.llama_cpp.commit or None,
+                "backends": self.backends, "toolkit": cuda.toolkit if cuda else None,
+                "driver_floor": cuda.driver_floor if cuda else None}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,37 +93,25 @@ class InstallOutcome:
 
 
 def check_bundle(path: Path, *, key: str, platform: str, commit: str | None = None,
-                 toolkit: str | None = None) -> dict[str, Any]:
-    """Trust nothing unchecked (DESIGN §5): format known, platform, key (and the key of its inputs), commit,
-    toolkit, every file's sha256, no file outside the list. Returns the manifest; raises BundleInvalid."""
+                 toolkit: str | None = None) -> Manifest:
+    """Trust nothing unchecked (DESIGN §5): manifest.trust of the unpacked bundle against what was asked for
+    (format, platform, key and the key of its inputs, commit, toolkit, every file). Returns the manifest;
+    raises BundleInvalid."""
     try:
         m = read_manifest(path)
-        check_contents(path, m)
+        trust(m, path, Expect(key=key, platform=platform, commit=commit, toolkit=toolkit))
     except VerifyError as e:
         raise _invalid(key, e.what, e.why) from None
-    inputs = m.get("inputs")
-    cuda = m.get("cuda") or {}
-    has_commit, has_toolkit = m["llama_cpp"].get("commit"), cuda.get("toolkit")  # messages never say None
-    for ok, what in [
-        (m["key"] == key, f"its bundle.json names key {str(m['key'])[:12]}, not {key[:12]}"),
-        (inputs is None or hashlib.sha256(canonical_json(inputs).encode()).hexdigest() == m["key"],
-         "its key is not the sha256 of the inputs its bundle.json records"),
-        (m["platform"] == platform, f"it is built for {m['platform']}, this machine is {platform}"),
-        (commit is None or has_commit == commit,
-         f"it holds llama.cpp {has_commit}, expected {commit}" if has_commit
-         else f"its bundle.json records no llama.cpp commit, expected {commit}"),
-        (toolkit is None or has_toolkit == toolkit,
-         f"it was built with CUDA {has_toolkit}, expected {toolkit}" if has_toolkit
-         else f"it was built without CUDA, expected CUDA {toolkit}"),
-    ]:
-        if not ok:
-            raise _invalid(key, what)
     return m
 
 
-def _invalid(key: str, what: str, why: str = "") -> BundleInvalid:
-    return BundleInvalid(f"bundle {key[:12]} refused (bundle_invalid): {what}", why=why or "the bundle is not what was asked for",
-                         fix="do not use it; fetch it again from a trusted store, or rebuild and publish it")
+_REFUSED = re.compile(r"^bundle [0-9a-f]{1,12} refused: ")  # manifest.check_consistent's prefix: said once here
+
+
+def _invalid(key: str, what: str, why: str = "", *, fix: str = "") -> BundleInvalid:
+    return BundleInvalid(f"bundle {key[:12]} refused (bundle_invalid): {_REFUSED.sub('', what, count=1)}",
+                         why=why or "the bundle is not what was asked for",
+                         fix=fix or "do not use it; fetch it again from a trusted store, or rebuild and publish it")
 
 
 def list_installed(root: Path) -> list[Installed]:
@@ -136,7 +130,7 @@ def _current(slot: Path) -> Installed | None:
         manifest = read_manifest(slot / version)
     except (OSError, ValueError, KeyError, TypeError, VerifyError):
         return None
-    return Installed(name=slot.name, key=manifest["key"], path=slot / version, installed_at=str(ptr.get("installed_at", "")),
+    return Installed(name=slot.name, key=manifest.key, path=slot / version, installed_at=str(ptr.get("installed_at", "")),
                      manifest=manifest)
 
 
@@ -144,23 +138,45 @@ def install_bundle(store: Store, key: str, *, root: Path, log: Log, commit: str 
                    platform: str | None = None, hook: Hook | None = None) -> InstallOutcome:
     """Install the store's bundle `key` under root, replacing the install of the same name only once the new
     one is checked. `hook` is called at the named points (tests kill the process there)."""
-    entry = store.lookup(key)
+    try:
+        entry = store.lookup(key)
+    except VerifyError as e:  # the store's bundle.json or zip is not what it claims: refused before any download
+        raise _invalid(key, e.what, e.why, fix=e.fix) from None
     if entry is None:
         raise UsageError(f"no bundle with key {key[:12]} in {store.url}", fix="build and publish it first: llamabundle build RECIPE")
-    name = entry.manifest.get("name")
-    if not isinstance(name, str) or not _NAME.fullmatch(name):
+    name = entry.manifest.name
+    if not _NAME.fullmatch(name):
         raise _invalid(key, f"the store names it {name!r}, which is not a usable bundle name")
+    try:
+        with _slot_lock(root, name, doing="installing or removing"):
+            return _install_locked(store, entry, root / BUNDLES / name, log=log, platform=platform or host_platform_name(),
+                                   commit=commit, toolkit=toolkit, hook=hook or (lambda _point: None))
+    except OSError as e:
+        raise _os_error(f"cannot install {name} into {root}", e) from None
+
+
+@contextmanager
+def _slot_lock(root: Path, name: str, *, doing: str) -> Iterator[None]:
+    """The per-name lock that every read-decide-write of `bundles/<name>/` holds."""
     locks = root / BUNDLES / ".locks"
     try:
         locks.mkdir(parents=True, exist_ok=True)
-        with FileLock(str(locks / f"{name}.lock"), timeout=LOCK_TIMEOUT):
-            return _install_locked(store, entry, root / BUNDLES / name, log=log, platform=platform or host_platform_name(),
-                                   commit=commit, toolkit=toolkit, hook=hook or (lambda _point: None))
+        lock = FileLock(str(locks / f"{name}.lock"), timeout=LOCK_TIMEOUT)
+        lock.acquire()
     except Timeout:
-        raise StoreError(f"another process is installing {name} in {root}", why=f"waited {LOCK_TIMEOUT}s for its lock",
+        raise StoreError(f"another process is {doing} {name} in {root}", why=f"waited {LOCK_TIMEOUT}s for its lock",
                          fix="wait for it to finish, then retry") from None
     except OSError as e:
-        raise StoreError(f"cannot install into {root}", why=str(e), fix="check the path, its permissions and free space") from None
+        raise _os_error(f"cannot use the install root {root}", e) from None
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def _os_error(what: str, e: OSError) -> StoreError:
+    where = f" ({e.filename})" if e.filename else ""
+    return StoreError(what, why=f"{e.strerror or e}{where}", fix=disk_fix(e))
 
 
 def _install_locked(store: Store, entry: Entry, slot: Path, *, log: Log, platform: str, commit: str | None,
@@ -180,13 +196,16 @@ def _install_locked(store: Store, entry: Entry, slot: Path, *, log: Log, platfor
             check_bundle(old.path, key=key, platform=platform, commit=commit, toolkit=toolkit)
             return InstallOutcome(installed=old, reused=True, replaced=None)
         except BundleInvalid as e:
-            log.warn(f"the installed {slot.name} ({key[:12]}) fails its check ({e.what}); installing it again")
+            log.warn(f"the installed {slot.name} ({key[:12]}) fails its check ({e.what}); installing it again")  # noqa: G010 - Log.warn
     version = f"{key[:12]}-{secrets.token_hex(4)}"
-    stage = Path(tempfile.mkdtemp(dir=slot, prefix=".stage-"))
+    stage = scratch.make_dir(slot, STAGE)
     swapped = False
     try:
         with log.step(f"download {entry.zip_name} ({entry.zip_size / 1e6:.1f} MB) from {store.url}"):
-            zip_path = store.fetch(entry, stage / "download")
+            try:
+                zip_path = store.fetch(entry, stage / "download")
+            except VerifyError as e:
+                raise _invalid(key, e.what, e.why) from None
         hook("downloaded")
         with log.step(f"extract and check {slot.name} ({key[:12]})"):
             try:
@@ -215,20 +234,29 @@ def _install_locked(store: Store, entry: Entry, slot: Path, *, log: Log, platfor
 
 
 def uninstall(root: Path, what: str) -> Installed:
-    """Remove the install whose key (or unique key prefix of 6+ digits, or name) is `what`."""
-    found = [i for i in list_installed(root) if i.key == what or i.name == what or (len(what) >= 6 and i.key.startswith(what))]
+    """Remove the install whose key (or unique key prefix of 6+ digits, or name) is `what`. The slot is read
+    again holding its lock: an install that replaced the one asked for meanwhile is never removed."""
+    found = [i for i in list_installed(root) if _matches(i, what)]
     if len(found) != 1:
         have = ", ".join(f"{i.name} ({i.key[:12]})" for i in list_installed(root)) or "none"
         raise UsageError(f"{'no' if not found else 'more than one'} installed bundle matches '{what}'",
                          why=f"installed in {root}: {have}", fix="pass a full key or a bundle name (llamabundle list)")
-    inst = found[0]
-    slot = root / BUNDLES / inst.name
+    name = found[0].name
+    slot = root / BUNDLES / name
     try:
-        with FileLock(str(root / BUNDLES / ".locks" / f"{inst.name}.lock"), timeout=LOCK_TIMEOUT):
+        with _slot_lock(root, name, doing="installing or removing"):
+            inst = _current(slot)  # the decision: what is installed now, under the lock
+            if inst is None or not _matches(inst, what):
+                now = f"{name} is now {inst.key[:12]}" if inst is not None else f"{name} is no longer installed"
+                raise UsageError(f"'{what}' is no longer installed: {now}; nothing was removed",
+                                 why="another process changed it while this uninstall waited for its lock",
+                                 fix="see what is installed (llamabundle list), then uninstall that if you mean to")
             (slot / POINTER).unlink(missing_ok=True)  # first: from here on nothing points at a half-removed tree
             shutil.rmtree(slot)
-    except Timeout:
-        raise StoreError(f"another process is installing {inst.name} in {root}", fix="wait for it to finish, then retry") from None
     except OSError as e:
-        raise StoreError(f"cannot remove {slot}", why=str(e), fix="check its permissions") from None
+        raise _os_error(f"cannot remove {slot}", e) from None
     return inst
+
+
+def _matches(inst: Installed, what: str) -> bool:
+    return inst.key == what or inst.name == what or (len(what) >= 6 and inst.key.startswith(what))

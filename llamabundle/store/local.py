@@ -1,21 +1,28 @@
 """A directory store: `<root>/<key>/` holds the zip, SHA256SUMS and bundle.json (written last).
-Entries are assembled in a temporary directory and renamed into place under a per-key file lock,
-so a reader never sees a partial entry and two publishers leave exactly one."""
+Entries are assembled in an owned temporary directory (`.publish-<pid>-<start>-…`, scratch) and renamed
+into place under a per-key file lock, so a reader never sees a partial entry and two publishers leave
+exactly one. The first lookup or publish of a store object removes the leftovers of killed publishers.
+
+A lookup trusts nothing unchecked: bundle.json is parsed into a typed manifest whose key must be the
+sha256 of its inputs and the key asked for (manifest.check_consistent), and the zip must have the digest
+SHA256SUMS records. SHA256SUMS is UTF-8 whatever the locale."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
-import json
 import os
+import re
 import shutil
-import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, BinaryIO
 
 from filelock import FileLock, Timeout
 
-from ..bundle import MANIFEST, sha256_file
-from ..errors import StoreError, VerifyError
+from .. import scratch
+from ..bundle import MANIFEST
+from ..errors import StoreError, UsageError, VerifyError
+from ..manifest import Expect, Manifest, ManifestError, check_consistent, loads
 from .base import Entry, Published
 
 if TYPE_CHECKING:
@@ -23,12 +30,34 @@ if TYPE_CHECKING:
 
 SUMS = "SHA256SUMS"
 LOCK_TIMEOUT = 600
+PUBLISH_PREFIX = ".publish-"
+CHUNK = 1 << 20
+_SUMS_LINE = re.compile(r"([0-9a-f]{64}) [ *](.+)")
+_REFUSED = re.compile(r"^bundle [0-9a-f]{1,12} refused: ")  # check_consistent's prefix, said once by the entry
 
 
 class LocalStore:
     def __init__(self, root: Path) -> None:
-        self.root = root.resolve()
+        self.root = root.expanduser().resolve()
         self.url = str(self.root)
+        self._swept = False
+        self._check_root()
+
+    def _check_root(self) -> None:
+        """A store is a directory (created when missing): a regular file on the way is a usage error."""
+        for p in (self.root, *self.root.parents):
+            if p.exists():
+                if not p.is_dir():
+                    raise UsageError(f"store {self.root} is not a directory" + ("" if p == self.root else f": {p} is a file"),
+                                     why="a local store is a directory of bundles (created when missing)",
+                                     fix="pass a directory to --store (or LLAMABUNDLE_STORE), file://DIR or github:OWNER/REPO")
+                return
+
+    def _sweep(self) -> None:
+        """Remove the staging directories of publishers that were killed (never a live one's); once per object."""
+        if not self._swept:
+            self._swept = True
+            scratch.sweep(self.root, [PUBLISH_PREFIX])
 
     def _entry_dir(self, key: str) -> Path:
         if len(key) != 64 or any(c not in "0123456789abcdef" for c in key):
@@ -37,82 +66,227 @@ class LocalStore:
 
     def lookup(self, key: str) -> Entry | None:
         d = self._entry_dir(key)
+        self._check_root()
+        self._sweep()
         manifest_path = d / MANIFEST
         if not manifest_path.is_file():
             return None  # no manifest: nothing, or a partial entry that is not a hit
+        damaged = f"remove {d} and publish the bundle again"
         try:
-            manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-            sums = dict(reversed(line.split(None, 1)) for line in (d / SUMS).read_text().splitlines() if line.strip())
-        except (OSError, ValueError) as e:
-            raise StoreError(f"store entry {d} is damaged", why=str(e), fix=f"remove {d} and build again") from None
+            raw = manifest_path.read_bytes()
+            sums_raw = (d / SUMS).read_bytes()
+        except OSError as e:
+            raise StoreError(f"store entry {d} is damaged", why=f"{e.strerror or e}: {e.filename or d}", fix=damaged) from None
+        try:
+            m = loads(raw, where=str(manifest_path))
+        except ManifestError as e:
+            raise ManifestError(e.what, field=e.field, why=e.why, fix=damaged) from None
+        try:
+            check_consistent(m, Expect(key=key))
+        except ManifestError as e:
+            raise ManifestError(f"store entry {d}: {_REFUSED.sub('', e.what, count=1)}", field=e.field, why=e.why,
+                                fix=damaged) from None
+        sums = _parse_sums(sums_raw, d / SUMS, fix=damaged)
         zips = [n for n in sums if n.endswith(".zip")]
-        if len(zips) != 1 or manifest.get("key") != key:
-            raise StoreError(f"store entry {d} is inconsistent", why="SHA256SUMS or bundle.json does not match the key",
-                             fix=f"remove {d} and build again")
-        zip_name = zips[0].lstrip("*")
+        if len(zips) != 1:
+            raise StoreError(f"store entry {d} is inconsistent", why=f"{SUMS} lists {len(zips)} zips, not one", fix=damaged)
+        zip_name = zips[0]
         zip_path = d / zip_name
         if not zip_path.is_file():
             return None
-        digest = sha256_file(zip_path)
-        if digest != sums[zips[0]]:
+        try:
+            digest, size = _digest(zip_path), zip_path.stat().st_size
+        except OSError as e:
+            raise StoreError(f"cannot read {zip_path}", why=e.strerror or str(e), fix="check the store's permissions") from None
+        if digest != sums[zip_name]:
             raise VerifyError(f"{zip_path} does not match its SHA256SUMS", why="the stored zip was changed or damaged",
-                              fix=f"remove {d} and build again")
-        return Entry(key=key, zip_name=zip_name, zip_sha256=digest, zip_size=zip_path.stat().st_size,
-                     manifest=manifest, location=str(zip_path))
+                              fix=damaged)
+        return Entry(key=key, zip_name=zip_name, zip_sha256=digest, zip_size=size, manifest=m, location=str(zip_path))
 
     def fetch(self, entry: Entry, dest: Path, *, sink: Sink | None = None) -> Path:
+        """Copy the zip into dest under a name of this process's own, check it, and rename it into place: any
+        number of processes may fetch the same entry into the same dest at once."""
         src = self._entry_dir(entry.key) / entry.zip_name
         out = dest / entry.zip_name
-        tmp = out.with_name(out.name + ".part")
         try:
             dest.mkdir(parents=True, exist_ok=True)
-            h = hashlib.sha256()
+        except OSError as e:
+            raise _write_error(dest, e, what=f"cannot create {dest}") from None
+        scratch.sweep(dest, [f".{entry.zip_name}."])
+        tmp = scratch.owned(dest, f".{entry.zip_name}.", ".part")
+        try:
             if sink is not None:
                 sink.reset()
-            with open(src, "rb") as f, open(tmp, "wb") as w:  # one pass: copy, hash, feed
-                while chunk := f.read(1 << 20):
-                    w.write(chunk)
-                    h.update(chunk)
-                    if sink is not None:
-                        sink.update(chunk)
-            if h.hexdigest() != entry.zip_sha256:
-                tmp.unlink()
+            with _open_read(src, fix="check that the store entry still exists (llamabundle check)") as f:
+                digest = _copy(f, src, tmp, out, sink=sink)
+            if digest != entry.zip_sha256:
                 raise VerifyError(f"{src} does not match its sha256 in the store", why="it changed or was damaged "
                                   "after it was published", fix="publish the bundle again")
-            os.replace(tmp, out)
-        except OSError as e:
-            if tmp.parent.is_dir():
-                tmp.unlink(missing_ok=True)
-            raise StoreError(f"cannot copy {src} to {dest}", why=str(e),
-                             fix="check that the store entry still exists and the destination is writable") from None
+            try:
+                os.replace(tmp, out)
+            except OSError as e:
+                raise _write_error(out, e) from None
+        except BaseException:
+            _unlink(tmp)
+            raise
         return out
 
-    def publish(self, zip_path: Path, manifest: dict[str, Any]) -> Published:
-        key = manifest["key"]
+    def publish(self, zip_path: Path, manifest: Manifest) -> Published:
+        """Store the zip under manifest.key; an existing complete entry is kept (created=False)."""
+        key = manifest.key
         final = self._entry_dir(key)
-        self.root.mkdir(parents=True, exist_ok=True)
+        check_consistent(manifest, Expect(key=key))
+        self._check_root()
+        existing = self.lookup(key)  # entries appear in one rename: a hit needs no lock (nor a writable store)
+        if existing is not None:
+            return Published(entry=existing, created=False)
         locks = self.root / ".locks"
-        locks.mkdir(exist_ok=True)
+        at = locks
         try:
-            with FileLock(str(locks / f"{key}.lock"), timeout=LOCK_TIMEOUT):
+            locks.mkdir(parents=True, exist_ok=True)
+            at = locks / f"{key}.lock"
+            with FileLock(str(at), timeout=LOCK_TIMEOUT):
                 existing = self.lookup(key)
                 if existing is not None:
                     return Published(entry=existing, created=False)
-                shutil.rmtree(final, ignore_errors=True)  # leftovers of a crashed publish (no manifest)
-                with tempfile.TemporaryDirectory(dir=self.root, prefix=".publish-") as tmp:
-                    stage = Path(tmp) / key
+                at = self.root
+                stage_dir = scratch.make_dir(self.root, PUBLISH_PREFIX)
+                try:
+                    stage = at = stage_dir / key
                     stage.mkdir()
                     name = zip_path.name
-                    shutil.copyfile(zip_path, stage / name)
-                    digest = sha256_file(stage / name)
-                    (stage / SUMS).write_text(f"{digest}  {name}\n")
-                    (stage / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+                    try:
+                        sums_name = os.fsencode(name).decode("utf-8")
+                    except UnicodeDecodeError:
+                        raise UsageError(f"the zip's name {name!r} is not UTF-8", why=f"{SUMS} is UTF-8 text",
+                                         fix="rename the zip") from None
+                    with _open_read(zip_path, fix="check the path") as f:
+                        at = stage / name
+                        digest = _copy(f, zip_path, stage / name, final / name, durable=True)
+                    at = stage / SUMS
+                    _write_text(stage / SUMS, f"{digest}  {sums_name}\n")
+                    at = stage / MANIFEST
+                    _write_text(stage / MANIFEST, manifest.text())  # last: the entry is complete once this is in
+                    at = final
+                    shutil.rmtree(final, ignore_errors=True)  # leftovers of a crashed publish (no manifest)
                     os.replace(stage, final)
+                finally:
+                    shutil.rmtree(stage_dir, ignore_errors=True)
         except Timeout:
             raise StoreError(f"another process holds the lock on {key[:12]} in {self.root}",
                              why=f"waited {LOCK_TIMEOUT}s", fix="wait for the other build to finish, then retry") from None
         except OSError as e:
-            raise StoreError(f"cannot write to the store {self.root}", why=str(e), fix="check the path and permissions") from None
+            raise _write_error(Path(e.filename) if e.filename else at, e, what=f"cannot publish {key[:12]} to the store {self.root}") from None
         entry = self.lookup(key)
-        assert entry is not None
+        if entry is None:
+            raise StoreError(f"the entry {final} vanished right after it was published",
+                             why="another process removed it", fix="publish again")
         return Published(entry=entry, created=True)
+
+
+def _parse_sums(raw: bytes, path: Path, *, fix: str) -> dict[str, str]:
+    """name -> sha256 of a SHA256SUMS file (UTF-8, `<sha256>  <name>` lines); names as the filesystem spells them."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise StoreError(f"store entry {path.parent} is damaged", why=f"{path} is not UTF-8 text ({e.reason})", fix=fix) from None
+    sums: dict[str, str] = {}
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        m = _SUMS_LINE.fullmatch(line)
+        name = m.group(2) if m else ""
+        if m is None or "/" in name or "\\" in name or name in (".", ".."):
+            raise StoreError(f"store entry {path.parent} is damaged", why=f"{path}:{n} is not '<sha256>  <file name>'", fix=fix)
+        sums[os.fsdecode(name.encode("utf-8"))] = m.group(1)
+    return sums
+
+
+def _digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _copy(src: BinaryIO, src_path: Path, tmp: Path, final: Path, *, sink: Sink | None = None,
+          durable: bool = False) -> str:
+    """Copy src into the new file tmp in one pass (hashing it, feeding sink); returns the sha256. A failure to
+    read is about src, a failure to write about final (the path the user knows); the sink's own errors pass.
+    `durable`: on disk (fsync) before this returns."""
+    h, done = hashlib.sha256(), False
+    w = _open_new(tmp, final)
+    try:
+        while True:
+            try:
+                chunk = src.read(CHUNK)
+            except OSError as e:
+                raise StoreError(f"cannot read {src_path}", why=e.strerror or str(e), fix="check the file and retry") from None
+            if not chunk:
+                break
+            try:
+                w.write(chunk)
+            except OSError as e:
+                raise _write_error(final, e) from None
+            h.update(chunk)
+            if sink is not None:
+                sink.update(chunk)
+        try:
+            w.flush()
+            if durable:
+                os.fsync(w.fileno())
+        except OSError as e:
+            raise _write_error(final, e) from None
+        done = True
+    finally:
+        try:
+            w.close()
+        except OSError as e:  # a write that failed only when flushed on close
+            if done:
+                raise _write_error(final, e) from None
+    return h.hexdigest()
+
+
+def _open_read(path: Path, *, fix: str) -> BinaryIO:
+    try:
+        return open(path, "rb")
+    except OSError as e:
+        raise StoreError(f"cannot read {path}", why=e.strerror or str(e), fix=fix) from None
+
+
+def _open_new(path: Path, final: Path) -> BinaryIO:
+    try:
+        return open(path, "xb")
+    except OSError as e:
+        raise _write_error(final, e) from None
+
+
+def _write_text(path: Path, text: str) -> None:
+    with open(path, "x", encoding="utf-8", newline="\n") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _write_error(path: Path, e: OSError, *, what: str = "") -> StoreError:
+    return StoreError(what or f"cannot write {path}", why=f"{e.strerror or e} ({path})" if what else (e.strerror or str(e)),
+                      fix=disk_fix(e))
+
+
+def disk_fix(e: OSError) -> str:
+    """What to do about an OSError on a path the message already names, by its cause."""
+    return {errno.ENOSPC: "free space on that filesystem, or use another directory",
+            errno.EDQUOT: "free space on that filesystem (your quota is used up), or use another directory",
+            errno.EROFS: "that filesystem is mounted read-only: use a writable directory",
+            errno.EACCES: "check its permissions, or use another directory",
+            errno.EPERM: "check its permissions, or use another directory",
+            errno.ENOTDIR: "a part of that path is a file, not a directory: use another directory"}.get(
+        e.errno or 0, "check the path and its filesystem, then retry")
+
+
+def _unlink(path: Path) -> None:
+    try:
+        path.unlink(missing_ok=True)
+    except OSError:
+        pass

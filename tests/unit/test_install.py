@@ -14,10 +14,22 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_probe import COMMIT, NAME, QUIET, REPO, SERVERS, cli, make_stage, make_zip, publish, wait_for
+from test_probe import (
+    COMMIT,
+    NAME,
+    QUIET,
+    REPO,
+    SERVERS,
+    cli,
+    make_stage,
+    make_zip,
+    publish,
+    wait_for,
+)
 
 from llamabundle import bundle
 from llamabundle.errors import UsageError, VerifyError
+from llamabundle.manifest import Manifest
 from llamabundle.recipe import load_recipe
 from llamabundle.runtime import Reason
 from llamabundle.runtime.install import (
@@ -30,9 +42,44 @@ from llamabundle.runtime.install import (
     list_installed,
     uninstall,
 )
-from llamabundle.store.local import LocalStore
+from llamabundle.store.local import SUMS, LocalStore
+
+try:
+    from tests import bundles as tb
+except ImportError:  # pytest run without the project root on sys.path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from tests import bundles as tb
 
 POINTS = ["downloaded", "extracted", "verified", "swapping", "swapped"]
+
+
+def rebundle(stage: Path, m: Manifest, *, extra: dict[str, bytes] | None = None, **fields: Any) -> Manifest:
+    """test_probe's bundle in `stage` with more files (role runtime) and manifest fields changed, its manifest
+    written again (a key given in `fields` must be the sha256 of the inputs, as write_manifest checks nothing)."""
+    roles = {f.path: f.role for f in m.files}
+    for rel, data in (extra or {}).items():
+        (stage / rel).write_bytes(data)
+        roles[rel] = "runtime"
+    base = {k: v for k, v in m.to_json().items() if k not in ("format", "tool")}
+    return bundle.write_manifest(stage, {**base, **fields, "files": bundle.file_entries(stage, roles)})
+
+
+def recipe_bundle(tmp: Path, recipe_path: Path) -> tuple[Path, Manifest]:
+    """A CPU bundle of a shipped recipe: its key is the one `llamabundle key RECIPE` prints."""
+    recipe = load_recipe(recipe_path)
+    stage, m = make_stage(tmp, name=recipe.name, backends=("cpu",), commit=recipe.llama_cpp.commit)
+    m = rebundle(stage, m, key=recipe.key(), inputs=tb.inputs_of(recipe))
+    return bundle.pack(stage, tmp / f"{recipe.name}.zip", source_date_epoch=0), m
+
+
+def plant(store_root: Path, key: str, zip_path: Path, manifest: bytes | str) -> Path:
+    """A store entry written by hand, as a tampering hand or another tool would: anything under any key."""
+    d = store_root / key
+    d.mkdir(parents=True, exist_ok=True)
+    (d / zip_path.name).write_bytes(zip_path.read_bytes())
+    (d / SUMS).write_text(f"{bundle.sha256_file(zip_path)}  {zip_path.name}\n", encoding="utf-8")
+    (d / bundle.MANIFEST).write_bytes(manifest.encode() if isinstance(manifest, str) else manifest)
+    return d
 
 
 def tree(root: Path) -> list[str]:
@@ -58,18 +105,21 @@ def install(store: LocalStore, key: str, root: Path, **kw: Any) -> Any:
 def test_install_checks_and_lists_the_bundle(tmp_path: Path, store: LocalStore) -> None:
     m = publish(store.root, tmp_path)
     root = tmp_path / "data"
-    out = install(store, m["key"], root, commit=COMMIT, toolkit="13.0.2")
+    out = install(store, m.key, root, commit=COMMIT, toolkit="13.0.2")
     assert not out.reused and out.replaced is None
     inst = out.installed
-    assert (inst.name, inst.key, inst.backends) == (NAME, m["key"], ["cpu", "cuda"])
-    assert inst.path.parent == root / BUNDLES / NAME and inst.path.name.startswith(m["key"][:12])
-    assert bundle.read_manifest(inst.path) == m
+    assert (inst.name, inst.key, inst.backends) == (NAME, m.key, ["cpu", "cuda"])
+    assert inst.path.parent == root / BUNDLES / NAME and inst.path.name.startswith(m.key[:12])
+    assert bundle.read_manifest(inst.path) == m == inst.manifest
     assert os.access(inst.path / "llama-server", os.X_OK)
     assert slot_entries(root) == sorted([POINTER, inst.path.name])
-    assert json.loads((root / BUNDLES / NAME / POINTER).read_text())["key"] == m["key"]
+    assert json.loads((root / BUNDLES / NAME / POINTER).read_text())["key"] == m.key
     assert list_installed(root) == [inst]
-    assert inst.to_json()["driver_floor"] == "572.61" and inst.to_json()["commit"] == COMMIT
-    again = install(store, m["key"], root)
+    assert inst.cuda == {"toolkit": "13.0.2", "driver_floor": "572.61", "archs": {"sass": ["90"], "ptx": ["75"]}}
+    assert inst.to_json() == {"name": NAME, "key": m.key, "path": str(inst.path), "installed_at": inst.installed_at,
+                              "platform": "linux-x86_64", "commit": COMMIT, "backends": ["cpu", "cuda"],
+                              "toolkit": "13.0.2", "driver_floor": "572.61"}
+    again = install(store, m.key, root)
     assert again.reused and again.installed == inst
 
 
@@ -77,22 +127,22 @@ def test_a_new_key_replaces_the_old_install_only_after_it(tmp_path: Path, store:
     root = tmp_path / "data"
     old = publish(store.root, tmp_path, salt="old")
     new = publish(store.root, tmp_path, salt="new")
-    first = install(store, old["key"], root).installed
-    out = install(store, new["key"], root)
-    assert out.replaced == old["key"] and out.installed.key == new["key"]
+    first = install(store, old.key, root).installed
+    out = install(store, new.key, root)
+    assert out.replaced == old.key and out.installed.key == new.key
     assert not first.path.exists()
     assert slot_entries(root) == sorted([POINTER, out.installed.path.name])
-    assert [i.key for i in list_installed(root)] == [new["key"]]
+    assert [i.key for i in list_installed(root)] == [new.key]
 
 
 def test_an_install_that_was_changed_on_disk_is_installed_again(tmp_path: Path, store: LocalStore) -> None:
     m = publish(store.root, tmp_path)
     root = tmp_path / "data"
-    inst = install(store, m["key"], root).installed
+    inst = install(store, m.key, root).installed
     (inst.path / "libggml-cuda.so").write_bytes(b"changed")
-    out = install(store, m["key"], root)
-    assert not out.reused and out.replaced == m["key"]
-    check_bundle(out.installed.path, key=m["key"], platform="linux-x86_64")
+    out = install(store, m.key, root)
+    assert not out.reused and out.replaced == m.key
+    check_bundle(out.installed.path, key=m.key, platform="linux-x86_64")
     assert not inst.path.exists()
 
 
@@ -100,16 +150,42 @@ def test_uninstall_by_key_prefix_or_name(tmp_path: Path, store: LocalStore) -> N
     root = tmp_path / "data"
     a = publish(store.root, tmp_path)
     b = publish(store.root, tmp_path, name="linux-x86_64-cpu", backends=("cpu",))
-    install(store, a["key"], root)
-    install(store, b["key"], root)
+    install(store, a.key, root)
+    install(store, b.key, root)
     assert [i.name for i in list_installed(root)] == ["linux-x86_64-cpu", NAME]
     with pytest.raises(UsageError) as e:
         uninstall(root, "nothing")
     assert e.value.exit_code == 2 and "no installed bundle matches 'nothing'" in e.value.what
-    assert uninstall(root, a["key"][:8]).key == a["key"]
+    assert uninstall(root, a.key[:8]).key == a.key
     assert not (root / BUNDLES / NAME).exists()
-    assert uninstall(root, "linux-x86_64-cpu").key == b["key"]
+    assert uninstall(root, "linux-x86_64-cpu").key == b.key
     assert list_installed(root) == []
+
+
+def test_uninstall_removes_nothing_when_the_install_changed_before_it_got_the_lock(
+        tmp_path: Path, store: LocalStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    import llamabundle.runtime.install as install_mod
+
+    root = tmp_path / "data"
+    a = publish(store.root, tmp_path, salt="a")
+    b = publish(store.root, tmp_path, salt="b")
+    install(store, a.key, root)
+    real = install_mod._slot_lock
+
+    def late(*args: Any, **kw: Any) -> Any:  # another install replaces a by b just before uninstall locks
+        monkeypatch.setattr(install_mod, "_slot_lock", real)
+        install(store, b.key, root)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(install_mod, "_slot_lock", late)
+    with pytest.raises(UsageError) as e:
+        uninstall(root, a.key)
+    assert e.value.exit_code == 2
+    assert e.value.what == f"'{a.key}' is no longer installed: {NAME} is now {b.key[:12]}; nothing was removed"
+    [kept] = list_installed(root)
+    assert kept.key == b.key
+    check_bundle(kept.path, key=b.key, platform="linux-x86_64")
+    assert slot_entries(root) == sorted([POINTER, kept.path.name])
 
 
 def test_data_root_prefers_dest_then_the_environment(tmp_path: Path) -> None:
@@ -122,6 +198,7 @@ def test_a_missing_key_is_a_usage_error(tmp_path: Path, store: LocalStore) -> No
     with pytest.raises(UsageError) as e:
         install(store, "ab" * 32, tmp_path / "data")
     assert "no bundle with key abababababab" in e.value.what
+    assert not (tmp_path / "data").exists()
 
 
 # ------------------------------------------------------------------------------------ refused bundles
@@ -151,53 +228,61 @@ def assert_refused(store: LocalStore, key: str, root: Path, what: str, **kw: Any
 def test_a_tampered_bundle_is_refused_and_the_old_install_kept(tmp_path: Path, store: LocalStore) -> None:
     root = tmp_path / "data"
     good = publish(store.root, tmp_path, salt="good")
-    kept = install(store, good["key"], root).installed
+    kept = install(store, good.key, root).installed
     zip_path, m = make_zip(tmp_path, salt="bad")
     tampered = rezip(zip_path, tmp_path / "tampered.zip", change={"llama-server": SERVERS["ok"].replace(b"H200", b"H201")})
     store.publish(tampered, m)  # the store's own digest is of the tampered zip: only the manifest catches it
-    assert_refused(store, m["key"], root, "llama-server does not match its sha256")
+    assert_refused(store, m.key, root, "llama-server does not match its sha256")
     assert list_installed(root) == [kept]
-    check_bundle(kept.path, key=good["key"], platform="linux-x86_64")
+    check_bundle(kept.path, key=good.key, platform="linux-x86_64")
 
 
 def test_an_extra_file_is_refused(tmp_path: Path, store: LocalStore) -> None:
     zip_path, m = make_zip(tmp_path)
     store.publish(rezip(zip_path, tmp_path / "extra.zip", add={"libevil.so": b"x"}), m)
-    assert_refused(store, m["key"], tmp_path / "data", "libevil.so is in the bundle but not in bundle.json")
+    assert_refused(store, m.key, tmp_path / "data", "libevil.so is in the bundle but not in bundle.json")
 
 
 @pytest.mark.parametrize(("kw", "expect", "what"), [
-    ({"platform": "windows-x86_64"}, {}, "built for windows-x86_64, this machine is linux-x86_64"),
+    ({"platform": "windows-x86_64"}, {}, "it is built for windows-x86_64, not linux-x86_64"),
     ({}, {"commit": "1" * 40}, f"holds llama.cpp {COMMIT}, expected 1111"),
     ({}, {"toolkit": "12.8.1"}, "built with CUDA 13.0.2, expected 12.8.1"),
 ])
 def test_expectations_are_checked(tmp_path: Path, store: LocalStore, kw: dict[str, str], expect: dict[str, str],
                                   what: str) -> None:
     m = publish(store.root, tmp_path, **kw)
-    assert_refused(store, m["key"], tmp_path / "data", what, **expect)
+    assert_refused(store, m.key, tmp_path / "data", what, **expect)
 
 
 def test_a_key_that_does_not_match_the_bundle_is_refused(tmp_path: Path, store: LocalStore) -> None:
     zip_path, m = make_zip(tmp_path)
     other = "ef" * 32
-    store.publish(zip_path, {**m, "key": other})  # a store entry under another key
-    assert_refused(store, other, tmp_path / "data", f"names key {m['key'][:12]}, not efefefefefef")
+    plant(store.root, other, zip_path, m.text())  # a store entry under another key
+    assert_refused(store, other, tmp_path / "data", f"names key {m.key[:12]}, not efefefefefef")
     stage, m2 = make_stage(tmp_path)  # a manifest whose key is not the sha256 of its inputs
-    m2 = bundle.write_manifest(stage, {**{k: v for k, v in m2.items() if k not in ("format", "tool")}, "key": other})
+    liar = {**m2.to_json(), "key": other}
+    (stage / bundle.MANIFEST).write_text(json.dumps(liar))
     z2 = bundle.pack(stage, tmp_path / "liar.zip", source_date_epoch=0)
-    LocalStore(tmp_path / "store2").publish(z2, m2)
+    plant(tmp_path / "store2", other, z2, json.dumps(liar))
     assert_refused(LocalStore(tmp_path / "store2"), other, tmp_path / "data", "not the sha256 of the inputs")
 
 
-def crafted(tmp: Path, member: zipfile.ZipInfo | str, data: bytes) -> Path:
-    """A valid bundle zip plus one hostile member."""
-    zip_path, _m = make_zip(tmp)
+def test_a_zip_holding_another_bundle_than_its_store_entry_is_refused(tmp_path: Path, store: LocalStore) -> None:
+    zip_b, b = make_zip(tmp_path, salt="b")
+    _zip_a, a = make_zip(tmp_path, salt="a")
+    store.publish(zip_b, a)  # the entry's bundle.json is a's, the zip is b's
+    assert_refused(store, a.key, tmp_path / "data", f"names key {b.key[:12]}, not {a.key[:12]}")
+
+
+def crafted(tmp: Path, member: zipfile.ZipInfo | str, data: bytes) -> tuple[Path, Manifest]:
+    """A valid bundle zip plus one hostile member, and the bundle's manifest."""
+    zip_path, m = make_zip(tmp)
     out = tmp / f"crafted-{len(list(tmp.glob('crafted-*')))}.zip"
     with zipfile.ZipFile(zip_path) as zin, zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as zout:
         for info in zin.infolist():
             zout.writestr(info, zin.read(info))
         zout.writestr(member, data)
-    return out
+    return out, m
 
 
 def _unix(name: str, mode: int) -> zipfile.ZipInfo:
@@ -219,18 +304,17 @@ def _unix(name: str, mode: int) -> zipfile.ZipInfo:
 def test_crafted_archives_are_refused_with_nothing_written(tmp_path: Path, store: LocalStore, member: Any, data: bytes,
                                                            what: str) -> None:
     root = tmp_path / "work" / "data"
-    zip_path = crafted(tmp_path, member, data)
-    key = "cd" * 32
-    store.publish(zip_path, {"key": key, "name": NAME})
+    zip_path, m = crafted(tmp_path, member, data)
+    store.publish(zip_path, m)
     outside = tree(tmp_path / "work")
-    assert_refused(store, key, root, what)
+    assert_refused(store, m.key, root, what)
     assert [p for p in tree(tmp_path / "work") if ".locks" not in p] == [p for p in outside if ".locks" not in p] + \
         [p for p in ["data", "data/bundles", f"data/bundles/{NAME}"] if p not in outside]
     assert not (tmp_path / "work" / "escape.txt").exists() and not Path("/tmp/llamabundle-install-evil").exists()
 
 
 def test_a_declared_size_bomb_is_refused(tmp_path: Path, store: LocalStore) -> None:
-    zip_path = crafted(tmp_path, "big.bin", os.urandom(100_000))  # incompressible: only the declared size is absurd
+    zip_path, m = crafted(tmp_path, "big.bin", os.urandom(100_000))  # incompressible: only the declared size is absurd
     data = bytearray(zip_path.read_bytes())
     for sig, off in ((b"PK\x03\x04", 22), (b"PK\x01\x02", 24)):  # declare 4 GiB - 1 in both headers
         at = 0
@@ -240,28 +324,26 @@ def test_a_declared_size_bomb_is_refused(tmp_path: Path, store: LocalStore) -> N
                 data[at + off:at + off + 4] = b"\xff\xff\xff\xfe"
             at += 4
     zip_path.write_bytes(bytes(data))
-    key = "cd" * 32
-    store.publish(zip_path, {"key": key, "name": NAME})
-    assert_refused(store, key, tmp_path / "data", "more than 200")
+    store.publish(zip_path, m)
+    assert_refused(store, m.key, tmp_path / "data", "more than 200")
 
 
 def test_the_cli_refuses_a_tampered_bundle_with_exit_5(tmp_path: Path, store: LocalStore) -> None:
     zip_path, m = make_zip(tmp_path)
     store.publish(rezip(zip_path, tmp_path / "t.zip", change={"LICENSE": b"MIT Licensf\n"}), m)  # same size
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "LLAMABUNDLE_CACHE_DIR": str(tmp_path / "cache")}
-    p = cli("install", "--store", str(store.root), "--key", m["key"], "--dest", str(tmp_path / "data"), env=env)
+    p = cli("install", "--store", str(store.root), "--key", m.key, "--dest", str(tmp_path / "data"), env=env)
     assert p.returncode == 5, p.stderr
-    assert f"error: bundle {m['key'][:12]} refused (bundle_invalid): LICENSE does not match its sha256" in p.stderr
+    assert f"error: bundle {m.key[:12]} refused (bundle_invalid): LICENSE does not match its sha256" in p.stderr
     assert "Traceback" not in p.stderr
     assert list_installed(tmp_path / "data") == []
 
 
 def test_cli_install_by_recipe_list_and_uninstall(tmp_path: Path, store: LocalStore) -> None:
     recipe = load_recipe(REPO / "recipes" / "linux-x86_64-cpu.yaml")
-    stage, m = make_stage(tmp_path, name=recipe.name, backends=("cpu",))
-    m = bundle.write_manifest(stage, {**{k: v for k, v in m.items() if k not in ("format", "tool")},
-                                      "key": recipe.key(), "inputs": recipe.key_inputs()})
-    store.publish(bundle.pack(stage, tmp_path / "cpu.zip", source_date_epoch=0), m)
+    zip_path, m = recipe_bundle(tmp_path, REPO / "recipes" / "linux-x86_64-cpu.yaml")
+    assert m.key == recipe.key()
+    store.publish(zip_path, m)
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "LLAMABUNDLE_CACHE_DIR": str(tmp_path / "cache"),
            "LLAMABUNDLE_DATA_DIR": str(tmp_path / "data")}
     p = cli("install", "--store", str(store.root), "--recipe", str(REPO / "recipes" / "linux-x86_64-cpu.yaml"), "--json", env=env)
@@ -302,9 +384,9 @@ def test_sigkill_at_any_step_leaves_a_usable_install(tmp_path: Path, store: Loca
     root = tmp_path / "data"
     old = publish(store.root, tmp_path, salt="old")
     new = publish(store.root, tmp_path, salt="new")
-    kept = install(store, old["key"], root).installed
+    kept = install(store, old.key, root).installed
     marker = tmp_path / "at"
-    proc = subprocess.Popen([sys.executable, "-c", KILL_SCRIPT, str(store.root), new["key"], str(root), point, str(marker)],
+    proc = subprocess.Popen([sys.executable, "-c", KILL_SCRIPT, str(store.root), new.key, str(root), point, str(marker)],
                             cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
     try:
         wait_for(marker)
@@ -315,31 +397,31 @@ def test_sigkill_at_any_step_leaves_a_usable_install(tmp_path: Path, store: Loca
     # The install the pointer names is complete and checks: the old one, or (once the pointer moved) the new one.
     [now] = list_installed(root)
     expected = new if point == "swapped" else old
-    assert now.key == expected["key"]
-    check_bundle(now.path, key=expected["key"], platform="linux-x86_64")
+    assert now.key == expected.key
+    check_bundle(now.path, key=expected.key, platform="linux-x86_64")
     leftovers = set(slot_entries(root)) - {POINTER, now.path.name}
     assert leftovers, "the killed install left something behind for the next one to clean"
     if point != "swapped":
         assert now == kept
     # A later install takes the lock the dead process held, cleans up and succeeds.
-    out = install(store, new["key"], root)
-    assert out.installed.key == new["key"]
+    out = install(store, new.key, root)
+    assert out.installed.key == new.key
     assert slot_entries(root) == sorted([POINTER, out.installed.path.name])
-    check_bundle(out.installed.path, key=new["key"], platform="linux-x86_64")
+    check_bundle(out.installed.path, key=new.key, platform="linux-x86_64")
 
 
 def test_an_interrupted_install_cleans_up_after_itself(tmp_path: Path, store: LocalStore) -> None:
     root = tmp_path / "data"
     old = publish(store.root, tmp_path, salt="old")
     new = publish(store.root, tmp_path, salt="new")
-    kept = install(store, old["key"], root).installed
+    kept = install(store, old.key, root).installed
 
     def stop(at: str) -> None:
         if at == "swapping":
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        install(store, new["key"], root, hook=stop)
+        install(store, new.key, root, hook=stop)
     assert list_installed(root) == [kept]
     assert slot_entries(root) == sorted([POINTER, kept.path.name])
 

@@ -15,30 +15,29 @@ import pytest
 
 from llamabundle import bundle
 from llamabundle.errors import StoreError, UsageError, VerifyError
+from llamabundle.manifest import Manifest, ManifestError, parse
 from llamabundle.store.base import Entry, open_store
 from llamabundle.store.local import SUMS, LocalStore
 
-KEY = "ab" * 32
-OTHER_KEY = "cd" * 32
+try:
+    from tests import bundles as tb
+except ImportError:  # pytest run without the project root on sys.path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from tests import bundles as tb
+
+TAG = "store"
+KEY = tb.key_for(TAG)  # the sha256 of the bundle's recorded inputs, as a build's key is
+OTHER_KEY = tb.key_for("other")
 FILES = {"llama-server": b"#!/bin/sh\necho not an ELF\n", "LICENSE": b"MIT License\n"}
 ROLES = {"llama-server": "exe", "LICENSE": "license"}
 
 
-def make_bundle(tmp: Path, key: str = KEY, *, name: str = "bundle.zip",
-                files: dict[str, bytes] = FILES) -> tuple[Path, dict]:
-    """A small valid bundle zip (non-ELF files) whose manifest has `key`."""
-    stage = tmp / f"stage-{name}-{key[:4]}"
-    stage.mkdir(parents=True)
-    for rel, data in files.items():
-        (stage / rel).write_bytes(data)
-    manifest = bundle.write_manifest(stage, {
-        "name": "test-bundle", "key": key, "platform": "linux-x86_64",
-        "llama_cpp": {"commit": "0c1e57098bba43ac29e6e3b677cdceebdd22334f"},
-        "files": bundle.file_entries(stage, ROLES),
-    })
-    zip_path = tmp / name
-    bundle.pack(stage, zip_path, source_date_epoch=0)
-    return zip_path, manifest
+def make_bundle(tmp: Path, tag: str = TAG, *, name: str = "bundle.zip",
+                files: dict[str, bytes] = FILES) -> tuple[Path, Manifest]:
+    """A small valid bundle zip (non-ELF files) whose key is tb.key_for(tag), and its typed manifest."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    zip_path, m = tb.make_zip(tmp, files, ROLES, zip_name=name, name="test-bundle", inputs=tb.inputs_for(tag))
+    return zip_path, parse(m)
 
 
 def sha256(path: Path) -> str:
@@ -77,13 +76,13 @@ def test_publish_then_lookup_hits_with_the_zip_digest(tmp_path: Path) -> None:
     assert entry.zip_name == "bundle.zip"
     assert entry.zip_sha256 == sha256(zip_path)
     assert entry.zip_size == zip_path.stat().st_size
-    assert entry.manifest == manifest
+    assert entry.manifest == manifest and entry.manifest.key == KEY
     assert entry.location == str((tmp_path / "store" / KEY / "bundle.zip").resolve())
 
     entry_dir = tmp_path / "store" / KEY
     assert sorted(p.name for p in entry_dir.iterdir()) == ["SHA256SUMS", "bundle.json", "bundle.zip"]
     assert (entry_dir / SUMS).read_text() == f"{sha256(zip_path)}  bundle.zip\n"
-    assert json.loads((entry_dir / "bundle.json").read_text()) == manifest
+    assert json.loads((entry_dir / "bundle.json").read_text()) == manifest.to_json()
     assert (entry_dir / "bundle.zip").read_bytes() == zip_path.read_bytes()
     assert not [p for p in (tmp_path / "store").iterdir() if p.name.startswith(".publish-")]
     # other keys are still misses
@@ -124,7 +123,7 @@ def test_fetch_of_a_vanished_entry_or_into_a_file_is_a_store_error(tmp_path: Pat
     with pytest.raises(StoreError) as e:
         store.fetch(entry, a_file)
     assert e.value.exit_code == 6
-    assert e.value.what.startswith("cannot copy ")
+    assert e.value.what == f"cannot create {a_file}"
     assert a_file.read_text() == "not a directory"
 
     (tmp_path / "store" / KEY / "bundle.zip").unlink()  # removed after the lookup
@@ -132,6 +131,7 @@ def test_fetch_of_a_vanished_entry_or_into_a_file_is_a_store_error(tmp_path: Pat
     with pytest.raises(StoreError) as e:
         store.fetch(entry, dest)
     assert e.value.exit_code == 6
+    assert e.value.what == f"cannot read {(tmp_path / 'store' / KEY / 'bundle.zip').resolve()}"
     assert list(dest.iterdir()) == []  # no .part left behind
 
 
@@ -181,16 +181,92 @@ def test_a_changed_byte_in_the_stored_zip_is_a_verify_error(tmp_path: Path) -> N
     assert "SHA256SUMS" in e.value.what
 
 
-def test_entry_whose_manifest_names_another_key_is_inconsistent(tmp_path: Path) -> None:
+def test_entry_whose_manifest_names_another_key_is_refused(tmp_path: Path) -> None:
     zip_path, manifest = make_bundle(tmp_path)
     store = LocalStore(tmp_path / "store")
     store.publish(zip_path, manifest)
     mpath = tmp_path / "store" / KEY / "bundle.json"
-    mpath.write_text(json.dumps({**manifest, "key": OTHER_KEY}))
-    with pytest.raises(StoreError) as e:
+    other = {**manifest.to_json(), "key": OTHER_KEY}
+    mpath.write_text(json.dumps(other))  # re-keyed: its key is not the sha256 of its inputs
+    with pytest.raises(ManifestError) as e:
         store.lookup(KEY)
-    assert e.value.exit_code == 6
-    assert "inconsistent" in e.value.what
+    assert e.value.exit_code == 5
+    assert f"store entry {(tmp_path / 'store' / KEY).resolve()}" in e.value.what
+    assert "is not the sha256 of the inputs" in e.value.what
+    # a consistent manifest of another bundle, under this key
+    _zip2, m2 = make_bundle(tmp_path / "b", "other")
+    mpath.write_text(m2.text())
+    with pytest.raises(ManifestError) as e:
+        store.lookup(KEY)
+    assert e.value.exit_code == 5 and f"names key {OTHER_KEY[:12]}, not {KEY[:12]}" in e.value.what
+
+
+@pytest.mark.parametrize(("text", "field", "what"), [
+    ("[1, 2]", "", "is a list, not an object"),
+    ('{"files": "x"}', "files", "'files' is the string 'x', not a list"),
+    ('{"files": [1]}', "files[0]", "'files[0]' is a number, not an object"),
+    ('{"platform": 5}', "platform", "'platform' is a number, not a string"),
+    ('{"key": 12345}', "key", "'key' is a number, not a string"),
+    ('{"llama_cpp": "x"}', "llama_cpp", "'llama_cpp' is the string 'x', not an object"),
+    ("not json", "", "is not valid JSON"),
+    (b"\xff\xfe", "", "is not UTF-8 text"),
+])
+def test_a_malformed_manifest_is_a_verify_error_naming_the_field(tmp_path: Path, text: str | bytes, field: str,
+                                                                 what: str) -> None:
+    zip_path, manifest = make_bundle(tmp_path)
+    store = LocalStore(tmp_path / "store")
+    store.publish(zip_path, manifest)
+    mpath = (tmp_path / "store" / KEY / "bundle.json").resolve()
+    if isinstance(text, str) and text.startswith("{"):
+        text = json.dumps({**manifest.to_json(), **json.loads(text)})
+    mpath.write_bytes(text if isinstance(text, bytes) else text.encode())
+    with pytest.raises(ManifestError) as e:
+        LocalStore(tmp_path / "store").lookup(KEY)
+    assert e.value.exit_code == 5 and e.value.field == field
+    assert e.value.what.startswith(str(mpath)) and what in e.value.what, e.value.what
+    assert f"remove {mpath.parent}" in e.value.fix
+
+
+@pytest.mark.parametrize("sums", [b"", b"nonsense\n", b"\xff\xfe  bundle.zip\n", ("0" * 64 + "  ../bundle.zip\n").encode(),
+                                  ("0" * 64 + "  a.zip\n" + "1" * 64 + "  b.zip\n").encode()])
+def test_a_damaged_sha256sums_is_a_store_error(tmp_path: Path, sums: bytes) -> None:
+    zip_path, manifest = make_bundle(tmp_path)
+    store = LocalStore(tmp_path / "store")
+    store.publish(zip_path, manifest)
+    (tmp_path / "store" / KEY / SUMS).write_bytes(sums)
+    with pytest.raises(StoreError) as e:
+        LocalStore(tmp_path / "store").lookup(KEY)
+    assert e.value.exit_code == 6 and "store entry" in e.value.what
+
+
+def test_publish_refuses_a_manifest_whose_key_is_not_its_inputs(tmp_path: Path) -> None:
+    zip_path, manifest = make_bundle(tmp_path)
+    liar = parse({**manifest.to_json(), "key": "f" * 64})
+    with pytest.raises(ManifestError) as e:
+        LocalStore(tmp_path / "store").publish(zip_path, liar)
+    assert e.value.exit_code == 5 and "not the sha256 of the inputs" in e.value.what
+    assert not (tmp_path / "store").exists()  # refused before anything was written
+
+
+def test_a_store_that_is_a_regular_file_is_a_usage_error(tmp_path: Path) -> None:
+    a_file = tmp_path / "store.txt"
+    a_file.write_text("not a store")
+    for root in (a_file, a_file / "below"):
+        with pytest.raises(UsageError) as e:
+            LocalStore(root)
+        assert e.value.exit_code == 2 and f"store {root} is not a directory" in e.value.what
+    assert a_file.read_text() == "not a store"
+
+
+def test_sha256sums_is_utf8_and_names_non_ascii_zips(tmp_path: Path) -> None:
+    zip_path, manifest = make_bundle(tmp_path, name="bündel-ü ☃.zip")
+    store = LocalStore(tmp_path / "störe")
+    entry = store.publish(zip_path, manifest).entry
+    assert entry.zip_name == "bündel-ü ☃.zip"
+    sums = (tmp_path / "störe" / KEY / SUMS).read_bytes()
+    assert sums == f"{sha256(zip_path)}  bündel-ü ☃.zip\n".encode()
+    got = store.fetch(entry, tmp_path / "dl")
+    assert got.name == "bündel-ü ☃.zip" and sha256(got) == sha256(zip_path)
 
 
 # ------------------------------------------------------------------------------ open_store
@@ -234,9 +310,10 @@ def test_open_store_unknown_scheme(url: str) -> None:
 _PUBLISHER = r"""
 import json, os, sys, time
 from pathlib import Path
+from llamabundle.manifest import loads
 from llamabundle.store.local import LocalStore
 root, zip_path, manifest_path, ready, go = sys.argv[1:6]
-manifest = json.loads(Path(manifest_path).read_text())
+manifest = loads(Path(manifest_path).read_bytes())
 Path(ready).touch()
 deadline = time.monotonic() + 30
 while not os.path.exists(go):
@@ -261,7 +338,7 @@ def _wait_for(paths: list[Path], procs: list[subprocess.Popen], timeout: float =
 def test_two_processes_publishing_the_same_key_leave_one_complete_entry(tmp_path: Path) -> None:
     zip_path, manifest = make_bundle(tmp_path)
     manifest_path = tmp_path / "manifest.json"
-    manifest_path.write_text(json.dumps(manifest))
+    manifest_path.write_text(manifest.text())
     root = tmp_path / "store"
     go = tmp_path / "go"
     readies = [tmp_path / f"ready-{i}" for i in range(2)]
