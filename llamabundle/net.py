@@ -4,6 +4,9 @@
 bytes as served, and renames to `dest` only once size and sha256 check out. A dropped connection, a 5xx
 or a 429 is retried with backoff, resuming with `Range` + `If-Range` where the server allows it; a
 `.part` left by an interrupted run is resumed the same way by the next one (DESIGN §6).
+
+The `.part` belongs to whoever holds `<dest>.part.lock`: processes downloading the same file to the same
+place take turns, and one that finds `dest` already there with the pinned sha256 uses it as it is.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import hashlib
 import json
 import os
 import time
+from collections.abc import Iterator
 from http.client import HTTPException
 from pathlib import Path
 from typing import Protocol
@@ -20,6 +24,7 @@ from urllib.parse import urljoin, urlsplit
 
 import requests
 import urllib3
+from filelock import FileLock, Timeout
 
 from . import __version__
 from .errors import LlamaBundleError, StoreError, VerifyError
@@ -28,6 +33,7 @@ from .log import Log, ProgressHandle
 CHUNK = 1 << 20
 MAX_REDIRECTS = 10
 MAX_DELAY = 30.0  # seconds: the longest Retry-After (or backoff) a download waits
+LOCK_TIMEOUT = 3600.0  # seconds: the longest a download waits for another process downloading the same file
 _sleep = time.sleep  # tests replace it
 
 # What a connection dropped mid-body looks like, from requests, urllib3, http.client or the socket.
@@ -63,13 +69,66 @@ def download(url: str, dest: Path, *, http: requests.Session, log: Log, sha256: 
     a redirect target elsewhere. `sink` is fed every byte of the file in order as it arrives (again from
     the start after a restart, which it is told by `reset()`), e.g. a zipstream.ZipStream unpacking on the
     fly; an error it raises discards the partial download.
+
+    Concurrent calls for one `dest` (threads or processes) take turns on `<dest>.part.lock`; with `sha256`
+    pinned, a `dest` that is already there with that digest is returned without downloading (its bytes are
+    fed to `sink` all the same).
     """
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
     job = _Download(url, dest, http=http, log=log, sha256=sha256.lower() if sha256 else None,
                     timeout=(connect_timeout, read_timeout), headers=dict(headers or {}), size=size,
                     retries=max(0, retries), backoff=max(0.0, backoff), mismatch_error=mismatch_error, token=token, sink=sink)
-    return job.run()
+    with _exclusive(dest.with_name(dest.name + ".part.lock"), log=log, what=dest.name):
+        got = job.already_there()
+        return got if got is not None else job.run()
+
+
+@contextlib.contextmanager
+def _exclusive(path: Path, *, log: Log, what: str, timeout: float | None = None) -> Iterator[None]:
+    """Hold the lock file `path`, and remove it when done. Removing a lock file is safe only if a process
+    that locked it after its removal notices: so the file locked must still be the one at `path`, else it
+    is locked again (on Windows filelock removes the file itself)."""
+    timeout = LOCK_TIMEOUT if timeout is None else timeout
+    deadline = time.monotonic() + timeout
+    told = False
+    for tries in range(1, 101):  # bounded: where locks do not work the file may keep changing
+        lock = FileLock(str(path))
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            if not told:
+                log.info(f"    download {what}: another process is downloading it; waiting for it")
+                told = True
+            try:
+                lock.acquire(timeout=max(0.0, deadline - time.monotonic()))
+            except Timeout:
+                raise StoreError(f"another process has been downloading {path.parent / what} for over "
+                                 f"{timeout / 60:.0f} minutes", why=f"it holds {path}",
+                                 fix="wait for it to finish (or end it), then retry") from None
+        if os.name == "nt" or _holds(lock, path) is not False or tries == 100:
+            break
+        lock.release()  # we locked a file its holder had removed: lock the one there now
+    try:
+        yield
+    finally:
+        try:
+            if os.name != "nt" and _holds(lock, path) is True:
+                path.unlink(missing_ok=True)  # while it is held: a waiter then finds it gone and locks anew
+        finally:
+            lock.release()
+
+
+def _holds(lock: FileLock, path: Path) -> bool | None:
+    """Whether `lock` holds the file that is at `path` now; None: this filelock does not tell (its file is
+    then never removed)."""
+    fd = getattr(getattr(lock, "_context", None), "lock_file_fd", None)
+    if not isinstance(fd, int):
+        return None
+    try:
+        return os.path.samestat(os.fstat(fd), os.stat(path))
+    except OSError:
+        return False
 
 
 def get_page(url: str, *, http: requests.Session, headers: dict[str, str] | None = None,
@@ -157,6 +216,26 @@ class _Download:
         self.bar: ProgressHandle | None = None
 
     # ------------------------------------------------------------------------------ driver
+
+    def already_there(self) -> str | None:
+        """The sha256 of `dest` when it is already the pinned file (another process downloaded it), else None."""
+        if self.sha256 is None or not self.dest.is_file():
+            return None
+        try:
+            if self.size is not None and self.dest.stat().st_size != self.size:
+                return None
+            digest = _Digest(self.sink)
+            with open(self.dest, "rb") as f:
+                while chunk := f.read(CHUNK):
+                    digest.update(chunk)
+        except OSError:
+            return None
+        if digest.hexdigest() != self.sha256:
+            if self.sink is not None:
+                self.sink.reset()
+            return None
+        self.log.info(f"    download {self.dest.name}: already there, with the pinned sha256")
+        return digest.hexdigest()
 
     def run(self) -> str:
         with contextlib.ExitStack() as stack:

@@ -8,7 +8,9 @@
 - CDN (127.0.0.2): the asset bytes, with ETag, Accept-Ranges, Range and If-Range.
 - Every request is recorded in `requests` (host "api" or "cdn", method, path, lower-cased headers).
 - Fault injection: `faults` is a list of callables `(req, handler) -> bool` tried before normal handling
-  (True: handled, and removed when `once`); helpers below add the usual ones.
+  (True: handled, and removed when `once`); helpers below add the usual ones. For asset bodies on the CDN:
+  `drop_asset` (announce the whole length, hang up after N bytes) and `short_asset` (a complete-looking
+  answer that holds only the first N bytes), for one named asset, for its next K downloads or every one.
 - Time: `backdate(seconds)` makes every release and asset that many seconds older (stale-lock tests).
 - "Latest" as GitHub keeps it: a release that is created published, or published from a draft (PATCH
   draft false), or patched, with `make_latest` "true" or absent becomes the repo's latest; "false" leaves
@@ -30,7 +32,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Self
 from urllib.parse import parse_qs, unquote, urlsplit
 
 CDN_HOST = "127.0.0.2"
@@ -67,7 +69,7 @@ class Request:
 
 @dataclass
 class Fault:
-    fn: Callable[["Request", "_Handler"], bool]
+    fn: Callable[[Request, _Handler], bool]
     once: bool = True
 
 
@@ -125,7 +127,7 @@ class FakeGitHub:
         self.api.close()
         self.cdn.close()
 
-    def __enter__(self) -> "FakeGitHub":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -194,7 +196,7 @@ class FakeGitHub:
 
     # ------------------------------------------------------------------------------ faults
 
-    def add_fault(self, fn: Callable[[Request, "_Handler"], bool], *, once: bool = True) -> None:
+    def add_fault(self, fn: Callable[[Request, _Handler], bool], *, once: bool = True) -> None:
         with self.lock:
             self.faults.append(Fault(fn, once))
 
@@ -268,6 +270,31 @@ class FakeGitHub:
             return True
 
         self.add_fault(fault)
+
+    def drop_asset(self, name: str, *, after: int, times: int | None = 1) -> None:
+        """The next `times` CDN downloads of the asset `name` (None: every one) announce the whole body but hang
+        up after `after` of its bytes (counted from where a Range starts)."""
+        self._asset_fault(name, times, lambda h: h.serve_cdn(cut=after))
+
+    def short_asset(self, name: str, *, keep: int, times: int | None = 1) -> None:
+        """The next `times` CDN downloads of `name` (None: every one) answer as if the asset held only its first
+        `keep` bytes: a complete-looking answer (Content-Length and all), with the asset's own ETag."""
+        self._asset_fault(name, times, lambda h: h.serve_cdn(short=keep))
+
+    def _asset_fault(self, name: str, times: int | None, serve: Callable[[_Handler], None]) -> None:
+        def fault(req: Request, h: _Handler) -> bool:
+            parts = urlsplit(req.path).path.split("/")
+            if not (req.host == "cdn" and len(parts) > 3 and parts[1] == "cdn" and unquote(parts[3]) == name):
+                return False
+            serve(h)
+            return True
+
+        for _ in range(1 if times is None else times):
+            self.add_fault(fault, once=times is not None)
+
+    def downloads(self, name: str) -> list[Request]:
+        """The CDN requests for the asset `name`, in order."""
+        return [r for r in self.requests if r.host == "cdn" and unquote(urlsplit(r.path).path).endswith(f"/{name}")]
 
     def drop_download_once(self, after: int) -> None:
         """The next CDN download announces the full length but hangs up after `after` bytes."""
@@ -370,16 +397,16 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     # ---------------------------------------------------------------------------- dispatch
 
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         self._dispatch("GET")
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         self._dispatch("POST")
 
-    def do_PATCH(self) -> None:  # noqa: N802
+    def do_PATCH(self) -> None:
         self._dispatch("PATCH")
 
-    def do_DELETE(self) -> None:  # noqa: N802
+    def do_DELETE(self) -> None:
         self._dispatch("DELETE")
 
     def _dispatch(self, method: str) -> None:
@@ -545,7 +572,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     # -------------------------------------------------------------------------------- CDN
 
-    def serve_cdn(self, cut: int | None = None) -> None:
+    def serve_cdn(self, cut: int | None = None, short: int | None = None) -> None:
+        """The asset's bytes (from a Range's start): `cut` hangs up after that many of them, the full length
+        announced; `short` serves the asset as if it ended after its first `short` bytes."""
         gh = self.server.owner
         parts = urlsplit(self.path).path.split("/")
         with gh.lock:
@@ -557,6 +586,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self.end_headers()
             return
         etag = f'"{hashlib.sha256(body).hexdigest()[:16]}"'
+        if short is not None:
+            body = body[:short]
         start = range_status(self, len(body), etag=etag)
         if start is None:
             return

@@ -2,7 +2,11 @@
 (`publish.tag`, e.g. `{name}-{key12}`; bundle.json records it).
 
 A hit is a *published* release whose assets include `bundle.json` and exactly one uploaded `.zip`
-(its `digest` is the Entry's sha256). Publishing takes the tag first (`POST /git/refs`: exactly one
+(its `digest` is the Entry's sha256), and whose bundle.json is a manifest of the key asked for
+(manifest.check_consistent): one that is not is refused (exit 5) with the advice to delete the release.
+Small assets (bundle.json, SHA256SUMS) are downloaded like the zip: a short or dropped body is retried
+and resumed (`Range` + `If-Range`) until it has the asset's size (and digest); only content that arrived
+whole and is wrong condemns the release. Publishing takes the tag first (`POST /git/refs`: exactly one
 concurrent publisher wins), then draft release → zip → SHA256SUMS → bundle.json → publish. A loser
 waits for the winner's release; a tag whose release stays a draft longer than `stale_after` seconds
 is taken over. Every request goes through one `requests` session with retries for connection errors,
@@ -13,7 +17,6 @@ is taken over. Every request goes through one `requests` session with retries fo
 from __future__ import annotations
 
 import datetime as dt
-import json
 import random
 import re
 import time
@@ -26,10 +29,12 @@ from urllib.parse import quote, urljoin, urlsplit
 import requests
 import urllib3
 
+from .. import manifest as manifest_mod
 from .. import net
 from ..bundle import MANIFEST, sha256_file
-from ..errors import StoreError, UsageError
+from ..errors import LlamaBundleError, StoreError, UsageError
 from ..log import Log
+from ..manifest import Expect, Manifest, ManifestError
 from .base import Entry, Published
 
 API_VERSION = "2022-11-28"
@@ -40,7 +45,8 @@ _KEY_RE = re.compile(r"^[0-9a-f]{64}$")
 _DROPPED = (requests.RequestException, urllib3.exceptions.HTTPError, ConnectionError, TimeoutError, OSError)
 _HOPELESS = (requests.exceptions.InvalidURL, requests.exceptions.MissingSchema, requests.exceptions.InvalidSchema,
              requests.exceptions.InvalidHeader, urllib3.exceptions.LocationParseError)
-MAX_MANIFEST = 16 << 20
+MAX_MANIFEST = manifest_mod.MAX_MANIFEST_BYTES  # also the most a SHA256SUMS may hold
+CHUNK = 64 << 10
 
 
 # ----------------------------------------------------------------------------------- errors
@@ -82,13 +88,12 @@ class GitHubEntry(Entry):
     release_id: int
 
 
-def manifest_tag(key: str, manifest: dict[str, Any]) -> str:
+def manifest_tag(key: str, manifest: Manifest) -> str:
     """The release tag a bundle is published under: the one its recipe's template gave at build time
     (bundle.json `publish.tag`), else the schema's default template `{name}-{key12}`."""
-    tag = (manifest.get("publish") or {}).get("tag")
-    if isinstance(tag, str) and tag:
-        return tag
-    return f"{manifest.get('name') or 'llamabundle'}-{key[:12]}"
+    if manifest.publish_tag:
+        return manifest.publish_tag
+    return f"{manifest.name or 'llamabundle'}-{key[:12]}"
 
 
 # ------------------------------------------------------------------------------------ store
@@ -150,9 +155,10 @@ class GitHubStore:
             raise StoreError(f"cannot write {out}", why=self._redact(str(e)), fix="check the destination") from None
         return out
 
-    def publish(self, zip_path: Path, manifest: dict[str, Any]) -> Published:
-        key = manifest.get("key", "")
+    def publish(self, zip_path: Path, manifest: Manifest) -> Published:
+        key = manifest.key
         self._check_key(key)
+        manifest_mod.check_consistent(manifest)  # never store a bundle under a key that is not its own
         zip_path = Path(zip_path)
         if not zip_path.name.endswith(".zip") or zip_path.name in (MANIFEST, SUMS):
             raise StoreError(f"cannot publish {zip_path.name}", why="a bundle is published as one .zip file",
@@ -160,7 +166,7 @@ class GitHubStore:
         tag = self.tags.get(key) or manifest_tag(key, manifest)
         zip_sha = sha256_file(zip_path)
         sums = f"{zip_sha}  {zip_path.name}\n".encode()
-        mbytes = (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode("utf-8")
+        mbytes = manifest.text().encode("utf-8")
         ours = {zip_path.name: zip_sha, SUMS: _sha(sums), MANIFEST: _sha(mbytes)}
         for _round in range(4):
             existing = self.lookup(key)
@@ -187,7 +193,7 @@ class GitHubStore:
             rels = r.json() if isinstance(r.json(), list) else []
             for rel in rels:
                 tag = str(rel.get("tag_name") or "")
-                if not rel.get("draft") and (tag.endswith(key[:12]) or tag.endswith(key)):
+                if not rel.get("draft") and tag.endswith((key[:12], key)):
                     return rel
             if len(rels) < 100:
                 return None
@@ -212,39 +218,121 @@ class GitHubStore:
                 or zips[0].get("state") != "uploaded"):
             return None  # incomplete: not a hit
         tag = rel.get("tag_name", "?")
-        raw = self._download_bytes(manifest_asset, f"{MANIFEST} of {tag}")
+        condemn = f"delete the release {tag} in {self.repo}, then publish the bundle again"
+        raw = self._download_bytes(manifest_asset, f"{MANIFEST} of release {tag}", error=ManifestError, fix=condemn)
         try:
-            manifest = json.loads(raw.decode("utf-8"))
-        except ValueError as e:
-            raise StoreError(f"the {MANIFEST} of release {tag} in {self.repo} is not JSON", why=str(e)[:200],
-                             fix=f"delete the release {tag} and publish again") from None
-        if not isinstance(manifest, dict) or manifest.get("key") != key:
-            raise StoreError(f"release {tag} in {self.repo} is inconsistent",
-                             why=f"its {MANIFEST} does not name the key {key[:12]}",
-                             fix=f"delete the release {tag}, or change the publish tag template")
+            manifest = manifest_mod.loads(raw, where=f"{MANIFEST} of release {tag}")
+            manifest_mod.check_consistent(manifest, Expect(key=key))
+        except ManifestError as e:
+            if str(tag) not in e.what:
+                e.what = f"release {tag} in {self.repo}: {e.what}"
+            e.fix, e.args = condemn, (e.what,)
+            raise
         z = zips[0]
+        zip_size = _size(z)
+        if zip_size is None:
+            raise StoreError(f"release {tag} in {self.repo} gives no size for {z.get('name')}",
+                             why="GitHub lists every uploaded asset with its size",
+                             fix=f"delete the release {tag} and publish again")
         sha = _digest(z)
         if sha is None:
             sums_asset = next((a for a in assets if a.get("name") == SUMS and a.get("state") == "uploaded"), None)
             if sums_asset is not None:
-                sums = _parse_sums(self._download_bytes(sums_asset, f"{SUMS} of {tag}").decode("utf-8", "replace"))
+                sums = _parse_sums(self._download_bytes(sums_asset, f"{SUMS} of release {tag}").decode("utf-8", "replace"))
                 sha = sums.get(z["name"])
             if sha is None:
                 raise StoreError(f"release {tag} in {self.repo} gives no sha256 for {z['name']}",
                                  why=f"the asset has no digest and {SUMS} does not list it",
                                  fix=f"delete the release {tag} and publish again")
-        return GitHubEntry(key=key, zip_name=z["name"], zip_sha256=sha, zip_size=int(z.get("size") or 0),
+        return GitHubEntry(key=key, zip_name=z["name"], zip_sha256=sha, zip_size=zip_size,
                            manifest=manifest, location=z.get("browser_download_url") or z.get("url", ""),
                            asset_url=z["url"], release_id=int(rel["id"]))
 
-    def _download_bytes(self, asset: dict[str, Any], what: str) -> bytes:
-        r = self._api("GET", asset["url"], headers={"Accept": "application/octet-stream"}, follow=True,
-                      what=f"download {what}", stream=True)
-        with r:
-            data = r.raw.read(MAX_MANIFEST + 1, decode_content=False)
-        if len(data) > MAX_MANIFEST:
-            raise StoreError(f"{what} in {self.repo} is too large", fix="delete the release and publish again")
-        return data
+    def _download_bytes(self, asset: dict[str, Any], what: str, *, error: type[LlamaBundleError] = StoreError,
+                        fix: str = "") -> bytes:
+        """A small asset's bytes. A body that ends early or drops is retried and resumed (Range + If-Range) until
+        it holds the asset's `size` bytes (and matches its `digest`, when GitHub gives one); when the retries
+        run out that is a NetworkError. Only content that arrived whole and is wrong raises `error` (with `fix`)."""
+        fix = fix or f"delete the release holding it in {self.repo}, then publish again"
+        size, want = _size(asset), _digest(asset)
+        if size is not None and size > MAX_MANIFEST:
+            raise error(f"{what} in {self.repo} is {size} bytes, more than {MAX_MANIFEST >> 20} MiB",
+                        why="it is a few KiB when llamabundle publishes it", fix=fix)
+        data = bytearray()
+        validator: str | None = None
+        spliced = False  # `data` was put together from more than one response
+        why, dropped = "", False
+        for attempt in range(1, self.max_attempts + 1):
+            if attempt > 1:
+                delay = self._backoff(attempt - 1)
+                self.log.info(self._redact(f"    github: download {what}: {why}; retry {attempt - 1}/"
+                                           f"{self.max_attempts - 1} in {delay:.1f}s"))
+                self.sleep(delay)
+            headers = {"Accept": "application/octet-stream"}
+            if data:
+                headers["Range"] = f"bytes={len(data)}-"
+                if validator:
+                    headers["If-Range"] = validator
+            r = self._api("GET", asset["url"], headers=headers, follow=True, stream=True, ok=(200, 206, 416),
+                          what=f"download {what}")
+            with r:
+                expected = size
+                if r.status_code == 416:  # asked for the bytes after the end: whole already, or something changed
+                    if not (data and size is not None and len(data) == size):
+                        data.clear()
+                        why = "the server refused to resume (HTTP 416)"
+                        continue
+                else:
+                    offset = 0
+                    if r.status_code == 206:
+                        start, _end, total = net._content_range(r.headers.get("Content-Range"))
+                        if start != len(data):
+                            why = f"the server resumed at byte {start}, not {len(data)}"
+                            data.clear()
+                            continue
+                        offset, spliced = len(data), True
+                        expected = size if size is not None else total
+                    else:
+                        data.clear()
+                        spliced, validator = False, None
+                    validator = validator or net._validator(r.headers)
+                    if expected is None:
+                        n = r.headers.get("Content-Length", "")
+                        expected = offset + int(n) if n.isdigit() else None
+                    cap = (expected if expected is not None else MAX_MANIFEST) + 1
+                    try:
+                        for chunk in r.raw.stream(CHUNK, decode_content=False):  # the bytes as served
+                            data += chunk
+                            if len(data) >= cap:
+                                break
+                    except _DROPPED as e:
+                        of = expected if expected is not None else "?"
+                        why = f"the connection dropped after {len(data)} of {of} bytes ({net._short(e)})"
+                        dropped = True
+                        continue
+            if len(data) > MAX_MANIFEST:
+                raise error(f"{what} in {self.repo} is larger than {MAX_MANIFEST >> 20} MiB",
+                            why="it is a few KiB when llamabundle publishes it", fix=fix)
+            if expected is not None and len(data) < expected:
+                why, dropped = f"the connection ended after {len(data)} of {expected} bytes", True
+                continue
+            dropped = False
+            if expected is not None and len(data) > expected:
+                why = f"the server sent more than the {expected} bytes GitHub lists"
+                data.clear()
+                continue
+            if want is not None and _sha(bytes(data)) != want:
+                if spliced:  # the pieces may be of different versions: once more, whole
+                    why = "the resumed body does not match the asset's digest"
+                    data.clear()
+                    continue
+                raise error(f"{what} in {self.repo} does not match its digest",
+                            why=f"GitHub records sha256:{want}, the download has sha256:{_sha(bytes(data))}", fix=fix)
+            return bytes(data)
+        trouble = "the connection dropped before the end" if dropped else "the download kept failing"
+        raise net.NetworkError(f"cannot download {what} from {self.repo}: {trouble}",
+                               why=self._redact(f"{why} (gave up after {self.max_attempts} attempts)"),
+                               fix="check the network and retry; nothing is known to be wrong with the release")
 
     # -------------------------------------------------------------------------- publish
 
@@ -297,7 +385,8 @@ class GitHubStore:
             self.on_step("draft")
             upload = self._trust_upload(rel)
             zip_asset = self._upload(rel_id, upload, zip_path.name, "application/zip",
-                                     lambda: open(zip_path, "rb"), zip_path.stat().st_size, zip_sha)
+                                     lambda: open(zip_path, "rb"),  # noqa: SIM115 - _upload closes it
+                                     zip_path.stat().st_size, zip_sha)
             self.on_step("uploaded")
             self._upload(rel_id, upload, SUMS, "text/plain", lambda: sums, len(sums), _sha(sums))
             self._upload(rel_id, upload, MANIFEST, "application/json", lambda: mbytes, len(mbytes), _sha(mbytes))
@@ -320,7 +409,7 @@ class GitHubStore:
         z = next((a for a in done.get("assets") or [] if a.get("name") == zip_path.name), zip_asset)
         self.log.info(f"    github: published {tag} in {self.repo}")
         return GitHubEntry(key=key, zip_name=zip_path.name, zip_sha256=zip_sha, zip_size=zip_path.stat().st_size,
-                           manifest=json.loads(mbytes), location=z.get("browser_download_url") or z.get("url", ""),
+                           manifest=manifest_mod.loads(mbytes), location=z.get("browser_download_url") or z.get("url", ""),
                            asset_url=z["url"], release_id=int(rel_id))
 
     def _first_claim(self, tag: str, rel_id: int, nonce: str) -> bool:
@@ -352,7 +441,7 @@ class GitHubStore:
                 self._api("DELETE", f"{self._repo_api}/releases/{rel_id}", ok=(204, 404), attempts=1,
                           what="delete our draft release")
             self._delete_ref(tag, attempts=1)
-        except Exception:  # noqa: BLE001 - the original error is what matters
+        except Exception:  # noqa: BLE001, S110 - the original error is what matters
             pass
 
     def _upload(self, rel_id: int, upload_url: str, name: str, ctype: str, body: Callable[[], IO[bytes] | bytes],
@@ -651,6 +740,11 @@ class GitHubStore:
 # ---------------------------------------------------------------------------------- helpers
 
 
+def _size(asset: dict[str, Any]) -> int | None:
+    n = asset.get("size")
+    return n if isinstance(n, int) and not isinstance(n, bool) and n >= 0 else None
+
+
 def _digest(asset: dict[str, Any]) -> str | None:
     d = asset.get("digest")
     if isinstance(d, str) and d.lower().startswith("sha256:"):
@@ -680,7 +774,7 @@ def _already_exists(errors: list[Any], message: str) -> bool:
 
 def _age(created_at: Any) -> float:
     try:
-        when = dt.datetime.fromisoformat(str(created_at).replace("Z", "+00:00"))
+        when = dt.datetime.fromisoformat(str(created_at))  # a trailing Z is UTC (Python 3.11)
     except ValueError:
         return 0.0
     if when.tzinfo is None:

@@ -1,5 +1,6 @@
 """net.download against a real http.server on loopback: resume (Range/If-Range), retries, size and sha256
-checks, redirects that must not carry the token, and the .part left for the next run."""
+checks, redirects that must not carry the token, the .part left for the next run, and concurrent downloads
+of one file taking turns on its lock."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import pytest
 from rich.console import Console
 
 from llamabundle import net
-from llamabundle.errors import ToolchainError, VerifyError
+from llamabundle.errors import StoreError, ToolchainError, VerifyError
 from llamabundle.log import Log, ProgressHandle
 
 try:
@@ -38,9 +39,9 @@ Reply = Callable[["Handler"], None]
 
 
 class Handler(http.server.BaseHTTPRequestHandler):
-    server: "_HTTPServer"
+    server: _HTTPServer
 
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         srv = self.server.owner
         srv.seen.append({"path": self.path, **{k.lower(): v for k, v in self.headers.items()}})
         reply = srv.replies.pop(0) if srv.replies else srv.default
@@ -51,7 +52,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
 
 class _HTTPServer(http.server.ThreadingHTTPServer):
-    owner: "Server"
+    owner: Server
     daemon_threads = True
 
     def handle_error(self, request: object, client_address: object) -> None:
@@ -478,3 +479,125 @@ def test_connection_refused_is_a_network_error_without_retries(tmp_path: Path, m
     assert e.value.exit_code == 6
     assert e.value.why == "connection refused"
     assert leftovers(tmp_path / "f") == []
+
+
+# ------------------------------------------------------------------------- concurrent downloads
+
+
+class Recording:
+    """A sink that keeps what it is fed (and how often it was told to start over)."""
+
+    def __init__(self) -> None:
+        self.data, self.resets = bytearray(), 0
+
+    def update(self, data: bytes) -> None:
+        self.data += data
+
+    def reset(self) -> None:
+        self.data.clear()
+        self.resets += 1
+
+
+def test_concurrent_downloads_to_one_dest_take_turns_and_download_once(tmp_path: Path, server: Server) -> None:
+    dest = tmp_path / "d" / "f"
+    barrier = threading.Barrier(3)
+    results: list[object] = [None] * 3
+
+    def run(i: int) -> None:
+        barrier.wait()
+        try:
+            results[i] = get(server, dest, sha256=SHA, size=len(BODY))
+        except BaseException as e:  # noqa: BLE001
+            results[i] = e
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert results == [SHA, SHA, SHA]
+    assert dest.read_bytes() == BODY and leftovers(dest) == []  # no .part, .part.json or .part.lock
+    assert len(server.seen) == 1  # the others found it there, with the pinned sha256
+
+
+def test_a_dest_already_there_with_the_pinned_sha256_is_used_and_fed_to_the_sink(tmp_path: Path,
+                                                                                 server: Server) -> None:
+    dest = tmp_path / "f"
+    dest.write_bytes(BODY)
+    sink = Recording()
+    assert get(server, dest, sha256=SHA, sink=sink) == SHA
+    assert server.seen == [] and bytes(sink.data) == BODY and leftovers(dest) == []
+
+
+def test_a_dest_with_other_bytes_is_downloaded_again(tmp_path: Path, server: Server) -> None:
+    dest = tmp_path / "f"
+    dest.write_bytes(b"\0" * len(BODY))
+    sink = Recording()
+    assert get(server, dest, sha256=SHA, sink=sink) == SHA
+    assert len(server.seen) == 1 and dest.read_bytes() == BODY and bytes(sink.data) == BODY
+    assert leftovers(dest) == []
+
+
+def test_without_a_pinned_sha256_dest_is_downloaded_again(tmp_path: Path, server: Server) -> None:
+    dest = tmp_path / "f"
+    dest.write_bytes(BODY)
+    assert get(server, dest) == SHA
+    assert len(server.seen) == 1
+
+
+def test_a_download_waits_for_the_holder_of_the_lock(tmp_path: Path, server: Server,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from filelock import FileLock
+
+    monkeypatch.setattr(net, "LOCK_TIMEOUT", 20.0)  # a bug fails the test instead of hanging it
+    dest = tmp_path / "f"
+    locked, done = threading.Event(), threading.Event()
+
+    def other() -> None:  # another downloader: holds the lock, completes the file, then lets go
+        with FileLock(str(dest) + ".part.lock"):
+            locked.set()
+            time.sleep(0.3)
+            dest.write_bytes(BODY)
+        done.set()
+
+    t = threading.Thread(target=other)
+    t.start()
+    assert locked.wait(5)
+    buf = io.StringIO()
+    got = net.download(server.url + "/f", dest, http=net.session(), sha256=SHA, backoff=0,
+                       log=Log(console=Console(file=buf, width=200, color_system=None)))
+    t.join()
+    assert done.is_set() and got == SHA and server.seen == []
+    assert "download f: another process is downloading it; waiting for it" in buf.getvalue()
+    assert "already there" in buf.getvalue()
+
+
+def test_waiting_too_long_for_the_lock_is_a_store_error(tmp_path: Path, server: Server,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from filelock import FileLock
+
+    monkeypatch.setattr(net, "LOCK_TIMEOUT", 0.2)
+    dest = tmp_path / "f"
+    with FileLock(str(dest) + ".part.lock"), pytest.raises(StoreError) as e:
+        get(server, dest, sha256=SHA)
+    assert e.value.exit_code == 6 and "another process has been downloading" in e.value.what
+    assert server.seen == []
+
+
+def test_a_lock_file_left_by_a_killed_run_is_taken_and_removed(tmp_path: Path, server: Server) -> None:
+    dest = tmp_path / "f"
+    dest.with_name("f.part.lock").write_text("")  # SIGKILL leaves the file; its lock died with the process
+    write_part(dest, BODY[:1000], url=server.url + "/f", validator=ETAG)
+    assert get(server, dest, sha256=SHA) == SHA
+    assert server.ranges() == ["bytes=1000-"]  # resumed across runs, as before
+    assert dest.read_bytes() == BODY and leftovers(dest) == []
+
+
+def test_the_lock_is_given_back_when_a_download_fails(tmp_path: Path, server: Server) -> None:
+    server.default = serve(cut=1000)
+    dest = tmp_path / "f"
+    with pytest.raises(net.NetworkError):
+        get(server, dest, retries=0)
+    assert leftovers(dest) == ["f.part", "f.part.json"]  # kept for a resume; the lock file is gone
+    server.default = serve()
+    assert get(server, dest, sha256=SHA) == SHA and leftovers(dest) == []

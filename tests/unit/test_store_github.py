@@ -14,36 +14,57 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import test_store
 from rich.console import Console
 
 from llamabundle import bundle
+from llamabundle import manifest as manifest_mod
 from llamabundle.errors import LlamaBundleError, StoreError, VerifyError
 from llamabundle.log import Log
+from llamabundle.manifest import Manifest
 from llamabundle.net import NetworkError
 from llamabundle.recipe import Settings
 from llamabundle.store.base import open_store
-from llamabundle.store.github import (AssetConflictError, GitHubEntry, GitHubStore, GitHubValidationError,
-                                      RateLimitError)
+from llamabundle.store.github import (
+    AssetConflictError,
+    GitHubEntry,
+    GitHubStore,
+    GitHubValidationError,
+    RateLimitError,
+)
 
 try:
+    from tests import bundles
     from tests.fakegithub import FakeGitHub, Request
 except ImportError:  # pytest run without the project root on sys.path
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from tests import bundles
     from tests.fakegithub import FakeGitHub, Request
 
-KEY = "ab" * 32
-OTHER_KEY = "cd" * 32
-TAG = f"test-bundle-{KEY[:12]}"  # test_store.make_bundle names its bundles test-bundle
+# keys that really are the sha256 of the inputs their bundles record
+INPUTS = {tag: bundles.inputs_for(tag) for tag in ("test-bundle", "other")}
+KEY = bundles.key_of(INPUTS["test-bundle"])
+OTHER_KEY = bundles.key_of(INPUTS["other"])
+TAG = f"test-bundle-{KEY[:12]}"  # make_bundle names its bundles test-bundle
 TOKEN = "ghp_SeCrEtT0kEn0123456789abcdefABCDEF"
 REPO = "acme/bundles"
 FILES = {"llama-server": b"#!/bin/sh\necho not an ELF\n" + bytes(range(256)) * 64, "LICENSE": b"MIT License\n"}
 ROLES = {"llama-server": "exe", "LICENSE": "license"}
 
 
-def make_bundle(tmp: Path, key: str = KEY, *, name: str = "bundle.zip") -> tuple[Path, dict]:
-    """test_store's small bundle, with a larger llama-server so downloads span several chunks."""
-    return test_store.make_bundle(tmp, key, name=name if key == KEY else f"{key[:4]}-{name}", files=FILES)
+def make_bundle(tmp: Path, key: str = KEY, *, name: str = "bundle.zip",
+                files: dict[str, bytes] = FILES) -> tuple[Path, Manifest]:
+    """A small bundle (non-ELF files, a llama-server large enough that downloads span several chunks) whose
+    key is the sha256 of its inputs: KEY or OTHER_KEY."""
+    inputs = next(i for i in INPUTS.values() if bundles.key_of(i) == key)
+    tmp.mkdir(parents=True, exist_ok=True)
+    zip_path, m = bundles.make_zip(tmp, files, ROLES, zip_name=name if key == KEY else f"{key[:4]}-{name}",
+                                   inputs=inputs)
+    return zip_path, manifest_mod.parse(m)
+
+
+def with_fields(m: Manifest, **fields: Any) -> Manifest:
+    """`m` with fields of its bundle.json replaced (as bundle.json records them)."""
+    return manifest_mod.parse({**m.to_json(), **fields})
 
 
 def sha256(path: Path) -> str:
@@ -95,13 +116,13 @@ def test_lookup_miss_is_one_request(gh: FakeGitHub) -> None:
 def test_a_bare_key_finds_its_release_by_listing_and_the_tag_comes_from_the_manifest(gh: FakeGitHub,
                                                                                     tmp_path: Path) -> None:
     zip_path, manifest = make_bundle(tmp_path)
-    manifest_with_tag = {**manifest, "publish": {"tag": f"custom-{KEY}"}}
+    manifest_with_tag = with_fields(manifest, publish={"tag": f"custom-{KEY}"})
     store_for(gh, tags={}).publish(zip_path, manifest_with_tag)  # `publish ZIP`: the tag recorded at build time
     assert [r.tag_name for r in gh.releases.values()] == [f"custom-{KEY}"]
     mark = len(gh.requests)
     entry = store_for(gh, tags={}).lookup(KEY)  # `fetch KEY`: no recipe, so no tag
     assert entry is not None and entry.zip_sha256 == sha256(zip_path)
-    assert [r.path.split("?")[0] for r in api_requests(gh, mark)][0].endswith("/releases")
+    assert next(r.path.split("?")[0] for r in api_requests(gh, mark)).endswith("/releases")
     assert store_for(gh, tags={}).lookup(OTHER_KEY) is None
     # without a recorded tag, the schema's default template {name}-{key12}
     zip2, manifest2 = make_bundle(tmp_path / "b", OTHER_KEY)
@@ -136,7 +157,8 @@ def test_publish_then_lookup_hits_in_two_requests(gh: FakeGitHub, tmp_path: Path
     assert f"refs/tags/{TAG}" in gh.refs
     by_name = {gh.assets[a].name: gh.assets[a] for a in rel.assets}
     assert by_name["SHA256SUMS"].data == f"{sha256(zip_path)}  bundle.zip\n".encode()
-    assert json.loads(by_name["bundle.json"].data) == manifest
+    assert json.loads(by_name["bundle.json"].data) == manifest.to_json()
+    assert by_name["bundle.json"].data == manifest.text().encode()
     assert by_name["bundle.zip"].data == zip_path.read_bytes()
     assert by_name["bundle.zip"].content_type == "application/zip"
 
@@ -219,14 +241,15 @@ def test_a_published_release_without_its_manifest_is_not_a_hit(gh: FakeGitHub, t
     assert store_for(gh).lookup(KEY) is None
 
 
-def test_a_manifest_naming_another_key_is_inconsistent(gh: FakeGitHub, tmp_path: Path) -> None:
-    zip_path, manifest = make_bundle(tmp_path)
-    gh.add_release(TAG, draft=False, assets={"bundle.zip": zip_path.read_bytes(),
-                                              "bundle.json": json.dumps({**manifest, "key": OTHER_KEY}).encode()})
-    with pytest.raises(StoreError) as e:
+def test_a_manifest_of_another_key_is_refused(gh: FakeGitHub, tmp_path: Path) -> None:
+    zip_path, _manifest = make_bundle(tmp_path)
+    _other_zip, other = make_bundle(tmp_path / "b", OTHER_KEY)  # a real, consistent manifest: of another bundle
+    gh.add_release(TAG, draft=False, assets={"bundle.zip": zip_path.read_bytes(), "bundle.json": other.text().encode()})
+    with pytest.raises(VerifyError) as e:
         store_for(gh).lookup(KEY)
-    assert e.value.exit_code == 6
-    assert "inconsistent" in e.value.what
+    assert e.value.exit_code == 5
+    assert f"names key {OTHER_KEY[:12]}, not {KEY[:12]}" in e.value.what and TAG in e.value.what
+    assert f"delete the release {TAG}" in e.value.fix
 
 
 def test_without_a_digest_the_sha256_comes_from_sha256sums(gh: FakeGitHub, tmp_path: Path) -> None:
@@ -319,7 +342,7 @@ def test_a_loser_waits_for_the_winners_release(gh: FakeGitHub, tmp_path: Path) -
         sleeps.append(s)
         if len(sleeps) == 2:  # meanwhile the winner finishes
             with gh.lock:
-                gh._add_asset(draft, "bundle.json", json.dumps(manifest).encode())
+                gh._add_asset(draft, "bundle.json", manifest.text().encode())
                 draft.draft = False
 
     cap = Captured()

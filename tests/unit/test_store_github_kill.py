@@ -18,9 +18,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import test_store
-from test_store_github import KEY, REPO, TAG, TOKEN, Captured, make_bundle, sha256, store_for
+from test_store_github import (
+    KEY,
+    REPO,
+    TAG,
+    TOKEN,
+    Captured,
+    make_bundle,
+    sha256,
+    store_for,
+)
 
+from llamabundle.manifest import Manifest
 from llamabundle.store.github import AssetConflictError
 
 try:
@@ -39,6 +48,7 @@ import json, sys, time
 from pathlib import Path
 cfg = json.loads(sys.argv[1])
 sys.path.insert(0, cfg["root"])
+from llamabundle import manifest
 from llamabundle.errors import LlamaBundleError
 from llamabundle.store.github import GitHubStore
 
@@ -51,7 +61,7 @@ store = GitHubStore(cfg["repo"], api_url=cfg["api"], token=cfg["token"], tags={c
                     stale_after=cfg["stale_after"], poll_interval=0.05, wait_timeout=20, backoff=0.05,
                     on_step=on_step)
 try:
-    done = store.publish(Path(cfg["zip"]), json.loads(Path(cfg["manifest"]).read_text()))
+    done = store.publish(Path(cfg["zip"]), manifest.loads(Path(cfg["manifest"]).read_bytes()))
 except LlamaBundleError as e:
     print("ERROR", type(e).__name__, e.what, flush=True)
     sys.exit(e.exit_code)
@@ -59,17 +69,17 @@ print("DONE", json.dumps({"created": done.created, "sha": done.entry.zip_sha256}
 """
 
 
-def spawn(gh: FakeGitHub, zip_path: Path, manifest: dict, *, pause: str = "", stale_after: float = 1800.0
+def spawn(gh: FakeGitHub, zip_path: Path, manifest: Manifest, *, pause: str = "", stale_after: float = 1800.0
           ) -> subprocess.Popen[str]:
     mpath = zip_path.with_suffix(".manifest.json")
-    mpath.write_text(json.dumps(manifest))
+    mpath.write_text(manifest.text(), encoding="utf-8")
     cfg = {"root": str(ROOT), "repo": REPO, "api": gh.api_url, "token": TOKEN, "key": KEY, "tag": TAG,
            "zip": str(zip_path), "manifest": str(mpath), "pause": pause, "stale_after": stale_after}
     return subprocess.Popen([sys.executable, "-c", CHILD, json.dumps(cfg)], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, cwd=ROOT)
 
 
-def kill_at(gh: FakeGitHub, zip_path: Path, manifest: dict, step: str) -> list[str]:
+def kill_at(gh: FakeGitHub, zip_path: Path, manifest: Manifest, step: str) -> list[str]:
     """Run a publisher until it reports `step`, then SIGKILL it; the lines it printed."""
     p = spawn(gh, zip_path, manifest, pause=step)
     watchdog = threading.Timer(20, p.kill)
@@ -168,8 +178,8 @@ def test_a_stale_draft_holding_a_different_zip_is_a_conflict_not_a_clobber(gh: F
     theirs = zip_path.read_bytes()
     gh.backdate(3600)
     # a rebuild of the same key whose zip differs (a non-reproducible build)
-    other_zip, other_manifest = test_store.make_bundle(tmp_path / "other", KEY, name="bundle.zip",
-                                                       files={"llama-server": b"another build\n", "LICENSE": b"MIT\n"})
+    other_zip, other_manifest = make_bundle(tmp_path / "other", KEY,
+                                            files={"llama-server": b"another build\n", "LICENSE": b"MIT\n"})
     assert sha256(other_zip) != sha256(zip_path)
 
     rc, out, done = finish(spawn(gh, other_zip, other_manifest, stale_after=60))
@@ -253,7 +263,7 @@ def test_a_tag_claimed_after_a_lost_answer_but_held_by_another_steps_back(gh: Fa
         polls.append(s)
         if s == POLL:  # while we wait, the other publisher finishes
             with gh.lock:
-                gh._add_asset(theirs[0], "bundle.json", json.dumps(manifest).encode())
+                gh._add_asset(theirs[0], "bundle.json", manifest.text().encode())
                 theirs[0].draft = False
 
     done = store_for(gh, sleep=sleep, poll_interval=POLL).publish(zip_path, manifest)
