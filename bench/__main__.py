@@ -184,6 +184,15 @@ def rows_toolkit(f: Figures) -> list[Row]:
                      f"{f['second_install_requests']} requests")]
 
 
+def rows_source_reproof(f: Figures) -> list[Row]:
+    return [Row(benchmark=f"source cache re-proof before use ({f['files']:,} files, stat walk)",
+                measured=f"{f['reproof_ms_median']:.1f} ms", baseline=f"{f['rehash_ms_median']:.1f} ms hashing every file",
+                ratio=f"{f['ratio']:.3f}",
+                note=f"median of {f['repeat']}, page cache warm; stat walk {f['stat_walk_ms_median']:.1f} ms + marker "
+                     f"({f['marker_bytes'] / 1e3:.0f} kB) parsed {f['marker_parse_ms_median']:.1f} ms; synthetic tree of "
+                     f"{mb(f['bytes'])} shaped like llama.cpp's")]
+
+
 # ---- results recorded in bench/results ------------------------------------------------------------
 
 
@@ -348,6 +357,8 @@ BENCHES: tuple[Bench, ...] = (
     Bench(name="toolkit_bytes", script="bench/toolkit_bytes.py", quick_args=("--repeat", "1"), json_flag="--json",
           rows=rows_toolkit, labels=("toolkit bytes: redist plan vs full installer (Windows CUDA 12.8.1)",
                                      "second `toolkit install` of the same plan")),
+    Bench(name="source_reproof", script="bench/source_reproof.py", quick_args=("--repeat", "3"),
+          rows=rows_source_reproof, labels=("source cache re-proof before use (3,665 files, stat walk)",)),
     Bench(name="gpu_sizes", read=lambda root: read_gpu_sizes(root / "gpu-h200-cuda13.0"), rows=rows_gpu_sizes,
           labels=("CUDA 13.0 bundle zip (H200 build, shipped recipe)",
                   "libggml-cuda.so, GGML_CUDA_COMPRESSION_MODE size vs none")),

@@ -1,4 +1,8 @@
-"""Read a git index file (versions 2-4) and check a work tree against it, without git."""
+"""Read a git index file (versions 2-4) and check a work tree against it, without git.
+
+The index comes from a download (an sdist's vendored submodule): it is believed only after its checksum
+matches, and every path in it must be one git itself would check out (relative, no `.`, `..` or `.git`
+component), so that checking a tree against it never reads outside that tree."""
 
 from __future__ import annotations
 
@@ -61,10 +65,21 @@ def _read_index(data: bytes) -> list[IndexEntry]:
             name = data[pos:end]
             pos = start + ((end - start + 8) // 8) * 8
         prev = name
+        if not safe_path(name):
+            raise IndexFormatError(f"git index has an entry with an unsafe path {name.decode(errors='replace')[:200]!r}")
         if (flags >> 12) & 0x3:  # merge stages: not a clean checkout
             raise IndexFormatError(f"git index has an unmerged entry {name.decode(errors='replace')}")
         entries.append(IndexEntry(path=name.decode("utf-8", "surrogateescape"), mode=mode, sha1=sha1))
     return entries
+
+
+def safe_path(name: bytes | str) -> bool:
+    """A path git would check out: relative, no empty, `.`, `..` or `.git` component (git's verify_path)."""
+    if isinstance(name, str):
+        name = name.encode("utf-8", "surrogateescape")
+    if not name or name.startswith(b"/"):
+        return False
+    return all(part not in (b"", b".", b"..") and part.lower() != b".git" for part in name.split(b"/"))
 
 
 def _varint(data: bytes, pos: int) -> tuple[int, int]:
@@ -97,7 +112,8 @@ class TreeCheck:
 
 def check_tree(root: Path, entries: list[IndexEntry], *, ignore: tuple[str, ...] = (".git",)) -> TreeCheck:
     """Compare every file under root with the index: same blob hash, nothing missing, nothing extra."""
-    missing, modified = [], []
+    missing: list[str] = []
+    modified: list[str] = []
     listed: set[str] = set()
     for e in entries:
         listed.add(e.path)

@@ -1,4 +1,8 @@
-"""What was found and what to do about it: GPUs, driver, each installed bundle, the last probe, the reason."""
+"""What was found and what to do about it: GPUs, driver, each installed bundle, the last probe, the reason.
+
+Everything shown comes from the probe (whose nvidia-smi and driver-file readings are validated there) and from
+the installed bundles' typed manifests; a driver floor that is not a driver version is shown as such, never
+compared."""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ from typing import Any
 
 from . import Reason, utc_timestamp
 from .install import Installed, list_installed
-from .probe import PROC_VERSION, SMI_TIMEOUT, ProbeResult, driver_older, probe, read_cached
+from .probe import PROC_VERSION, SMI_TIMEOUT, ProbeResult, driver_older, is_driver_version, probe, read_cached
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -33,8 +37,13 @@ class Diagnosis:
                 "advice": self.advice}
 
     def _driver_ok(self, inst: Installed) -> bool | None:
-        floor, driver = inst.cuda.get("driver_floor"), self.result.facts.get("driver")
-        return None if not floor or not driver else not driver_older(str(driver), str(floor))
+        """Whether the driver found meets the bundle's floor; None when either is unknown or not a version."""
+        floor = inst.manifest.cuda.driver_floor if inst.manifest.cuda is not None else None
+        driver = self.result.facts.get("driver")
+        if not isinstance(floor, str) or not isinstance(driver, str) or not is_driver_version(floor) \
+                or not is_driver_version(driver):
+            return None
+        return not driver_older(driver, floor)
 
     def rows(self) -> list[tuple[str, str]]:
         """(what, found) rows of the table doctor prints."""
@@ -49,10 +58,13 @@ class Diagnosis:
         rows.append(("driver", f"{driver or 'none'}" + (f" (kernel module {f['proc_driver']})" if f.get("proc_driver") else "")))
         for i in self.installed:
             ok = self._driver_ok(i)
-            floor, toolkit, commit = i.cuda.get("driver_floor"), i.cuda.get("toolkit"), i.to_json()["commit"]
+            info, commit = i.manifest.cuda, i.manifest.llama_cpp.commit
+            floor = info.driver_floor if info is not None else None
             note = "" if ok is None else " (driver ok)" if ok else f" (driver {driver} is too old)"
-            cuda = (f"CUDA {toolkit or 'of an unrecorded version'}, "
-                    + (f"driver floor {floor}{note}, " if floor else "no driver floor recorded, ")) if i.cuda else ""
+            if floor and not is_driver_version(floor):
+                note = " (not a driver version: not compared)"
+            cuda = (f"CUDA {info.toolkit or 'of an unrecorded version'}, "
+                    + (f"driver floor {floor!s:.40}{note}, " if floor else "no driver floor recorded, ")) if info else ""
             rows.append((f"bundle {i.name}", f"key {i.key[:12]}, llama.cpp {str(commit)[:12] if commit else 'commit unrecorded'}, "
                          f"backends {'+'.join(i.backends) or '?'}, " + cuda
                          + f"installed {i.installed_at or 'at an unrecorded time'}"))

@@ -1,6 +1,11 @@
 """Which backend will run, and why (DESIGN §8): NVIDIA GPU and driver, the driver against the bundle's floor,
 and the installed CUDA bundle's own `llama-server --verbose --list-devices`. One reason code per result.
 
+What nvidia-smi and the kernel driver's version file say is checked before it is believed: a driver version
+is 2-4 dot-separated numbers (580.65.06, 572.61), a memory size a whole number of MiB (or [N/A]), a name is
+there; a line that fails is not a GPU, and the scan says what it could not read. nvidia-smi runs through
+proc.capture, in a process group of its own: on its timeout it ends with whatever it started.
+
 Results are cached as JSON with a TTL. Each probe takes a token (a counter under a file lock) when it starts
 and writes its result only if no probe with a newer token has written already: an older probe that
 finishes last never overwrites a newer result."""
@@ -24,6 +29,7 @@ from .. import proc
 from ..bundle import read_manifest
 from ..errors import LlamaBundleError, VerifyError
 from ..log import Log
+from ..manifest import Manifest
 from ..store.base import Store
 from ..verify import VerifyReport, check_load, host_platform_name
 from . import Backend, Reason, backend_for, explain, parse_utc_timestamp, utc_timestamp, write_atomic
@@ -35,7 +41,12 @@ SMI_TIMEOUT = 15.0
 DEFAULT_TTL = 300.0
 CACHE = "probe.json"
 TOKEN = "probe.token"
-_PROC_DRIVER = re.compile(r"NVRM version:.*?\s(\d+\.\d+(?:\.\d+)*)\s")
+# ASCII digits only (\d would take other scripts' digits too)
+_PROC_DRIVER = re.compile(r"NVRM version:[^\n]*?\s([0-9]+(?:\.[0-9]+)+)(?=\s|\Z)")  # the line's first dotted number
+_DRIVER_VERSION = re.compile(r"[0-9]{1,5}(?:\.[0-9]{1,5}){1,3}")  # 580.65.06, 572.61, 580.159.04
+_MIB = re.compile(r"[0-9]{1,9}")  # nounits: whole MiB
+_NOT_AVAILABLE = re.compile(r"\[[^\]]{0,40}\]|N/A")  # [N/A], [Not Supported], [Insufficient Permissions]
+MAX_OUTPUT_LINES = 64  # GPUs per host nvidia-smi may list; more is not a GPU list
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,7 +63,7 @@ class GpuScan:
     nvidia_smi: str | None  # the program run, if found
     smi_driver: str | None
     proc_driver: str | None  # from /proc/driver/nvidia/version (Linux)
-    error: str | None  # why nvidia-smi gave nothing
+    error: str | None  # why nvidia-smi gave no GPU, or what of its output was not understood
 
     @property
     def driver(self) -> str | None:
@@ -68,51 +79,120 @@ class GpuScan:
                 "proc_driver": self.proc_driver, "nvidia_smi_error": self.error}
 
 
-def parse_nvidia_smi(text: str) -> list[Gpu]:
-    """`nvidia-smi --query-gpu=name,driver_version,memory.total,memory.free --format=csv,noheader,nounits` lines."""
-    def mib(v: str) -> int | None:
-        return int(float(v)) if re.fullmatch(r"\d+(\.\d+)?", v) else None
+def is_driver_version(text: str) -> bool:
+    """2-4 dot-separated numbers: how NVIDIA numbers its drivers (580.65.06 on Linux, 572.61 on Windows)."""
+    return _DRIVER_VERSION.fullmatch(text) is not None
 
-    out = []
-    for line in text.splitlines():
+
+def _mib(value: str) -> tuple[int | None, bool]:
+    """(MiB, understood): a whole number of MiB, or None for nvidia-smi's [N/A]-style 'not known'."""
+    if _MIB.fullmatch(value):
+        return int(value), True
+    return None, _NOT_AVAILABLE.fullmatch(value) is not None
+
+
+def read_nvidia_smi(text: str) -> tuple[list[Gpu], list[str]]:
+    """`nvidia-smi --query-gpu=name,driver_version,memory.total,memory.free --format=csv,noheader,nounits` output:
+    the GPUs it lists, and for each other non-empty line what is wrong with it (the line is not a GPU)."""
+    gpus: list[Gpu] = []
+    bad: list[str] = []
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    for line in lines[:MAX_OUTPUT_LINES]:
         fields = [f.strip() for f in line.rsplit(",", 3)]  # a GPU's name may hold a comma, the numbers do not
-        if len(fields) == 4 and re.fullmatch(r"\d+(\.\d+)+", fields[1]):
-            out.append(Gpu(name=fields[0], driver=fields[1], memory_total_mib=mib(fields[2]), memory_free_mib=mib(fields[3])))
-    return out
+        why = None
+        if len(fields) != 4:
+            why = "not 4 comma-separated fields"
+        else:
+            name, driver, total, free = fields
+            (total_mib, total_ok), (free_mib, free_ok) = _mib(total), _mib(free)
+            if not name or not name.isprintable() or len(name) > 200:
+                why = "no GPU name" if not name else "the GPU name is not printable text of at most 200 characters"
+            elif not is_driver_version(driver):
+                why = f"driver version {driver[:40]!r} is not a version like 580.65.06"
+            elif not total_ok:
+                why = f"memory.total {total[:40]!r} is not a whole number of MiB"
+            elif not free_ok:
+                why = f"memory.free {free[:40]!r} is not a whole number of MiB"
+            else:
+                gpus.append(Gpu(name=name, driver=driver, memory_total_mib=total_mib, memory_free_mib=free_mib))
+                continue
+        bad.append(f"{line[:100]!r}: {why}")
+    if len(lines) > MAX_OUTPUT_LINES:
+        bad.append(f"{len(lines) - MAX_OUTPUT_LINES} more lines after the first {MAX_OUTPUT_LINES}, not read")
+    return gpus, bad
+
+
+def parse_nvidia_smi(text: str) -> list[Gpu]:
+    """The GPUs in nvidia-smi's CSV output (read_nvidia_smi without the reasons for the lines left out)."""
+    return read_nvidia_smi(text)[0]
 
 
 def parse_proc_version(text: str) -> str | None:
+    """The driver version on the `NVRM version:` line of /proc/driver/nvidia/version; None when that line's
+    first dotted number is not a driver version (or there is no such line)."""
     m = _PROC_DRIVER.search(text)
-    return m.group(1) if m else None
+    return m.group(1) if m and is_driver_version(m.group(1)) else None
+
+
+def _read_proc_version(path: Path | None) -> tuple[str | None, str | None]:
+    """(driver version, what was wrong with the file when it exists but names none)."""
+    if path is None:
+        return None, None
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(65536)
+    except FileNotFoundError:
+        return None, None
+    except OSError as e:
+        return None, f"{path} cannot be read ({e.strerror or e})"
+    text = raw.decode("utf-8", errors="replace")
+    version = parse_proc_version(text)
+    if version is None:
+        first = (text.strip().splitlines() or [""])[0].strip()
+        return None, f"{path} names no driver version ({first[:100]!r})"
+    return version, None
 
 
 def scan_gpus(*, env: Mapping[str, str], nvidia_smi: str | None = None, proc_version: Path | None = PROC_VERSION,
               timeout: float = SMI_TIMEOUT) -> GpuScan:
     """Run nvidia-smi (given, or found on env's PATH) with a timeout; read the kernel driver's version file."""
-    try:
-        proc_driver = parse_proc_version(proc_version.read_text(errors="replace")) if proc_version is not None else None
-    except OSError:
-        proc_driver = None
+    proc_driver, proc_problem = _read_proc_version(proc_version)
     exe = nvidia_smi or shutil.which("nvidia-smi", path=env.get("PATH"))
     if exe is None:
-        return GpuScan(gpus=(), nvidia_smi=None, smi_driver=None, proc_driver=proc_driver, error="nvidia-smi is not on PATH")
+        return GpuScan(gpus=(), nvidia_smi=None, smi_driver=None, proc_driver=proc_driver,
+                       error="nvidia-smi is not on PATH" + (f"; {proc_problem}" if proc_problem else ""))
+    gpus: list[Gpu] = []
+    error: str | None
     try:
+        # its own process group: on the timeout it is ended with everything it started
         done = proc.capture([exe, *NVIDIA_SMI_ARGS], env=env, timeout=timeout)
     except subprocess.TimeoutExpired:
-        error: str | None = f"nvidia-smi did not answer in {timeout:.0f}s"
-        gpus: list[Gpu] = []
+        error = f"nvidia-smi did not answer in {timeout:g}s (it was stopped, with what it started)"
     except OSError as e:
-        error, gpus = f"nvidia-smi could not be started: {e}", []
+        error = f"nvidia-smi could not be started: {e}"
     else:
-        gpus = parse_nvidia_smi(done.stdout) if done.returncode == 0 else []
-        last = (done.stdout + done.stderr).strip().splitlines()[-1:] or [""]
-        error = None if gpus else f"nvidia-smi exited with {done.returncode}: {last[0].strip()}"[:300]
+        last = ((done.stdout + done.stderr).strip().splitlines()[-1:] or [""])[0].strip()
+        if done.returncode != 0:
+            error = f"nvidia-smi exited with {done.returncode}: {last}"
+        else:
+            gpus, bad = read_nvidia_smi(done.stdout)
+            if not gpus:
+                error = ("nvidia-smi listed no GPU: " + ("; ".join(bad[:3]) if bad else "it printed nothing")
+                         + (f" ({len(bad) - 3} more lines like these)" if len(bad) > 3 else ""))
+            elif bad:
+                error = f"nvidia-smi printed {len(bad)} line(s) that are not GPUs, left out: " + "; ".join(bad[:3])
+            else:
+                error = None
+    if error is not None:
+        error = error[:500]
+    if not gpus and error is not None and proc_problem:
+        error += f"; {proc_problem}"
     return GpuScan(gpus=tuple(gpus), nvidia_smi=exe, smi_driver=gpus[0].driver if gpus else None, proc_driver=proc_driver,
                    error=error)
 
 
 def driver_older(driver: str, floor: str) -> bool:
-    """driver < floor, as versions (570.124.06 < 572.61)."""
+    """driver < floor, as versions (570.124.06 < 572.61). Both should pass is_driver_version (the probe checks)."""
     try:
         return Version(driver) < Version(floor)
     except InvalidVersion:
@@ -133,7 +213,7 @@ class ProbeResult:
     cached: bool = False
 
     @classmethod
-    def make(cls, reason: Reason, facts: dict[str, Any], **kw: Any) -> "ProbeResult":
+    def make(cls, reason: Reason, facts: dict[str, Any], **kw: Any) -> ProbeResult:
         sentence, fix = explain(reason, facts)
         return cls(backend=backend_for(reason), reason=reason, sentence=sentence, fix=fix, facts=facts, **kw)
 
@@ -143,7 +223,7 @@ class ProbeResult:
                 "cached": self.cached}
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> "ProbeResult":
+    def from_json(cls, data: Mapping[str, Any]) -> ProbeResult:
         return cls(backend=Backend(data["backend"]), reason=Reason(data["reason"]), sentence=str(data["sentence"]),
                    fix=str(data["fix"]), facts=dict(data["facts"]), token=int(data["token"]),
                    probed_at=parse_utc_timestamp(data["probed_at"]))
@@ -163,7 +243,7 @@ def with_gpu_layers(result: ProbeResult, ngl: int | None) -> ProbeResult:
 def cuda_candidate(root: Path) -> Installed | None:
     """The most recently installed bundle with a CUDA backend for this machine."""
     host = host_platform_name()
-    found = [i for i in list_installed(root) if "cuda" in i.backends and i.manifest.get("platform") == host]
+    found = [i for i in list_installed(root) if "cuda" in i.backends and i.manifest.platform == host]
     return max(found, key=lambda i: i.installed_at, default=None)
 
 
@@ -172,16 +252,16 @@ def probe(*, root: Path, env: Mapping[str, str], cache_dir: Path | None = None, 
           smi_timeout: float = SMI_TIMEOUT) -> ProbeResult:
     """Probe now, or return the cached result when it is younger than max_age and about the same bundle.
     `bundle` is an unpacked bundle directory to probe instead of the installed CUDA one."""
-    target: tuple[Path, dict[str, Any]] | None
+    target: tuple[Path, Manifest] | None
     if bundle is not None:
         target = (bundle.resolve(), read_manifest(bundle))
     else:
         inst = cuda_candidate(root)
         target = (inst.path, inst.manifest) if inst is not None else None
-    context = {"bundle_dir": str(target[0]) if target else None, "bundle_key": target[1]["key"] if target else None}
+    context = {"bundle_dir": str(target[0]) if target else None, "bundle_key": target[1].key if target else None}
     if cache_dir is not None and max_age > 0:
         last = read_cached(cache_dir)
-        if last is not None and time.time() - last.probed_at < max_age and \
+        if last is not None and 0 <= time.time() - last.probed_at < max_age and \
                 {k: last.facts.get(k) for k in context} == context:
             return replace(last, cached=True)
     token = take_token(cache_dir) if cache_dir is not None else 0
@@ -192,7 +272,7 @@ def probe(*, root: Path, env: Mapping[str, str], cache_dir: Path | None = None, 
     return result
 
 
-def _probe_now(target: tuple[Path, dict[str, Any]] | None, context: dict[str, Any], *, env: Mapping[str, str],
+def _probe_now(target: tuple[Path, Manifest] | None, context: dict[str, Any], *, env: Mapping[str, str],
                nvidia_smi: str | None, proc_version: Path | None, smi_timeout: float, token: int,
                started: int) -> ProbeResult:
     scan = scan_gpus(env=env, nvidia_smi=nvidia_smi, proc_version=proc_version, timeout=smi_timeout)
@@ -204,14 +284,17 @@ def _probe_now(target: tuple[Path, dict[str, Any]] | None, context: dict[str, An
 
     if not scan.present:
         return done(Reason.GPU_MISSING, detail=scan.error or "no NVIDIA driver found")
-    if target is None or "cuda" not in (target[1].get("backends") or []):
+    if target is None or "cuda" not in target[1].backends:
         return done(Reason.BINARY_MISSING_NVIDIA_DETECTED)
     root, manifest = target
-    floor = (manifest.get("cuda") or {}).get("driver_floor")
-    facts.update(bundle=f"{manifest.get('name') or 'bundle'} ({str(manifest['key'])[:12]})", floor=floor)
-    if floor and scan.driver and driver_older(scan.driver, str(floor)):
+    floor = manifest.cuda.driver_floor if manifest.cuda is not None else None
+    facts.update(bundle=f"{manifest.name} ({manifest.key[:12]})", floor=floor)
+    if floor and not is_driver_version(floor):
+        return done(Reason.BUNDLE_INVALID, detail=f"its bundle.json records the driver floor {floor[:40]!r}, "
+                                                  "which is not a driver version")
+    if floor and scan.driver and driver_older(scan.driver, floor):
         return done(Reason.DRIVER_TOO_OLD)
-    report = VerifyReport(path=str(root), key=manifest["key"], platform=manifest["platform"], files=0, bytes=0)
+    report = VerifyReport(path=str(root), key=manifest.key, platform=manifest.platform, files=0, bytes=0)
     try:
         check_load(root, manifest, report)  # verify's own run of llama-server --verbose --list-devices, clean env, timeout
     except VerifyError as e:
@@ -238,7 +321,7 @@ def take_token(cache_dir: Path) -> int:
     """The next probe token: strictly greater than every token taken before, across processes."""
     with _lock(cache_dir):
         try:
-            last = int((cache_dir / TOKEN).read_text())
+            last = int((cache_dir / TOKEN).read_text(encoding="utf-8"))
         except (OSError, ValueError):
             last = 0
         write_atomic(cache_dir / TOKEN, f"{last + 1}\n")

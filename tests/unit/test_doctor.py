@@ -23,7 +23,7 @@ def test_doctor_names_the_old_driver_and_the_fix(tmp_path: Path) -> None:
     rows = dict(d.rows())
     assert rows["GPU 0"] == "NVIDIA GeForce RTX 3060, 12288 MiB (11019 MiB free)"
     assert rows["driver"] == "551.61"
-    assert rows[f"bundle {NAME}"].startswith(f"key {m['key'][:12]}, llama.cpp 0c1e57098bba, backends cpu+cuda, CUDA 13.0.2, "
+    assert rows[f"bundle {NAME}"].startswith(f"key {m.key[:12]}, llama.cpp 0c1e57098bba, backends cpu+cuda, CUDA 13.0.2, "
                                              "driver floor 572.61 (driver 551.61 is too old), installed ")
     assert rows["last probe"] == "none"
     assert (rows["backend"], rows["reason"]) == ("cpu", "driver_too_old")
@@ -52,8 +52,8 @@ def test_doctor_without_gpu_or_bundles_in_plain_text_and_json(tmp_path: Path) ->
     p = cli("doctor", "--nvidia-smi", str(failing), env=env)
     assert p.returncode == 0, p.stderr
     lines = p.stdout.splitlines()
-    assert lines[0].split(None, 1) == ["GPU", "none found (nvidia-smi exited with 9: NVIDIA-SMI has failed because it "
-                                              "couldn't communicate with the NVIDIA driver.)"]
+    assert lines[0].split(None, 1) == ["GPU", ("none found (nvidia-smi exited with 9: NVIDIA-SMI has failed because it "
+                                               "couldn't communicate with the NVIDIA driver.)")]
     assert f"bundles     none installed in {tmp_path / 'data'}" in lines
     assert "reason      gpu_missing" in lines
     assert lines[-1].startswith("no NVIDIA GPU was found (nvidia-smi exited with 9")
@@ -61,3 +61,14 @@ def test_doctor_without_gpu_or_bundles_in_plain_text_and_json(tmp_path: Path) ->
     j = json.loads(p.stdout)
     assert (j["schema"], j["gpus"], j["bundles"], j["probe"]["reason"]) == (1, [], [], "gpu_missing")
     assert j["last_probe"]["reason"] == "gpu_missing"  # the first doctor run's probe was cached
+
+
+def test_doctor_names_the_nvidia_smi_line_it_did_not_believe(tmp_path: Path) -> None:
+    smi = fake_smi(tmp_path / "bin", "GPU, 1.2.3.4.5.6.7.8.9, -5, NaN")
+    d = diagnose(root=tmp_path / "data", env={"PATH": str(tmp_path / "none")}, cache_dir=tmp_path / "cache",
+                 nvidia_smi=str(smi), proc_version=tmp_path / "none")
+    assert d.result.reason is Reason.GPU_MISSING
+    rows = dict(d.rows())
+    assert rows["GPU"] == ("none found (nvidia-smi listed no GPU: 'GPU, 1.2.3.4.5.6.7.8.9, -5, NaN': driver version "
+                           "'1.2.3.4.5.6.7.8.9' is not a version like 580.65.06)")
+    assert rows["driver"] == "none" and d.to_json()["gpus"] == []

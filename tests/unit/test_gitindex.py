@@ -173,9 +173,32 @@ def test_read_index_refuses_an_unknown_version(repo: Path) -> None:
 
 
 def test_read_index_refuses_a_truncated_entry_table() -> None:
-    body = b"DIRC" + struct.pack(">II", 2, 3) + b"\0" * 70  # claims three entries, holds less than two
+    body = bytearray(v2_index([b"a.c"])[:-20])
+    struct.pack_into(">I", body, 8, 3)  # claims three entries, holds one
+    body += b"\0" * 20
     with pytest.raises(IndexFormatError, match="truncated"):
-        read_index(body + hashlib.sha1(body).digest())
+        read_index(bytes(body) + hashlib.sha1(body).digest())
+
+
+def v2_index(paths: list[bytes]) -> bytes:
+    """A version 2 index listing `paths` (regular files, a fixed blob), with a valid checksum."""
+    body = b"DIRC" + struct.pack(">II", 2, len(paths))
+    for name in paths:
+        entry = b"\0" * 24 + struct.pack(">I", 0o100644) + b"\0" * 12 + bytes.fromhex(blob_sha1(b"x")) \
+            + struct.pack(">H", min(len(name), 0xFFF)) + name
+        body += entry + b"\0" * (8 - len(entry) % 8)
+    return body + hashlib.sha1(body).digest()
+
+
+@pytest.mark.parametrize("path", [b"/etc/passwd", b"../outside", b"src/../../outside", b"a//b", b"./a", b"a/.",
+                                  b".git/config", b"sub/.GIT/hooks/post-checkout", b"trailing/"])
+def test_read_index_refuses_a_path_outside_the_tree(tmp_path: Path, path: bytes) -> None:
+    assert [e.path for e in read_index(v2_index([b"ok/file.c"]))] == ["ok/file.c"]  # the maker makes real indexes
+    with pytest.raises(IndexFormatError, match="unsafe path"):
+        read_index(v2_index([b"ok/file.c", path]))
+    (tmp_path / "outside").write_bytes(b"x")  # what a check against such an index would have read
+    with pytest.raises(IndexFormatError):
+        check_tree(tmp_path / "tree", read_index(v2_index([path])))
 
 
 def test_blob_sha1_is_gits() -> None:

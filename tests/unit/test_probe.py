@@ -21,6 +21,7 @@ import pytest
 
 from llamabundle import bundle, verify
 from llamabundle.log import Log
+from llamabundle.manifest import Manifest
 from llamabundle.recipe import canonical_json
 from llamabundle.runtime import Backend, Reason, explain, reasons
 from llamabundle.runtime.install import install_bundle
@@ -63,8 +64,9 @@ SERVERS = {  # llama-server --verbose --list-devices, as llama.cpp answers it (s
 
 def make_stage(tmp: Path, *, name: str = NAME, server: str = "ok", backends: tuple[str, ...] = ("cpu", "cuda"),
                floor: str | None = "572.61", toolkit: str = "13.0.2", commit: str = COMMIT, salt: str = "",
-               platform: str = "linux-x86_64") -> tuple[Path, dict[str, Any]]:
-    """An unpacked bundle made with the real helpers; its key is the sha256 of its inputs, as a build's is."""
+               platform: str = "linux-x86_64") -> tuple[Path, Manifest]:
+    """An unpacked bundle made with the real helpers; its key is the sha256 of its inputs, as a build's is.
+    Returns the typed manifest (bundle.write_manifest's), as read_manifest would read it back."""
     stage = tmp / f"stage-{uuid.uuid4().hex[:8]}"
     stage.mkdir(parents=True)
     files = {"llama-server": (SERVERS[server], "exe"), "libggml-cpu.so": (b"cpu backend\n", "backend"),
@@ -85,12 +87,12 @@ def make_stage(tmp: Path, *, name: str = NAME, server: str = "ok", backends: tup
     return stage, manifest
 
 
-def make_zip(tmp: Path, **kw: Any) -> tuple[Path, dict[str, Any]]:
+def make_zip(tmp: Path, **kw: Any) -> tuple[Path, Manifest]:
     stage, manifest = make_stage(tmp, **kw)
-    return bundle.pack(stage, tmp / f"{manifest['name']}-{manifest['key'][:12]}.zip", source_date_epoch=0), manifest
+    return bundle.pack(stage, tmp / f"{manifest.name}-{manifest.key[:12]}.zip", source_date_epoch=0), manifest
 
 
-def publish(store_root: Path, tmp: Path, **kw: Any) -> dict[str, Any]:
+def publish(store_root: Path, tmp: Path, **kw: Any) -> Manifest:
     zip_path, manifest = make_zip(tmp, **kw)
     LocalStore(store_root).publish(zip_path, manifest)
     return manifest
@@ -134,9 +136,9 @@ def run_probe(tmp: Path, env: dict[str, str], smi: Path | None, **kw: Any) -> Pr
     return probe(env=env, nvidia_smi=str(smi) if smi else None, proc_version=kw.pop("proc_version", tmp / "no-proc"), **kw)
 
 
-def installed(tmp: Path, **kw: Any) -> dict[str, Any]:
+def installed(tmp: Path, **kw: Any) -> Manifest:
     m = publish(tmp / "store", tmp, **kw)
-    install_bundle(LocalStore(tmp / "store"), m["key"], root=tmp / "data", log=QUIET)
+    install_bundle(LocalStore(tmp / "store"), m.key, root=tmp / "data", log=QUIET)
     return m
 
 
@@ -234,7 +236,7 @@ def test_old_driver_is_driver_too_old(tmp_path: Path, env: dict[str, str]) -> No
     assert (r.backend, r.reason) == (Backend.CPU, Reason.DRIVER_TOO_OLD)
     assert r.sentence == "driver 551.61 is older than 572.61 required by this bundle"
     assert r.fix == "update the NVIDIA driver to 572.61 or newer"
-    assert r.facts["bundle_key"] == m["key"]
+    assert r.facts["bundle_key"] == m.key
 
 
 @pytest.mark.parametrize(("server", "reason", "detail"), [
@@ -253,7 +255,7 @@ def test_the_bundles_own_list_devices_decides(tmp_path: Path, env: dict[str, str
     if detail is None:
         assert r.facts["devices"] == ["CUDA0: NVIDIA H200 (143155 MiB, 142629 MiB free)"]
         assert r.facts["backends_loaded"]["CUDA"].endswith("/libggml-cuda.so")
-        assert r.sentence == f"the CUDA bundle {NAME} ({m['key'][:12]}) runs on NVIDIA H200 with driver 580.95.05"
+        assert r.sentence == f"the CUDA bundle {NAME} ({m.key[:12]}) runs on NVIDIA H200 with driver 580.95.05"
     else:
         assert r.facts["detail"].startswith(detail)
     if server == "broken":
@@ -278,6 +280,7 @@ def test_probe_of_an_explicit_bundle_directory(tmp_path: Path, env: dict[str, st
     stage, m = make_stage(tmp_path, server="ok")
     r = run_probe(tmp_path, env, fake_smi(tmp_path / "bin", H200), bundle=stage)
     assert r.reason is Reason.OK and r.facts["bundle_dir"] == str(stage.resolve())
+    assert r.facts["bundle_key"] == m.key and r.facts["bundle"] == f"{NAME} ({m.key[:12]})"  # read as a typed Manifest
 
 
 def test_planned_zero_gpu_layers(tmp_path: Path, env: dict[str, str]) -> None:
@@ -347,10 +350,10 @@ def test_on_demand_installs_only_on_binary_missing_then_probes_again(tmp_path: P
     m = publish(tmp_path / "store", tmp_path)
     store = LocalStore(tmp_path / "store")
     kw = {"root": tmp_path / "data", "env": env, "log": QUIET, "cache_dir": tmp_path / "cache", "proc_version": tmp_path / "x"}
-    none = ensure_backend(store=store, key=m["key"], nvidia_smi=None, **kw)
+    none = ensure_backend(store=store, key=m.key, nvidia_smi=None, **kw)
     assert none.reason is Reason.GPU_MISSING and not (tmp_path / "data").exists()  # nothing installed without a GPU
-    r = ensure_backend(store=store, key=m["key"], nvidia_smi=str(fake_smi(tmp_path / "bin", H200)), **kw)
-    assert (r.backend, r.reason, r.facts["bundle_key"]) == (Backend.CUDA, Reason.OK, m["key"])
+    r = ensure_backend(store=store, key=m.key, nvidia_smi=str(fake_smi(tmp_path / "bin", H200)), **kw)
+    assert (r.backend, r.reason, r.facts["bundle_key"]) == (Backend.CUDA, Reason.OK, m.key)
 
 
 def test_on_demand_with_a_failed_install_is_cpu_with_the_reason(tmp_path: Path, env: dict[str, str]) -> None:
@@ -362,7 +365,7 @@ def test_on_demand_with_a_failed_install_is_cpu_with_the_reason(tmp_path: Path, 
     assert r.sentence.startswith("installing the CUDA bundle failed: no bundle with key abababababab")
     assert read_cached(tmp_path / "cache") == r
     m = publish(tmp_path / "store", tmp_path, platform="windows-x86_64")
-    r = ensure_backend(store=LocalStore(tmp_path / "store"), key=m["key"], **kw)
+    r = ensure_backend(store=LocalStore(tmp_path / "store"), key=m.key, **kw)
     assert (r.backend, r.reason) == (Backend.CPU, Reason.BUNDLE_INVALID)
     assert "built for windows-x86_64" in r.sentence
 
@@ -371,7 +374,7 @@ def test_on_demand_with_a_failed_install_is_cpu_with_the_reason(tmp_path: Path, 
 
 
 def cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "llamabundle", *args], capture_output=True, text=True, cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "llamabundle", *args], capture_output=True, text=True, cwd=REPO, check=False,
                           env={**env, "PYTHONPATH": str(REPO), "NO_COLOR": "1"}, timeout=120)
 
 

@@ -161,6 +161,16 @@ def assert_nothing_cached(settings: Settings, commit: str) -> None:
     assert cached_source_dir_leftovers(settings) == []
 
 
+def assert_marker(marker: dict[str, object], *, commit: str, origin: str, files: dict[str, bytes]) -> None:
+    """A marker of format 2: what was proven, and the tree as it was then (every file, its size)."""
+    assert (marker["format"], marker["commit"], marker["origin"]) == (2, commit, origin)
+    assert marker["tree"] == {"files": len(files), "bytes": sum(len(b) for b in files.values()),
+                              "digest": marker["tree"]["digest"]}  # type: ignore[index]
+    listing = marker["listing"]
+    assert isinstance(listing, dict) and sorted(listing) == sorted(files)
+    assert {p: v[1] for p, v in listing.items()} == {p: len(b) for p, b in files.items()}
+
+
 def cached_source_dir_leftovers(settings: Settings) -> list[str]:
     tmp = settings.cache_dir / "tmp"
     return sorted(p.name for p in tmp.iterdir()) if tmp.is_dir() else []
@@ -185,8 +195,11 @@ def test_github_archive_is_proven_by_its_pax_header_and_cached(tmp_path: Path, s
     assert tree.commit == sha
     assert tree.origin == "github:ggml-org/llama.cpp"
     assert tree.path == settings.cache_dir / "src" / sha
-    assert json.loads((tree.path / MARKER).read_text()) == {"commit": sha, "origin": "github:ggml-org/llama.cpp",
-                                                            "commit_time": COMMIT_TIME}  # the archive's mtimes
+    marker = json.loads((tree.path / MARKER).read_text())
+    assert_marker(marker, commit=sha, origin="github:ggml-org/llama.cpp", files=FILES)
+    assert marker["commit_time"] == COMMIT_TIME  # the archive's mtimes
+    assert marker["proof"] == {"method": "the commit in the archive's pax header (git archive)",
+                               "archive_sha256": hashlib.sha256(archive).hexdigest()}
     assert tree.commit_time == COMMIT_TIME
     got = tree_files(tree.path)
     got.pop(MARKER)
@@ -265,7 +278,10 @@ def test_path_source_at_the_pinned_commit_copies_tracked_files_only(tmp_path: Pa
     recipe = write_recipe(tmp_path / "r.yaml", sha, [f"path: {checkout}"])
     tree = fetch_source(recipe, settings, quiet_log()[0])
     got = tree_files(tree.path)
-    assert json.loads(got.pop(MARKER)) == {"commit": sha, "origin": f"path:{checkout}", "commit_time": COMMIT_TIME}
+    marker = json.loads(got.pop(MARKER))
+    assert_marker(marker, commit=sha, origin=f"path:{checkout}", files=FILES)
+    assert marker["commit_time"] == COMMIT_TIME
+    assert marker["proof"]["files"] == len(FILES) and marker["proof"]["path"] == str(checkout)
     assert got == FILES  # no .git, no untracked files, no build output
     assert tree.origin == f"path:{checkout}"
 
