@@ -53,6 +53,9 @@ def deps_command(files: tuple[Path, ...], search: tuple[Path, ...], as_json: boo
 
     Libraries are looked up in the binaries' own directory (the bundle), then in each --search DIR."""
     paths = [f.resolve() for f in files]
+    for f, p in zip(files, paths):
+        if not p.is_file():  # a FIFO or device: never opened (reading a FIFO blocks)
+            raise UsageError(f"{f} is not a regular file", fix="pass .exe/.dll or ELF files")
     if len({p.parent for p in paths}) > 1:
         raise UsageError("the files are in different directories",
                          fix="pass binaries of one bundle directory (use --search for other places)")

@@ -13,11 +13,12 @@ from typing import Any
 import click
 
 from . import cli_json
+from .cli_paths import InputFile
 from .offload import MiB, kv_types, parse_headroom, parse_size, plan_offload, read_model
 
 
 @click.command("plan")
-@click.argument("model_path", metavar="MODEL.gguf", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("model_path", metavar="MODEL.gguf", type=InputFile())
 @click.option("--free-vram", required=True, metavar="SIZE", help="Free GPU memory: 24GiB, 8000MiB, 12G (binary) or bytes.")
 @click.option("--ctx", type=click.IntRange(1), help="Context (-c), total over all slots (default: the model's trained context).")
 @click.option("--min-ctx", type=click.IntRange(1), help="Never shrink the context below this (default 4096).")

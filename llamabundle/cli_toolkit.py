@@ -15,9 +15,10 @@ from typing import Any
 import click
 
 from . import cli_json, data
+from .cli_paths import InputFile
 from .errors import ToolchainError, UsageError
-from .recipe import load_recipe
 from .lazy import lazy_import
+from .recipe import load_recipe
 from .toolkit.manifest import PLATFORMS, Manifest, load_manifest
 from .toolkit.plan import SOURCES, ToolkitPlan, plan_for_recipe, plan_toolkit
 
@@ -41,9 +42,9 @@ def _options(f: Any) -> Any:
         click.option("--components", metavar="a,b,c", help="Comma-separated redist components (with --version)."),
         click.option("--platform", type=click.Choice(PLATFORMS), help="Target platform (with --version; default: this host)."),
         click.option("--source", type=click.Choice((*SOURCES, "pypi", "installer")), help="Where the toolkit comes from (default: the recipe's, or redist)."),
-        click.option("--manifest", "manifest_path", metavar="FILE", type=click.Path(dir_okay=False, path_type=Path),
+        click.option("--manifest", "manifest_path", metavar="FILE", type=InputFile(),
                      help="A redistrib_*.json to use instead of the pinned one (mirrors, tests)."),
-        click.option("--installer", "installer_path", metavar="PATH", type=click.Path(dir_okay=False, path_type=Path),
+        click.option("--installer", "installer_path", metavar="PATH", type=InputFile(),
                      help="With --source installer: a local copy of NVIDIA's .exe instead of downloading it."),
         click.option("--installer-sha256", metavar="HEX",
                      help="With --source installer: the sha256 of an installer llamabundle has no pin for."),
