@@ -36,6 +36,29 @@ def _safe_name(name: str, archive: Path) -> PurePosixPath:
     return p
 
 
+class Layout:
+    """The tree an archive's members make, member by member: a member may not be a file where another member
+    is a directory, nor sit under a file (the names differ, yet they would collide on disk)."""
+
+    def __init__(self, archive: Path) -> None:
+        self.archive = archive
+        self.files: set[PurePosixPath] = set()
+        self.dirs: set[PurePosixPath] = set()
+
+    def add(self, name: str, *, is_dir: bool) -> None:
+        p = _safe_name(name, self.archive)
+        parents = [q for q in p.parents if q != PurePosixPath(".")]
+        clash = next((q for q in parents if q in self.files), None)
+        if clash is not None:
+            raise UnsafeArchive(f"{self.archive.name}: member '{name}' is inside '{clash}', which is a file",
+                                why="two members would collide on disk", fix="do not use this archive")
+        if p in self.files or (not is_dir and p in self.dirs):
+            raise UnsafeArchive(f"{self.archive.name}: member '{name}' collides with another member of that path",
+                                why="two members would collide on disk", fix="do not use this archive")
+        self.dirs.update(parents)
+        (self.dirs if is_dir else self.files).add(p)
+
+
 def extract_zip(archive: Path, dest: Path, *, max_total: int = MAX_TOTAL_BYTES) -> list[str]:
     """Extract a zip into dest (which must not exist yet). Returns the member names (files only)."""
     try:
@@ -48,8 +71,9 @@ def extract_zip(archive: Path, dest: Path, *, max_total: int = MAX_TOTAL_BYTES) 
         if len(infos) > MAX_MEMBERS:
             raise UnsafeArchive(f"{archive.name}: {len(infos)} members, more than {MAX_MEMBERS}")
         total = 0
+        layout = Layout(archive)
         for info in infos:
-            _safe_name(info.filename, archive)
+            layout.add(info.filename, is_dir=info.is_dir())
             mode = info.external_attr >> 16
             if stat.S_ISLNK(mode):
                 raise UnsafeArchive(f"{archive.name}: member '{info.filename}' is a symbolic link",

@@ -69,13 +69,6 @@ def read_manifest(root: Path) -> Manifest:
     return manifest_mod.read(root)
 
 
-def check_contents(root: Path, manifest: Manifest, *, hashes: Mapping[str, str] | None = None) -> ContentCheck:
-    """The one trust check (manifest.trust) of an unpacked bundle, asking for nothing in particular."""
-    check = manifest_mod.trust(manifest, root, hashes=hashes)
-    assert check is not None
-    return check
-
-
 def pack(root: Path, zip_path: Path, *, source_date_epoch: int | None = None) -> Path:
     """Deterministic zip of root: sorted entries, fixed timestamps, normalised modes, bundle.json first."""
     when = ZIP_EPOCH_DEFAULT

@@ -26,6 +26,7 @@ from .archive import (
     MAX_RATIO,
     MAX_TOTAL_BYTES,
     RATIO_FLOOR,
+    Layout,
     UnsafeArchive,
     _safe_name,
 )
@@ -137,6 +138,7 @@ class ZipStream:
         self.pos = 0  # offset in the zip of buf[0]
         self.members: list[Member] = []
         self.names: set[str] = set()
+        self.layout = Layout(Path(self.label))
         self.total = 0
         self.cur: dict | None = None
         self.out = None
@@ -186,6 +188,7 @@ class ZipStream:
         path = _safe_name(name, Path(self.label))
         if name in self.names:
             raise UnsafeArchive(f"{self.label}: member '{name}' appears twice", fix="do not use this archive")
+        self.layout.add(name, is_dir=name.endswith("/"))
         if len(self.members) >= MAX_MEMBERS:
             raise UnsafeArchive(f"{self.label}: more than {MAX_MEMBERS} members")
         if usize > RATIO_FLOOR and usize > MAX_RATIO * max(csize, 1):

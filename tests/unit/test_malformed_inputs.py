@@ -75,6 +75,14 @@ class World:
                 info = zipfile.ZipInfo("libevil.so")
                 info.external_attr = (stat.S_IFLNK | 0o777) << 16
                 zf.writestr(info, "/etc/passwd")
+        elif kind in COLLIDING:
+            p.write_bytes(self.good_zip.read_bytes())
+            with zipfile.ZipFile(p, "a") as zf:
+                for name, data in COLLIDING[kind]:
+                    info = zipfile.ZipInfo(name)
+                    if data is None:
+                        info.external_attr = (stat.S_IFLNK | 0o777) << 16
+                    zf.writestr(info, data or b"/etc")
         elif kind.startswith("manifest:"):
             self._zip_with_manifest(p, MANIFESTS[kind.removeprefix("manifest:")](self.good))
         elif kind == "regular-file":
@@ -100,6 +108,15 @@ class World:
         (entry / "SHA256SUMS").write_text(f"{bundle.sha256_file(self.good_zip)}  linux-x86_64-cpu.zip\n")
         (entry / bundle.MANIFEST).write_text(json.dumps(MANIFESTS[manifest](self.good)))
         return root
+
+
+# members whose names differ but collide on disk (they made verify and fetch fail with an OSError, exit 70)
+COLLIDING: dict[str, list[tuple[str, bytes | None]]] = {
+    "file-then-child": [("a", b"x"), ("a/b", b"y")],
+    "dir-then-file": [("d/", b""), ("d", b"x")],
+    "link-then-child": [("l", None), ("l/x", b"y")],
+    "under-the-manifest": [("bundle.json/x", b"y")],
+}
 
 
 def _set(data: dict[str, Any], **kw: Any) -> dict[str, Any]:
@@ -130,6 +147,7 @@ RECIPE_COMMANDS = [["show", "{p}"], ["key", "{p}"], ["check", "{p}", "--store", 
 BUNDLE_INPUTS = [("missing", 2, "does not exist"), ("empty", 5, ""), ("notzip", 5, ""), ("truncated-zip", 5, ""),
                  ("symlink-zip", 5, "symbolic link"), ("binary", 5, ""), ("fifo", 2, "")]
 BUNDLE_INPUTS += [(f"manifest:{k}", 5, FIELD[k]) for k in MANIFESTS]
+BUNDLE_INPUTS += [(k, 5, "which is a file" if k != "dir-then-file" else "collides") for k in COLLIDING]
 BUNDLE_COMMANDS = [["verify", "{p}"], ["publish", "{p}", "--store", "{store}"], ["deps", "{p}"],
                    ["verify", "{p}", "--level", "load"]]
 STORE_COMMANDS = [["check", str(LINUX), "--store", "{s}"], ["fetch", str(LINUX), "--store", "{s}", "--out", "{out}"],
