@@ -76,8 +76,9 @@ def parse_utc_timestamp(value: str | float) -> int:
 
 def write_atomic(path: Path, text: str) -> None:
     """Replace path's content in one step: a reader (or a SIGKILL) sees the old file or the new one, never half.
-    The temporary file `.<name>.<owner>.tmp` names its owner (scratch): `scratch.sweep(dir, [f".{name}."])`
-    removes a killed writer's."""
+    The temporary file `.<name>.<owner>.tmp` names its owner (scratch); a killed writer's is removed by the
+    next write of that file."""
+    scratch.sweep(path.parent, [f".{path.name}."])
     tmp = scratch.owned(path.parent, f".{path.name}.", ".tmp")
     try:
         with open(tmp, "w", encoding="utf-8") as f:

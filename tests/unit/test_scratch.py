@@ -88,3 +88,14 @@ def test_a_zombie_owner_is_dead(tmp_path: Path) -> None:
 
 def test_sweeping_a_missing_or_unreadable_directory_is_a_no_op(tmp_path: Path) -> None:
     assert scratch.sweep(tmp_path / "nope", [".publish-"]) == []
+
+
+def test_write_atomic_removes_a_killed_writers_temporary_file(tmp_path: Path) -> None:
+    from llamabundle.runtime import write_atomic
+
+    dead = tmp_path / ".probe.json.4194999-1-abcdef.tmp"  # a writer SIGKILLed between open and rename
+    dead.write_text("{half")
+    mine = tmp_path / f".probe.json.{os.getpid()}-{scratch.start_time(os.getpid())}-abcdef.tmp"
+    mine.write_text("{live")  # a live writer's (here: ours) is kept
+    write_atomic(tmp_path / "probe.json", "{}\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [mine.name, "probe.json"]
