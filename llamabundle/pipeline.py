@@ -185,7 +185,7 @@ def _build_locked(recipe: Recipe, *, key: str, settings: Settings, store: Store,
     cuda_root = toolkit.root if toolkit else None
     sde = settings.source_date_epoch if settings.source_date_epoch is not None else src.commit_time
     if sde is None:
-        log.warning("the commit's date is unknown (this source does not prove it): built_at and the zip's timestamps "
+        log.warn("the commit's date is unknown (this source does not prove it): built_at and the zip's timestamps "
                  "come from the clock, so the bundle is not reproducible; set SOURCE_DATE_EPOCH to fix them")
     build_env = {**env, "SOURCE_DATE_EPOCH": str(sde)} if sde is not None else env
     plan = plan_build(recipe, source_dir=src.path, build_dir=build_dir_for(recipe, settings, tools, cuda_root), tools=tools,
