@@ -248,11 +248,32 @@ def capture(argv: Sequence[str], *, cwd: Path | None = None, env: Mapping[str, s
     be started raises OSError, as subprocess does."""
     args = [str(a) for a in argv]
     with _started(args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, raw_errors=True) as p:
+        assert p.stdout is not None and p.stderr is not None
+        chunks: tuple[list[str], list[str]] = ([], [])
+        readers = [threading.Thread(target=_drain, args=(stream, into), daemon=True)
+                   for stream, into in zip((p.stdout, p.stderr), chunks)]
+        for r in readers:
+            r.start()
+        deadline = time.monotonic() + timeout
         try:
-            out, err = p.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
+            p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired as e:
             kill_group(p, grace=1.0)
-            p.communicate()
+            for r in readers:
+                r.join(timeout=5)
+            e.output, e.stderr = "".join(chunks[0]), "".join(chunks[1])
             raise
+        for r in readers:  # it exited; what it started may hold the output open a while, not for ever
+            r.join(timeout=max(0.0, min(ORPHAN_GRACE, deadline - time.monotonic())))
         _reap_group(p)
-    return subprocess.CompletedProcess(args, p.returncode, out, err)
+        for r in readers:
+            r.join(timeout=5)
+    return subprocess.CompletedProcess(args, p.returncode, "".join(chunks[0]), "".join(chunks[1]))
+
+
+def _drain(stream: Any, into: list[str]) -> None:
+    try:
+        for piece in iter(lambda: stream.read(1 << 16), ""):
+            into.append(piece)
+    except (OSError, ValueError):
+        pass

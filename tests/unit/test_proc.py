@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -153,3 +154,29 @@ def test_capture_kills_the_group_on_timeout(tmp_path: Path) -> None:
 def test_a_missing_program_is_a_toolchain_error(tmp_path: Path) -> None:
     with pytest.raises(ToolchainError, match="cannot start"):
         proc.run([str(tmp_path / "nope")], log=plain_log()[0], error=BuildError, what="x")
+
+
+def test_capture_returns_soon_after_the_child_exits_even_if_its_child_holds_the_output(tmp_path: Path) -> None:
+    """nvidia-smi printing its answer and exiting while something it started keeps stdout open: the answer is
+    taken after ORPHAN_GRACE, not after the whole timeout, and the orphan is ended."""
+    pidfile = tmp_path / "orphan.pid"
+    script = f"echo answer; sleep 300 & echo $! > {pidfile}; exit 3"
+    t0 = time.monotonic()
+    done = proc.capture(["sh", "-c", script], timeout=60)
+    took = time.monotonic() - t0
+    assert (done.returncode, done.stdout) == (3, "answer\n")
+    assert took < 10, took
+    pid = int(pidfile.read_text())
+    deadline = time.monotonic() + 5
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] if Path(f"/proc/{pid}").exists() else "X"
+        if state in ("Z", "X"):
+            break
+        time.sleep(0.05)
+    assert not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] in "ZX"
+
+
+def test_capture_timeout_keeps_what_was_printed(tmp_path: Path) -> None:
+    with pytest.raises(subprocess.TimeoutExpired) as e:
+        proc.capture(["sh", "-c", "echo partial; exec sleep 300"], timeout=1)
+    assert e.value.output == "partial\n"
