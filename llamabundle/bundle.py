@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from . import __version__, zipstream
+from . import __version__, scratch, zipstream
 from . import manifest as manifest_mod
 from .archive import _tmp_beside, extract_zip
 from .manifest import ANYTHING, FORMAT, MANIFEST, ROLES, ContentCheck, Expect, Manifest
@@ -76,8 +76,10 @@ def pack(root: Path, zip_path: Path, *, source_date_epoch: int | None = None) ->
         t = dt.datetime.fromtimestamp(max(source_date_epoch, 315532800), dt.UTC)
         when = (t.year, t.month, t.day, t.hour, t.minute, t.second)
     names = sorted(walk(root), key=lambda n: (n != MANIFEST, n))
-    tmp = zip_path.with_name(zip_path.name + ".part")
     zip_path.parent.mkdir(parents=True, exist_ok=True)
+    part = f".{zip_path.name}.part-"  # named by its owner: a killed pack's is removed by the next pack
+    scratch.sweep(zip_path.parent, [part])
+    tmp = scratch.owned(zip_path.parent, part)
     try:
         with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=6) as zf:
             for name in names:

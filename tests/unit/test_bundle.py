@@ -255,7 +255,7 @@ def test_pack_layout_order_times_and_modes(tmp_path: Path) -> None:
         assert all(i.compress_type == zipfile.ZIP_DEFLATED for i in infos)
         assert zf.read("LICENSE") == FILES["LICENSE"][0]
         assert zf.read("bundle.json") == (root / "bundle.json").read_bytes()
-    assert not (tmp_path / "b.zip.part").exists()
+    assert not list(tmp_path.glob("*.part*"))
 
 
 def test_pack_uses_source_date_epoch(tmp_path: Path) -> None:
@@ -386,3 +386,13 @@ def test_diff_zips_names_each_differing_member_and_its_first_offset(tmp_path: Pa
     later = pack(root, tmp_path / "c.zip", source_date_epoch=1704067200)  # the same files, another date
     assert diff_zips(b, later) == [f"{n}: same bytes, other timestamp or mode" for n in sorted(
         p.name for p in root.iterdir())]
+
+
+def test_pack_removes_a_killed_packs_part_file_and_leaves_only_the_zip(tmp_path: Path) -> None:
+    root = tmp_path / "b"
+    make_bundle(root)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / ".b.zip.part-4194999-1-abcdef").write_bytes(b"half a zip")  # its packer was SIGKILLed
+    pack(root, out / "b.zip")
+    assert sorted(p.name for p in out.iterdir()) == ["b.zip"]
