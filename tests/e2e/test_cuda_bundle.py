@@ -8,6 +8,7 @@ the GPU machine (bench/gpu/cuda_build.sh)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import subprocess
@@ -21,7 +22,7 @@ from llamabundle.build import BuildTools, plan_build
 from llamabundle.errors import VerifyError
 from llamabundle.log import Log
 from llamabundle.pipeline import _cuda_manifest, collect_linux
-from llamabundle.recipe import Settings, load_recipe
+from llamabundle.recipe import Settings, canonical_json, load_recipe
 from llamabundle.toolkit.pypi import install_from_pypi
 from llamabundle.verify import Level, verify_bundle
 from tests.e2e.conftest import REPO, run_cli
@@ -61,7 +62,7 @@ def cuda_bundle(first_build: dict[str, Any], e2e_env: dict[str, str], tmp_path_f
         "cuda": _cuda_manifest(recipe, stage, {"nvcc": "13.0.88"}), "system_deps": closure.system_deps,
         "files": bundle_mod.file_entries(stage, roles)})
     zip_path = bundle_mod.pack(stage, work / "cuda.zip")
-    return {"manifest": manifest, "zip": zip_path, "stage": stage, "closure": closure, "roles": roles}
+    return {"manifest": manifest.to_json(), "zip": zip_path, "stage": stage, "closure": closure, "roles": roles}
 
 
 def test_cuda_runtime_libraries_and_licenses_are_bundled(cuda_bundle: dict[str, Any]) -> None:
@@ -97,6 +98,7 @@ def test_verify_catches_archs_that_differ_from_the_recipe(cuda_bundle: dict[str,
     shutil.copytree(cuda_bundle["stage"], copy)
     manifest = json.loads((copy / "bundle.json").read_text())
     manifest["inputs"]["cuda"]["archs"] = ["75-virtual", "90-real", "120a-real"]
+    manifest["key"] = hashlib.sha256(canonical_json(manifest["inputs"]).encode()).hexdigest()  # consistent again
     (copy / "bundle.json").write_text(json.dumps(manifest))
     with pytest.raises(VerifyError) as e:
         verify_bundle(copy, level=Level.STATIC)
