@@ -65,26 +65,28 @@ class DiskError(StoreError):
     permission, or a path that is not what it should be (exit 6, as for a store)."""
 
 
+def disk_fix(e: OSError) -> str:
+    """What to do about an OSError on a path the message already names, by its cause."""
+    import errno
+
+    return {errno.ENOSPC: "free space on that filesystem, or use another directory",
+            errno.EDQUOT: "free space on that filesystem (your quota is used up), or use another directory",
+            errno.EROFS: "that filesystem is mounted read-only: use a writable directory",
+            errno.EACCES: "check its permissions, or use another directory",
+            errno.EPERM: "check its permissions, or use another directory",
+            errno.ENOTDIR: "a part of that path is a file, not a directory: use another directory",
+            errno.EISDIR: "that path is a directory: pass a file",
+            errno.ENOENT: "check that the path exists"}.get(e.errno or 0, "check the path and its filesystem, then retry")
+
+
 def from_os_error(e: OSError, *, doing: str = "") -> DiskError:
     """The OSError as one clear message naming the path that failed, why, and what to do."""
-    import errno as errno_mod
-
     if e.filename is None and (isinstance(e, (ConnectionError, TimeoutError))
                                or type(e).__module__.split(".")[0] in ("requests", "urllib3", "http", "ssl")):
         return DiskError(f"a network connection failed{' while trying to ' + doing if doing else ''}",
                          why=str(e)[:300] or type(e).__name__, fix="check the network and retry")
     path = e.filename if e.filename is not None else "a file"
-    fixes = {
-        errno_mod.ENOSPC: f"free space on the disk that holds {path} (or point LLAMABUNDLE_CACHE_DIR elsewhere)",
-        errno_mod.EDQUOT: f"free space on the disk that holds {path}",
-        errno_mod.EROFS: f"{path} is on a read-only filesystem: use a writable location",
-        errno_mod.EACCES: f"check the permissions of {path}",
-        errno_mod.EPERM: f"check the permissions of {path}",
-        errno_mod.ENOTDIR: f"a part of {path} is a file, not a directory: pass another path",
-        errno_mod.EISDIR: f"{path} is a directory: pass a file",
-        errno_mod.ENOENT: f"check that {path} exists",
-    }
     what = f"cannot {doing} {path}" if doing else f"cannot use {path}"
     if e.filename2 is not None:
         what += f" (and {e.filename2})"
-    return DiskError(what, why=e.strerror or str(e), fix=fixes.get(e.errno or 0, "check the path and the disk"))
+    return DiskError(what, why=e.strerror or str(e), fix=disk_fix(e))

@@ -26,11 +26,10 @@ from filelock import FileLock, Timeout
 from .. import scratch
 from ..archive import extract_zip
 from ..bundle import read_manifest
-from ..errors import StoreError, UsageError, VerifyError
+from ..errors import StoreError, UsageError, VerifyError, disk_fix
 from ..log import Log
 from ..manifest import Expect, Manifest, trust
 from ..store.base import Entry, Store
-from ..store.local import disk_fix
 from ..verify import host_platform_name
 from . import Reason, utc_timestamp, write_atomic
 

@@ -9,7 +9,6 @@ SHA256SUMS records. SHA256SUMS is UTF-8 whatever the locale."""
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import os
 import re
@@ -21,7 +20,7 @@ from filelock import FileLock, Timeout
 
 from .. import scratch
 from ..bundle import MANIFEST
-from ..errors import StoreError, UsageError, VerifyError
+from ..errors import StoreError, UsageError, VerifyError, disk_fix
 from ..manifest import Expect, Manifest, ManifestError, check_consistent, loads
 from .base import Entry, Published
 
@@ -272,17 +271,6 @@ def _write_text(path: Path, text: str) -> None:
 def _write_error(path: Path, e: OSError, *, what: str = "") -> StoreError:
     return StoreError(what or f"cannot write {path}", why=f"{e.strerror or e} ({path})" if what else (e.strerror or str(e)),
                       fix=disk_fix(e))
-
-
-def disk_fix(e: OSError) -> str:
-    """What to do about an OSError on a path the message already names, by its cause."""
-    return {errno.ENOSPC: "free space on that filesystem, or use another directory",
-            errno.EDQUOT: "free space on that filesystem (your quota is used up), or use another directory",
-            errno.EROFS: "that filesystem is mounted read-only: use a writable directory",
-            errno.EACCES: "check its permissions, or use another directory",
-            errno.EPERM: "check its permissions, or use another directory",
-            errno.ENOTDIR: "a part of that path is a file, not a directory: use another directory"}.get(
-        e.errno or 0, "check the path and its filesystem, then retry")
 
 
 def _unlink(path: Path) -> None:
