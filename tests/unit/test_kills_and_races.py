@@ -230,3 +230,46 @@ def test_a_cache_on_a_full_disk_names_the_cache(tmp_path: Path, tmpfs) -> None: 
     assert f"{full}/cache" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "out").exists()
     assert not [p for p in (full / "cache" / "fetched" / key).iterdir()] if (full / "cache" / "fetched" / key).exists() else True
+
+
+# ---------------------------------------------------------------------------------- GitHub, through the CLI
+
+
+def _github_with_the_linux_bundle(tmp: Path):  # type: ignore[no-untyped-def]
+    from test_store_github import REPO, TOKEN
+
+    try:
+        from tests.fakegithub import FakeGitHub
+    except ImportError:
+        sys.path.insert(0, str(ROOT))
+        from tests.fakegithub import FakeGitHub
+    from llamabundle.store.github import GitHubStore
+
+    zip_path, key = linux_bundle(tmp)
+    recipe = load_recipe(LINUX)
+    gh = FakeGitHub(REPO, token=TOKEN)
+    gh.__enter__()
+    GitHubStore(REPO, api_url=gh.api_url, token=TOKEN, tags={key: recipe.tag()}, sleep=lambda _s: None).publish(
+        zip_path, bundle.read_manifest(_unpacked(tmp, zip_path)))
+    env = {**env_for(tmp), "GITHUB_API_URL": gh.api_url, "GITHUB_TOKEN": TOKEN}
+    return gh, env, f"github:{REPO}", key
+
+
+def test_check_over_github_retries_a_dropped_manifest_and_condemns_only_what_arrived_wrong(tmp_path: Path) -> None:
+    gh, env, store, key = _github_with_the_linux_bundle(tmp_path)
+    try:
+        def check() -> subprocess.CompletedProcess[str]:
+            return subprocess.run([sys.executable, "-m", "llamabundle", "check", str(LINUX), "--store", store],
+                                  env=env, capture_output=True, text=True, timeout=120)
+
+        gh.drop_asset("bundle.json", after=100, times=1)  # the connection drops inside bundle.json's body, once
+        r = check()
+        assert r.returncode == 0 and r.stdout.startswith(f"hit   {key}"), r.stdout + r.stderr
+        assert [d.headers.get("range") for d in gh.downloads("bundle.json")][-2:] == [None, "bytes=100-"]
+
+        gh.drop_asset("bundle.json", after=100, times=None)  # it drops every time: a network error, not a verdict
+        r = check()
+        assert r.returncode == 6, r.stderr
+        assert "connection dropped" in r.stderr and "delete" not in r.stderr and "Traceback" not in r.stderr
+    finally:
+        gh.__exit__(None, None, None)
