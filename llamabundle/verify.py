@@ -13,7 +13,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -214,7 +214,7 @@ def check_archs(root: Path, manifest: Manifest) -> str:
         raise VerifyError(f"bundle.json declares CUDA but the bundle has no {lib}")
     found = binary_archs(root / lib).to_json()
     cuda_inputs = manifest.inputs.get("cuda")
-    asked = cuda_inputs.get("archs", ()) if hasattr(cuda_inputs, "get") else ()
+    asked = cuda_inputs.get("archs", ()) if isinstance(cuda_inputs, Mapping) else ()
     wanted = split_archs([str(a) for a in asked])
     recorded = manifest.cuda.archs_json()
     if found != wanted:
