@@ -4,6 +4,7 @@ delay-imports, each class (missing, bundled, system, driver, runtimes), the x64 
 
 from __future__ import annotations
 
+import os
 import shutil
 import struct
 import subprocess
@@ -65,7 +66,8 @@ class Built:
 
 
 def _run(*argv: str | Path, cwd: Path) -> None:
-    subprocess.run([str(a) for a in argv], cwd=cwd, check=True, capture_output=True)
+    # dlltool leaves empty temporary files behind: keep them in the test's directory, not in /tmp
+    subprocess.run([str(a) for a in argv], cwd=cwd, check=True, capture_output=True, env={**os.environ, "TMPDIR": str(cwd)})
 
 
 def _set_delay_directory(exe: Path, *, image_base: int) -> None:
