@@ -4,8 +4,15 @@ from __future__ import annotations
 
 import socket
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
+
+# the shared test helpers (tests.bundles, tests.fakegithub) import as a package however pytest is started
+_ROOT = str(Path(__file__).resolve().parents[2])
+if _ROOT not in sys.path:
+    sys.path.insert(0, _ROOT)
 
 _BLOCKED_PROGRAMS = {"cmake", "ninja", "nvcc", "pip"}
 

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from llamabundle import bundle
+from llamabundle import manifest as manifest_mod
 from llamabundle.bundle import (
     MANIFEST,
     file_entries,
@@ -23,7 +24,6 @@ from llamabundle.bundle import (
     unpack,
     write_manifest,
 )
-from llamabundle import manifest as manifest_mod
 from llamabundle.errors import VerifyError
 
 
@@ -33,13 +33,7 @@ def check_contents(root: Path, m: manifest_mod.Manifest) -> manifest_mod.Content
     assert check is not None
     return check
 
-try:
-    from tests.bundles import inputs_for, key_of
-except ImportError:  # pytest run without the project root on sys.path
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from tests.bundles import inputs_for, key_of
+from tests.bundles import inputs_for, key_of
 
 INPUTS = inputs_for("bundle")
 KEY = key_of(INPUTS)

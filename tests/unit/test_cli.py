@@ -4,25 +4,20 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-
-from llamabundle import bundle
-from llamabundle.cli import cli, main
-from llamabundle.recipe import canonical_json, load_recipe
 from clirun import run  # noqa: E402
 
-try:
-    from tests import bundles as test_bundles
-except ImportError:  # pytest run without the project root on sys.path
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from tests import bundles as test_bundles
+from llamabundle import bundle
+from llamabundle.cli import cli
+from llamabundle.recipe import canonical_json, load_recipe
+from tests import bundles as test_bundles
 
 ROOT = Path(__file__).resolve().parents[2]
 LINUX = ROOT / "recipes" / "linux-x86_64-cpu.yaml"

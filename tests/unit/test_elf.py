@@ -12,22 +12,21 @@ from pathlib import Path
 
 import pytest
 
+from llamabundle import manifest as manifest_mod
 from llamabundle.deps import elf
-from llamabundle.deps.elf import ElfInfo, apply_closure, glibc_floor, read_elf, resolve_closure
+from llamabundle.deps.elf import (
+    ElfInfo,
+    apply_closure,
+    glibc_floor,
+    read_elf,
+    resolve_closure,
+)
 from llamabundle.deps.policy import LibClass, Policy, linux_policy
 from llamabundle.errors import VerifyError
 from llamabundle.log import Log
-from llamabundle import manifest as manifest_mod
 from llamabundle.manifest import Manifest
 from llamabundle.verify import check_static
-
-try:
-    from tests import bundles as test_bundles
-except ImportError:  # pytest run without the project root on sys.path
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from tests import bundles as test_bundles
+from tests import bundles as test_bundles
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is needed to build real ELF inputs")
 

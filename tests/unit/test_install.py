@@ -43,12 +43,7 @@ from llamabundle.runtime.install import (
     uninstall,
 )
 from llamabundle.store.local import SUMS, LocalStore
-
-try:
-    from tests import bundles as tb
-except ImportError:  # pytest run without the project root on sys.path
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from tests import bundles as tb
+from tests import bundles as tb
 
 POINTS = ["downloaded", "extracted", "verified", "swapping", "swapped"]
 

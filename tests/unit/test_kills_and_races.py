@@ -18,12 +18,7 @@ import pytest
 from llamabundle import bundle
 from llamabundle.recipe import load_recipe
 from llamabundle.store.local import LocalStore
-
-try:
-    from tests import bundles as tb
-except ImportError:  # pytest run without the project root on sys.path
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from tests import bundles as tb
+from tests import bundles as tb
 
 ROOT = Path(__file__).resolve().parents[2]
 LINUX = ROOT / "recipes" / "linux-x86_64-cpu.yaml"
@@ -238,12 +233,8 @@ def test_a_cache_on_a_full_disk_names_the_cache(tmp_path: Path, tmpfs) -> None: 
 def _github_with_the_linux_bundle(tmp: Path):  # type: ignore[no-untyped-def]
     from test_store_github import REPO, TOKEN
 
-    try:
-        from tests.fakegithub import FakeGitHub
-    except ImportError:
-        sys.path.insert(0, str(ROOT))
-        from tests.fakegithub import FakeGitHub
     from llamabundle.store.github import GitHubStore
+    from tests.fakegithub import FakeGitHub
 
     zip_path, key = linux_bundle(tmp)
     recipe = load_recipe(LINUX)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import stat
-import sys
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -23,12 +22,7 @@ from test_cli import _all_commands
 
 from llamabundle import bundle
 from llamabundle.recipe import load_recipe
-
-try:
-    from tests import bundles as tb
-except ImportError:  # pytest run without the project root on sys.path
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from tests import bundles as tb
+from tests import bundles as tb
 
 ROOT = Path(__file__).resolve().parents[2]
 LINUX = ROOT / "recipes" / "linux-x86_64-cpu.yaml"

@@ -13,12 +13,7 @@ import pytest
 
 from llamabundle import bundle, manifest
 from llamabundle.manifest import Expect, ManifestError
-
-try:
-    from tests.bundles import COMMIT, inputs_for, key_of, make_zip, write_bundle
-except ImportError:  # pytest run without the project root on sys.path
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from tests.bundles import COMMIT, inputs_for, key_of, make_zip, write_bundle
+from tests.bundles import COMMIT, inputs_for, key_of, make_zip, write_bundle
 
 FILES = {"LICENSE": b"MIT License\n", "libggml-base.so": b"base" * 100}
 ROLES = {"LICENSE": "license", "libggml-base.so": "runtime"}

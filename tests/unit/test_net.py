@@ -22,14 +22,7 @@ from rich.console import Console
 from llamabundle import net
 from llamabundle.errors import StoreError, ToolchainError, VerifyError
 from llamabundle.log import Log, ProgressHandle
-
-try:
-    from tests.fakegithub import range_status
-except ImportError:  # pytest run without the project root on sys.path
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from tests.fakegithub import range_status
+from tests.fakegithub import range_status
 
 BODY = bytes(range(256)) * 12_289  # 3 MiB + 256 bytes: more than one 1 MiB chunk
 SHA = hashlib.sha256(BODY).hexdigest()

@@ -15,19 +15,12 @@ import pefile
 import pytest
 
 from llamabundle import bundle
-from llamabundle.manifest import Manifest
 from llamabundle.deps import pe
-
-try:
-    from tests import bundles as test_bundles
-except ImportError:  # pytest run without the project root on sys.path
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from tests import bundles as test_bundles
 from llamabundle.deps.pe import DllClass, read_pe, resolve_closure
 from llamabundle.errors import VerifyError
+from llamabundle.manifest import Manifest
 from llamabundle.verify import Level, check_static, verify_bundle
+from tests import bundles as test_bundles
 
 CC = "x86_64-w64-mingw32-gcc-posix"
 DLLTOOL = "x86_64-w64-mingw32-dlltool"

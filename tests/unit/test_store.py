@@ -18,12 +18,7 @@ from llamabundle.errors import StoreError, UsageError, VerifyError
 from llamabundle.manifest import Manifest, ManifestError, parse
 from llamabundle.store.base import Entry, open_store
 from llamabundle.store.local import SUMS, LocalStore
-
-try:
-    from tests import bundles as tb
-except ImportError:  # pytest run without the project root on sys.path
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from tests import bundles as tb
+from tests import bundles as tb
 
 TAG = "store"
 KEY = tb.key_for(TAG)  # the sha256 of the bundle's recorded inputs, as a build's key is

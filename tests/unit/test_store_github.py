@@ -7,7 +7,6 @@ import hashlib
 import io
 import json
 import socket
-import sys
 import threading
 import time
 from pathlib import Path
@@ -31,14 +30,8 @@ from llamabundle.store.github import (
     GitHubValidationError,
     RateLimitError,
 )
-
-try:
-    from tests import bundles
-    from tests.fakegithub import FakeGitHub, Request
-except ImportError:  # pytest run without the project root on sys.path
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from tests import bundles
-    from tests.fakegithub import FakeGitHub, Request
+from tests import bundles
+from tests.fakegithub import FakeGitHub, Request
 
 # keys that really are the sha256 of the inputs their bundles record
 INPUTS = {tag: bundles.inputs_for(tag) for tag in ("test-bundle", "other")}

@@ -34,14 +34,8 @@ from test_store_github import (
 from llamabundle.errors import StoreError
 from llamabundle.manifest import MAX_MANIFEST_BYTES, Manifest, ManifestError
 from llamabundle.net import NetworkError
-
-try:
-    from tests import bundles
-    from tests.fakegithub import FakeGitHub
-except ImportError:  # pytest run without the project root on sys.path
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from tests import bundles
-    from tests.fakegithub import FakeGitHub
+from tests import bundles
+from tests.fakegithub import FakeGitHub
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -31,12 +31,7 @@ from test_store_github import (
 
 from llamabundle.manifest import Manifest
 from llamabundle.store.github import AssetConflictError
-
-try:
-    from tests.fakegithub import FakeGitHub, Request
-except ImportError:  # pytest run without the project root on sys.path
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from tests.fakegithub import FakeGitHub, Request
+from tests.fakegithub import FakeGitHub, Request
 
 ROOT = Path(__file__).resolve().parents[2]
 NAMES = ["SHA256SUMS", "bundle.json", "bundle.zip"]

@@ -8,7 +8,6 @@ import os
 import random
 import stat
 import struct
-import sys
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -16,29 +15,19 @@ from typing import Any
 import pytest
 import test_store_github as tsg
 
-from llamabundle import bundle, pipeline, zipstream
 from llamabundle import manifest as manifest_mod
-from llamabundle.manifest import Manifest
+from llamabundle import pipeline, zipstream
 from llamabundle.archive import UnsafeArchive
 from llamabundle.errors import VerifyError
+from llamabundle.manifest import Manifest
 from llamabundle.recipe import Settings
 from llamabundle.verify import Level
-
-try:
-    from tests.bundles import inputs_for, key_of
-    from tests.bundles import make_zip as make_bundle_zip
-except ImportError:  # pytest run without the project root on sys.path
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from tests.bundles import inputs_for, key_of
-    from tests.bundles import make_zip as make_bundle_zip
+from tests.bundles import inputs_for, key_of
+from tests.bundles import make_zip as make_bundle_zip
 
 KEY = key_of(inputs_for("zipstream"))
 
-try:
-    from tests.fakegithub import FakeGitHub
-except ImportError:  # pytest run without the project root on sys.path
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from tests.fakegithub import FakeGitHub
+from tests.fakegithub import FakeGitHub
 
 FILES = {"bundle.json": b'{"format": 1}\n', "llama-server": os.urandom(300_000),
          "libggml-base.so": b"\x7fELF" + bytes(range(256)) * 2000, "LICENSE": b"MIT License\n" * 50}
