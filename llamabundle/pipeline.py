@@ -483,7 +483,7 @@ def _from_store(entry: Entry, *, store: Store, settings: Settings, log: Log, out
         with log.step(f"verify ({level})"):
             try:
                 manifest, check = bundle_mod.check_unpacked(tmp, hashes=hashes, expect=expect)
-                if manifest.to_json() != entry.manifest.to_json():
+                if manifest != entry.manifest:  # the same JSON (every field is read from it)
                     raise VerifyError(f"the bundle.json inside {entry.zip_name} is not the one {store.url} lists",
                                       why="the store's manifest and the zip's disagree", fix="publish the bundle again")
                 report = naming.report(verify_unpacked(tmp, manifest, check, level=level, label=str(zip_path)))
