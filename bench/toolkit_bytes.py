@@ -38,15 +38,18 @@ RECIPE = REPO / "recipes" / "windows-x86_64-cuda12.8.yaml"
 
 
 def plan_bytes() -> tuple[int, list[tuple[str, str, int]]]:
+    from llamabundle.backends.cuda.toolkit.plan import plan_for_recipe
     from llamabundle.recipe import load_recipe
-    from llamabundle.toolkit.plan import plan_for_recipe
 
     plan = plan_for_recipe(load_recipe(RECIPE))
     return plan.total_bytes, [(a.component, a.archive.version, a.archive.size) for a in plan.archives]
 
 
 def second_install(repeat: int) -> dict[str, object]:
-    from test_toolkit_redist import Server, build_repo  # small archives with the real layout, a real server
+    from test_toolkit_redist import (  # small archives with the real layout, a real server
+        Server,
+        build_repo,
+    )
 
     work = Path(tempfile.mkdtemp(prefix="lb-toolkit-"))
     manifest = build_repo(work / "redist")
@@ -78,9 +81,9 @@ def second_install(repeat: int) -> dict[str, object]:
             served.append(server.bytes_sent)
             requests.append(len(server.requests))
         # the same, without the interpreter start: the library call alone
+        from llamabundle.backends.cuda.toolkit import redist
+        from llamabundle.backends.cuda.toolkit.plan import plan_toolkit
         from llamabundle.log import Log
-        from llamabundle.toolkit import redist
-        from llamabundle.toolkit.plan import plan_toolkit
 
         plan = plan_toolkit(version="13.0.2", components=["cuda_nvcc", "cuda_cudart"], platform="linux-x86_64",
                             manifest=manifest)

@@ -17,10 +17,12 @@ from typing import Any
 from filelock import FileLock, Timeout
 
 from . import bundle as bundle_mod
-from . import data, proc, scratch, zipstream
-from . import manifest as manifest_mod
+from . import data, proc, scratch
 from . import source as source_mod
 from .archive import _tmp_beside, extract_zip
+from .backends.cuda.fatbin import binary_archs
+from .backends.cuda.toolkit.layout import Toolkit
+from .backends.cuda.toolkit.resolve import check_toolkit, resolve_toolkit
 from .build import (
     BuildPlan,
     BuildTools,
@@ -29,17 +31,16 @@ from .build import (
     resolve_tools,
     run_build,
 )
+from .bundle import manifest as manifest_mod
+from .bundle import zipstream
+from .bundle.manifest import Expect, Manifest
 from .compilers import check_host
-from .cudabin import binary_archs
 from .deps import elf, pe
 from .deps.policy import linux_policy
 from .errors import LlamaBundleError, ToolchainError, UsageError, VerifyError
 from .log import Log
-from .manifest import Expect, Manifest
 from .recipe import Recipe, Settings
 from .store.base import Entry, Published, Store
-from .toolkit.layout import Toolkit
-from .toolkit.resolve import check_toolkit, resolve_toolkit
 from .verify import SCRATCH as VERIFY_SCRATCH
 from .verify import (
     Level,

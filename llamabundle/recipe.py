@@ -612,7 +612,9 @@ def _check_cuda(c: Cuda, ctx: _Ctx) -> None:
                            fix=f"did you mean '{hint[0]}'?" if hint else "see NVIDIA's redistrib manifest")
     if len(set(c.components)) != len(c.components):
         raise ctx.fail(None, "cuda.components", "a component is listed twice")
-    from .archs import check_archs  # local: archs imports this module's errors only
+    from .backends.cuda.archs import (
+        check_archs,  # local: archs imports this module's errors only
+    )
 
     check_archs(c.archs, known["archs"], toolkit=c.toolkit, fail=lambda i, msg, fix: ctx.fail(None, f"cuda.archs[{i}]" if c.archs else "cuda.archs", msg, fix))
 

@@ -22,12 +22,12 @@ from typing import Any
 from . import bundle as bundle_mod
 from . import proc as procs
 from . import scratch
-from .archs import split_archs
-from .cudabin import binary_archs
+from .backends.cuda.archs import split_archs
+from .backends.cuda.fatbin import binary_archs
+from .bundle.manifest import ANYTHING, Expect, Manifest
 from .deps import elf, pe
 from .deps.policy import LibClass, linux_policy
 from .errors import LlamaBundleError, UsageError, VerifyError
-from .manifest import ANYTHING, Expect, Manifest
 
 LOAD_TIMEOUT = 120
 WINE_TIMEOUT = 300  # a new Wine prefix boots first (20-60 s)

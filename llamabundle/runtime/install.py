@@ -26,9 +26,9 @@ from filelock import FileLock, Timeout
 from .. import scratch
 from ..archive import extract_zip
 from ..bundle import read_manifest
+from ..bundle.manifest import Expect, Manifest, trust
 from ..errors import StoreError, UsageError, VerifyError, disk_fix
 from ..log import Log
-from ..manifest import Expect, Manifest, trust
 from ..store.base import Entry, Store
 from ..verify import host_platform_name
 from . import Reason, utc_timestamp, write_atomic

@@ -27,12 +27,20 @@ from packaging.version import InvalidVersion, Version
 
 from .. import proc
 from ..bundle import read_manifest
+from ..bundle.manifest import Manifest
 from ..errors import LlamaBundleError, VerifyError
 from ..log import Log
-from ..manifest import Manifest
 from ..store.base import Store
 from ..verify import VerifyReport, check_load, host_platform_name
-from . import Backend, Reason, backend_for, explain, parse_utc_timestamp, utc_timestamp, write_atomic
+from . import (
+    Backend,
+    Reason,
+    backend_for,
+    explain,
+    parse_utc_timestamp,
+    utc_timestamp,
+    write_atomic,
+)
 from .install import Installed, install_bundle, list_installed
 
 NVIDIA_SMI_ARGS = ("--query-gpu=name,driver_version,memory.total,memory.free", "--format=csv,noheader,nounits")

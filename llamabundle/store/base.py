@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Protocol
 from ..errors import UsageError
 
 if TYPE_CHECKING:
-    from ..manifest import Manifest
+    from ..bundle.manifest import Manifest
     from ..log import Log
     from ..net import Sink
     from ..recipe import Settings

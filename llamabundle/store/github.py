@@ -29,12 +29,12 @@ from urllib.parse import quote, urljoin, urlsplit
 import requests
 import urllib3
 
-from .. import manifest as manifest_mod
 from .. import net
 from ..bundle import MANIFEST, sha256_file
+from ..bundle import manifest as manifest_mod
+from ..bundle.manifest import Expect, Manifest, ManifestError
 from ..errors import LlamaBundleError, StoreError, UsageError
 from ..log import Log
-from ..manifest import Expect, Manifest, ManifestError
 from .base import Entry, Published
 
 API_VERSION = "2022-11-28"

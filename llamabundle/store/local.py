@@ -20,8 +20,8 @@ from filelock import FileLock, Timeout
 
 from .. import scratch
 from ..bundle import MANIFEST
+from ..bundle.manifest import Expect, Manifest, ManifestError, check_consistent, loads
 from ..errors import StoreError, UsageError, VerifyError, disk_fix
-from ..manifest import Expect, Manifest, ManifestError, check_consistent, loads
 from .base import Entry, Published
 
 if TYPE_CHECKING:

@@ -18,12 +18,12 @@ from typing import Any
 import pytest
 
 from llamabundle import bundle as bundle_mod
+from llamabundle.backends.cuda.toolkit.pypi import install_from_pypi
 from llamabundle.build import BuildTools, plan_build
 from llamabundle.errors import VerifyError
 from llamabundle.log import Log
 from llamabundle.pipeline import _cuda_manifest, collect_linux
 from llamabundle.recipe import Settings, canonical_json, load_recipe
-from llamabundle.toolkit.pypi import install_from_pypi
 from llamabundle.verify import Level, verify_bundle
 from tests.e2e.conftest import REPO, run_cli
 

@@ -10,13 +10,21 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+from clirun import run  # noqa: E402
 from rich.console import Console
 
 from llamabundle import data
-from llamabundle.archreport import ArchReport, Device, Generation, Row, Status, arch_report, gpu_generations
-from llamabundle.cli_archs import plain_lines, print_table
+from llamabundle.backends.cuda.report import (
+    ArchReport,
+    Device,
+    Generation,
+    Row,
+    Status,
+    arch_report,
+    gpu_generations,
+)
+from llamabundle.cli.archs import plain_lines, print_table
 from llamabundle.recipe import load_recipe
-from clirun import run  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU = ROOT / "recipes" / "linux-x86_64-cpu.yaml"

@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 
 from llamabundle import bundle
-from llamabundle import manifest as manifest_mod
 from llamabundle.bundle import (
     MANIFEST,
     file_entries,
@@ -24,6 +23,7 @@ from llamabundle.bundle import (
     unpack,
     write_manifest,
 )
+from llamabundle.bundle import manifest as manifest_mod
 from llamabundle.errors import VerifyError
 
 

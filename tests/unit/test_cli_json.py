@@ -21,20 +21,21 @@ from typing import Any
 import click
 import jsonschema
 import pytest
+from clirun import run
+from test_cli import LINUX, LINUX_KEY, WINDOWS, make_bundle_dir, make_bundle_zip
+from test_probe import OLD, fake_smi
+from test_probe import publish as publish_cuda
+from test_toolkit_cli import RECIPE_13, cli_repo, recipe13  # noqa: F401  (fixtures)
+from test_toolkit_redist import Repo, repo  # noqa: F401  (fixture)
 
 from llamabundle import bundle
 from llamabundle.cli import cli
-from llamabundle.cli_json import wants_json
+from llamabundle.cli.output import wants_json
 from llamabundle.errors import UsageError
 from llamabundle.pipeline import BuildOutcome
 from llamabundle.recipe import Settings, load_recipe
 from llamabundle.runtime import parse_utc_timestamp, utc_timestamp
 from llamabundle.verify import VerifyReport
-from clirun import run
-from test_cli import LINUX, LINUX_KEY, WINDOWS, make_bundle_dir, make_bundle_zip
-from test_probe import OLD, fake_smi, publish as publish_cuda
-from test_toolkit_cli import RECIPE_13, cli_repo, recipe13  # noqa: F401  (fixtures)
-from test_toolkit_redist import Repo, repo  # noqa: F401  (fixture)
 
 SCHEMAS = resources.files("llamabundle.data") / "schemas"
 ISO = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z$")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from llamabundle.cudabin import MAGIC, binary_archs, parse_fatbin
+from llamabundle.backends.cuda.fatbin import MAGIC, binary_archs, parse_fatbin
 from llamabundle.errors import VerifyError
 
 DATA = Path(__file__).resolve().parents[1] / "data"

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from llamabundle import manifest as manifest_mod
+from llamabundle.bundle import manifest as manifest_mod
+from llamabundle.bundle.manifest import Manifest
 from llamabundle.deps import elf
 from llamabundle.deps.elf import (
     ElfInfo,
@@ -24,7 +25,6 @@ from llamabundle.deps.elf import (
 from llamabundle.deps.policy import LibClass, Policy, linux_policy
 from llamabundle.errors import VerifyError
 from llamabundle.log import Log
-from llamabundle.manifest import Manifest
 from llamabundle.verify import check_static
 from tests import bundles as test_bundles
 

@@ -22,8 +22,8 @@ from test_install import plant, rebundle, recipe_bundle, slot_entries
 from test_probe import NAME, QUIET, REPO, cli, make_stage, make_zip, publish, wait_for
 
 from llamabundle import bundle
+from llamabundle.bundle.manifest import Manifest
 from llamabundle.errors import StoreError
-from llamabundle.manifest import Manifest
 from llamabundle.runtime.install import (
     BUNDLES,
     POINTER,
@@ -226,7 +226,7 @@ PUBLISH_KILLED = """
 import sys, time
 from pathlib import Path
 import llamabundle.store.local as local
-from llamabundle.manifest import loads
+from llamabundle.bundle.manifest import loads
 root, zip_path, manifest_path, marker = sys.argv[1:5]
 def stuck(src, src_path, tmp, final, **kw):  # half the zip copied into the stage, then wait to be killed
     tmp.write_bytes(src.read(Path(zip_path).stat().st_size // 2))
@@ -382,7 +382,7 @@ PUBLISH = """
 import sys
 from pathlib import Path
 from llamabundle.errors import LlamaBundleError
-from llamabundle.manifest import loads
+from llamabundle.bundle.manifest import loads
 from llamabundle.store.local import LocalStore
 root, zip_path, manifest_path = sys.argv[1:4]
 try:

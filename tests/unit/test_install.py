@@ -28,8 +28,8 @@ from test_probe import (
 )
 
 from llamabundle import bundle
+from llamabundle.bundle.manifest import Manifest
 from llamabundle.errors import UsageError, VerifyError
-from llamabundle.manifest import Manifest
 from llamabundle.recipe import load_recipe
 from llamabundle.runtime import Reason
 from llamabundle.runtime.install import (

@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
-from llamabundle import bundle, manifest
-from llamabundle.manifest import Expect, ManifestError
+from llamabundle import bundle
+from llamabundle.bundle import manifest
+from llamabundle.bundle.manifest import Expect, ManifestError
 from tests.bundles import COMMIT, inputs_for, key_of, make_zip, write_bundle
 
 FILES = {"LICENSE": b"MIT License\n", "libggml-base.so": b"base" * 100}

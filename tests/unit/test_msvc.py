@@ -1,4 +1,4 @@
-"""MSVC discovery (llamabundle.msvc) on Linux: recorded vswhere output (tests/data/vswhere), a Visual
+"""MSVC discovery (llamabundle.platforms.windows.msvc) on Linux: recorded vswhere output (tests/data/vswhere), a Visual
 Studio directory tree made in a temp dir, a fake runner in place of vswhere.exe and cmd.exe, and the
 _MSC_VER check against what each CUDA's host_config.h accepts."""
 
@@ -14,14 +14,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pytest
+from test_pe import CC, Built, built  # noqa: F401  (session fixture: real PE files made with mingw)
 
-from llamabundle import msvc
 from llamabundle.deps.pe import DllClass, resolve_closure
 from llamabundle.errors import RecipeError, ToolchainError
 from llamabundle.log import Log
-from llamabundle.msvc import Toolset, VsInstance
-
-from test_pe import CC, Built, built  # noqa: F401  (session fixture: real PE files made with mingw)
+from llamabundle.platforms.windows import msvc
+from llamabundle.platforms.windows.msvc import Toolset, VsInstance
 
 RECORDED = Path(__file__).resolve().parents[1] / "data" / "vswhere"
 CRT = ("concrt140.dll", "msvcp140.dll", "msvcp140_1.dll", "msvcp140_2.dll", "msvcp140_atomic_wait.dll",

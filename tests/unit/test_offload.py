@@ -11,11 +11,21 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from clirun import run  # noqa: E402
 
 from llamabundle.errors import UsageError
-from llamabundle.offload import (MiB, Headroom, estimate, gpu_blocks, kv_cells, parse_buffer_log, parse_headroom,
-                                 parse_size, plan_offload, read_model)
-from clirun import run  # noqa: E402
+from llamabundle.runtime.offload import (
+    Headroom,
+    MiB,
+    estimate,
+    gpu_blocks,
+    kv_cells,
+    parse_buffer_log,
+    parse_headroom,
+    parse_size,
+    plan_offload,
+    read_model,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 NONE = Headroom(percent=0, fixed=0)

@@ -15,10 +15,10 @@ import pefile
 import pytest
 
 from llamabundle import bundle
+from llamabundle.bundle.manifest import Manifest
 from llamabundle.deps import pe
 from llamabundle.deps.pe import DllClass, read_pe, resolve_closure
 from llamabundle.errors import VerifyError
-from llamabundle.manifest import Manifest
 from llamabundle.verify import Level, check_static, verify_bundle
 from tests import bundles as test_bundles
 

@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 
 from llamabundle import bundle, verify
+from llamabundle.bundle.manifest import Manifest
 from llamabundle.log import Log
-from llamabundle.manifest import Manifest
 from llamabundle.recipe import canonical_json
 from llamabundle.runtime import Backend, Reason, explain, reasons
 from llamabundle.runtime.install import install_bundle
@@ -399,7 +399,7 @@ def test_cli_probe_json_without_a_gpu_and_with_an_old_driver(tmp_path: Path) -> 
 
 
 def test_the_cli_default_ttl_is_the_probe_default() -> None:
-    from llamabundle import cli_app
+    from llamabundle.cli import app as cli_app
     from llamabundle.runtime import probe as probe_mod
 
     assert cli_app.DEFAULT_TTL == probe_mod.DEFAULT_TTL

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from llamabundle import bundle
+from llamabundle.bundle.manifest import Manifest, ManifestError, parse
 from llamabundle.errors import StoreError, UsageError, VerifyError
-from llamabundle.manifest import Manifest, ManifestError, parse
 from llamabundle.store.base import Entry, open_store
 from llamabundle.store.local import SUMS, LocalStore
 from tests import bundles as tb
@@ -305,7 +305,7 @@ def test_open_store_unknown_scheme(url: str) -> None:
 _PUBLISHER = r"""
 import json, os, sys, time
 from pathlib import Path
-from llamabundle.manifest import loads
+from llamabundle.bundle.manifest import loads
 from llamabundle.store.local import LocalStore
 root, zip_path, manifest_path, ready, go = sys.argv[1:6]
 manifest = loads(Path(manifest_path).read_bytes())

@@ -16,10 +16,10 @@ import pytest
 from rich.console import Console
 
 from llamabundle import bundle
-from llamabundle import manifest as manifest_mod
+from llamabundle.bundle import manifest as manifest_mod
+from llamabundle.bundle.manifest import Manifest
 from llamabundle.errors import LlamaBundleError, StoreError, VerifyError
 from llamabundle.log import Log
-from llamabundle.manifest import Manifest
 from llamabundle.net import NetworkError
 from llamabundle.recipe import Settings
 from llamabundle.store.base import open_store

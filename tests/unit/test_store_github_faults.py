@@ -31,8 +31,8 @@ from test_store_github import (
     store_for,
 )
 
+from llamabundle.bundle.manifest import MAX_MANIFEST_BYTES, Manifest, ManifestError
 from llamabundle.errors import StoreError
-from llamabundle.manifest import MAX_MANIFEST_BYTES, Manifest, ManifestError
 from llamabundle.net import NetworkError
 from tests import bundles
 from tests.fakegithub import FakeGitHub

@@ -29,7 +29,7 @@ from test_store_github import (
     store_for,
 )
 
-from llamabundle.manifest import Manifest
+from llamabundle.bundle.manifest import Manifest
 from llamabundle.store.github import AssetConflictError
 from tests.fakegithub import FakeGitHub, Request
 
@@ -43,7 +43,7 @@ import json, sys, time
 from pathlib import Path
 cfg = json.loads(sys.argv[1])
 sys.path.insert(0, cfg["root"])
-from llamabundle import manifest
+from llamabundle.bundle import manifest
 from llamabundle.errors import LlamaBundleError
 from llamabundle.store.github import GitHubStore
 

@@ -10,12 +10,17 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from llamabundle.cli import main
-from llamabundle.toolkit import layout
 from clirun import run  # noqa: E402
+from test_toolkit_redist import (  # noqa: F401  (fixture)
+    WINDOWS_12_8_1_TOTAL,
+    WINDOWS_RECIPE,
+    Repo,
+    leftovers,
+    repo,
+)
 
-from test_toolkit_redist import WINDOWS_12_8_1_TOTAL, WINDOWS_RECIPE, Repo, leftovers, repo  # noqa: F401  (fixture)
+from llamabundle.backends.cuda.toolkit import layout
+from llamabundle.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 LINUX_CPU = ROOT / "recipes" / "linux-x86_64-cpu.yaml"

@@ -16,13 +16,13 @@ from typing import Any
 
 import py7zr
 import pytest
+from clirun import run  # noqa: E402
 
+from llamabundle.backends.cuda.toolkit import installer, layout
+from llamabundle.backends.cuda.toolkit.resolve import resolve_toolkit
 from llamabundle.errors import ToolchainError
 from llamabundle.log import Log
 from llamabundle.recipe import Settings, load_recipe
-from llamabundle.toolkit import installer, layout
-from llamabundle.toolkit.resolve import resolve_toolkit
-from clirun import run  # noqa: E402
 
 WIN = "windows-x86_64"
 NVI = """\ufeff<?xml version="1.0" encoding="utf-8"?>

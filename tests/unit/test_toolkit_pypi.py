@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 
 from llamabundle import data
+from llamabundle.backends.cuda.toolkit import layout, pypi
 from llamabundle.errors import LlamaBundleError, ToolchainError, VerifyError
 from llamabundle.log import Log
 from llamabundle.recipe import Settings
-from llamabundle.toolkit import layout, pypi
 from tests.fakeindex import FakeIndex
 
 LINUX = "linux-x86_64"

@@ -21,12 +21,16 @@ from typing import Any
 import pytest
 
 from llamabundle import data, net
+from llamabundle.backends.cuda.toolkit import layout, redist
+from llamabundle.backends.cuda.toolkit.manifest import load_manifest
+from llamabundle.backends.cuda.toolkit.plan import (
+    IMPLIED_COMPONENTS,
+    plan_for_recipe,
+    plan_toolkit,
+)
 from llamabundle.errors import ToolchainError
 from llamabundle.log import Log
 from llamabundle.recipe import load_recipe
-from llamabundle.toolkit import layout, redist
-from llamabundle.toolkit.manifest import load_manifest
-from llamabundle.toolkit.plan import IMPLIED_COMPONENTS, plan_for_recipe, plan_toolkit
 
 ROOT = Path(__file__).resolve().parents[2]
 WINDOWS_RECIPE = ROOT / "recipes" / "windows-x86_64-cuda12.8.yaml"

@@ -8,11 +8,17 @@ from pathlib import Path
 
 import pytest
 
+from llamabundle.backends.cuda.toolkit.resolve import (
+    check_host_compiler,
+    resolve_toolkit,
+)
+from llamabundle.backends.cuda.toolkit.system import (
+    find_system_toolkit,
+    installed_version,
+)
 from llamabundle.errors import ToolchainError
 from llamabundle.log import Log
 from llamabundle.recipe import Settings, load_recipe
-from llamabundle.toolkit.resolve import check_host_compiler, resolve_toolkit
-from llamabundle.toolkit.system import find_system_toolkit, installed_version
 
 REPO = Path(__file__).resolve().parents[2]
 CUDA13 = load_recipe(REPO / "recipes" / "linux-x86_64-cuda13.0.yaml")

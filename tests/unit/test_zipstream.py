@@ -15,11 +15,12 @@ from typing import Any
 import pytest
 import test_store_github as tsg
 
-from llamabundle import manifest as manifest_mod
-from llamabundle import pipeline, zipstream
+from llamabundle import pipeline
 from llamabundle.archive import UnsafeArchive
+from llamabundle.bundle import manifest as manifest_mod
+from llamabundle.bundle import zipstream
+from llamabundle.bundle.manifest import Manifest
 from llamabundle.errors import VerifyError
-from llamabundle.manifest import Manifest
 from llamabundle.recipe import Settings
 from llamabundle.verify import Level
 from tests.bundles import inputs_for, key_of

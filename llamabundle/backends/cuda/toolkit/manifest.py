@@ -24,8 +24,8 @@ from importlib import resources
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from .. import data
-from ..errors import ToolchainError
+from .... import data
+from ....errors import ToolchainError
 
 PLATFORMS = ("linux-x86_64", "windows-x86_64")
 ARCHIVE_SUFFIXES = (".tar.xz", ".zip")

@@ -18,7 +18,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from .errors import VerifyError
+from ..errors import VerifyError
 
 MANIFEST = "bundle.json"
 FORMAT = 1
@@ -103,7 +103,7 @@ class Manifest:
 
     def inputs_key(self) -> str:
         """The sha256 of the recorded inputs: what the key must be."""
-        from .recipe import canonical_json
+        from ..recipe import canonical_json
 
         return hashlib.sha256(canonical_json(self.to_json()["inputs"]).encode()).hexdigest()
 
@@ -317,7 +317,7 @@ class ContentCheck:
 def check_files(root: Path, m: Manifest, *, hashes: Mapping[str, str] | None = None) -> ContentCheck:
     """Every listed file exists with its size and sha256; no file outside the list. `hashes` (path -> sha256)
     are digests of files just written by an unpack that hashed them as it went, so they are not read again."""
-    from .bundle import sha256_file, walk
+    from . import sha256_file, walk
 
     listed = {f.path: f for f in m.files}
     present = set(walk(root)) - {MANIFEST}

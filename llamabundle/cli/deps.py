@@ -8,10 +8,10 @@ from typing import Any
 
 import click
 
-from . import cli_json
-from .deps.policy import linux_policy
-from .errors import UsageError, VerifyError
-from .lazy import lazy_import
+from ..deps.policy import linux_policy
+from ..errors import UsageError, VerifyError
+from ..lazy import lazy_import
+from . import output as cli_json
 
 elf = lazy_import("llamabundle.deps.elf")
 pe = lazy_import("llamabundle.deps.pe")

@@ -14,12 +14,20 @@ from typing import Any, NoReturn
 
 import click
 
-from . import __version__, cli_json
-from .errors import LlamaBundleError, from_os_error
-from .log import Log
-from .recipe import Recipe, Settings, canonical_json, json_schema, load_recipe, shipped_recipes
-from .lazy import lazy_import
-from .store.base import Store, open_store
+from .. import __version__
+from ..errors import LlamaBundleError, from_os_error
+from ..lazy import lazy_import
+from ..log import Log
+from ..recipe import (
+    Recipe,
+    Settings,
+    canonical_json,
+    json_schema,
+    load_recipe,
+    shipped_recipes,
+)
+from ..store.base import Store, open_store
+from . import output as cli_json
 
 pipeline = lazy_import("llamabundle.pipeline")
 verify_mod = lazy_import("llamabundle.verify")
@@ -49,7 +57,7 @@ class Ctx:
         if s.github_step_summary is not None:
             size = sha = ""
             if zip_path is not None and zip_path.is_file():
-                from .bundle import sha256_file
+                from ..bundle import sha256_file
 
                 size, sha = f"{zip_path.stat().st_size / 1e6:.1f} MB", f"`{sha256_file(zip_path)}`"
             with open(s.github_step_summary, "a", encoding="utf-8") as f:
@@ -139,7 +147,7 @@ def recipe_schema() -> None:
 def show(c: Ctx, recipe_path: Path, as_json: bool) -> None:
     """Show a recipe, its key and its build plan (nothing is run)."""
     r = load_recipe(recipe_path)
-    from .build import locate_tools
+    from ..build import locate_tools
 
     plan = pipeline.show_plan(r, c.settings, locate_tools(path=c.env.get("PATH")))
     data = {"schema": 1, "name": r.name, "key": r.key(), "tag": r.tag(), "platform": r.platform,
@@ -221,7 +229,7 @@ def build(c: Ctx, recipe_path: Path, store_url: str | None, force: bool, publish
     r = load_recipe(recipe_path)
     store = c.store(store_url, r)
     if publish is None:  # a local directory store is a cache: fill it; a remote one only when asked
-        from .store.local import LocalStore
+        from ..store.local import LocalStore
 
         publish = isinstance(store, LocalStore)
     outcome = pipeline.build(r, settings=c.settings, store=store, log=c.log, env=c.env, force=force,
@@ -348,8 +356,8 @@ def main(argv: list[str] | None = None) -> NoReturn:
     sys.exit(code)
 
 
-from .cli_toolkit import toolkit_group; cli.add_command(toolkit_group)  # noqa: E402,E702
-from .cli_archs import archs_cmd; cli.add_command(archs_cmd)  # noqa: E402,E702
-from .cli_app import register as register_app; register_app(cli)  # noqa: E402,E702
-from .cli_plan import plan_command; cli.add_command(plan_command)  # noqa: E402,E702
-from .cli_deps import deps_command; cli.add_command(deps_command)  # noqa: E402,E702
+from .toolkit import toolkit_group; cli.add_command(toolkit_group)  # noqa: E402,E702
+from .archs import archs_cmd; cli.add_command(archs_cmd)  # noqa: E402,E702
+from .app import register as register_app; register_app(cli)  # noqa: E402,E702
+from .plan import plan_command; cli.add_command(plan_command)  # noqa: E402,E702
+from .deps import deps_command; cli.add_command(deps_command)  # noqa: E402,E702

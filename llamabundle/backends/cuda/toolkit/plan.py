@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import RecipeError, ToolchainError
-from ..recipe import Recipe
+from ....errors import RecipeError, ToolchainError
+from ....recipe import Recipe
 from . import layout
 from .manifest import PLATFORMS, Archive, Manifest, load_manifest
 

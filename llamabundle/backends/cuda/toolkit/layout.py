@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 import filelock
 
-from ..errors import ToolchainError
+from ....errors import ToolchainError
 
 MARKER = ".llamabundle-toolkit.json"
 T = TypeVar("T")

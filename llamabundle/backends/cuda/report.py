@@ -16,9 +16,9 @@ from enum import StrEnum
 from functools import cache
 from typing import Any
 
-from . import data
+from ... import data
+from ...recipe import Recipe
 from .archs import parse_arch, split_archs
-from .recipe import Recipe
 
 SCHEMA = 1
 _JIT_COST = ("slower kernels than native SASS and a long first start (tens of seconds) until the JIT cache "

@@ -48,12 +48,12 @@ except ImportError:  # pragma: no cover - exercised where py7zr is absent
     py7zr = None  # type: ignore[assignment]
 import requests
 
-from .. import data, net, proc
-from ..archive import MAX_MEMBERS, MAX_TOTAL_BYTES
-from ..bundle import sha256_file
-from ..errors import ToolchainError
-from ..log import Log
-from ..recipe import Settings, canonical_json
+from .... import data, net, proc
+from ....archive import MAX_MEMBERS, MAX_TOTAL_BYTES
+from ....bundle import sha256_file
+from ....errors import ToolchainError
+from ....log import Log
+from ....recipe import Settings, canonical_json
 from . import layout
 from .manifest import load_manifest
 from .plan import IMPLIED_COMPONENTS, check_components

@@ -16,11 +16,11 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from . import data, proc
-from .deps.pe import DllClass, pe_policy
-from .errors import RecipeError, ToolchainError
-from .log import Log
-from .recipe import OpenMP
+from ... import data, proc
+from ...deps.pe import DllClass, pe_policy
+from ...errors import RecipeError, ToolchainError
+from ...log import Log
+from ...recipe import OpenMP
 
 Runner = Callable[[Sequence[str], Mapping[str, str]], str]  # (argv, env) -> output; raises on failure
 INSTALL_FIX = ("install Visual Studio 2022 or its Build Tools with the \"Desktop development with C++\" workload "

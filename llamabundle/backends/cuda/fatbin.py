@@ -16,7 +16,7 @@ from pathlib import Path
 from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 
-from .errors import VerifyError
+from ...errors import VerifyError
 
 MAGIC = 0xBA55ED50
 KIND_PTX, KIND_ELF = 1, 2

@@ -9,9 +9,8 @@ import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from .. import data, proc
+from .... import data, proc
 from .layout import Toolkit
-
 
 DEFAULT_ROOTS = (Path("/usr/local/cuda"), Path("C:/Program Files/NVIDIA GPU Computing Toolkit/CUDA"))
 

@@ -14,17 +14,23 @@ from typing import Any
 
 import click
 
-from . import cli_json, data
-from .cli_paths import InputFile
-from .errors import ToolchainError, UsageError
-from .lazy import lazy_import
-from .recipe import load_recipe
-from .toolkit.manifest import PLATFORMS, Manifest, load_manifest
-from .toolkit.plan import SOURCES, ToolkitPlan, plan_for_recipe, plan_toolkit
+from .. import data
+from ..backends.cuda.toolkit.manifest import PLATFORMS, Manifest, load_manifest
+from ..backends.cuda.toolkit.plan import (
+    SOURCES,
+    ToolkitPlan,
+    plan_for_recipe,
+    plan_toolkit,
+)
+from ..errors import ToolchainError, UsageError
+from ..lazy import lazy_import
+from ..recipe import load_recipe
+from . import output as cli_json
+from .paths import InputFile
 
-installer_src = lazy_import("llamabundle.toolkit.installer")
-pypi = lazy_import("llamabundle.toolkit.pypi")
-redist = lazy_import("llamabundle.toolkit.redist")
+installer_src = lazy_import("llamabundle.backends.cuda.toolkit.installer")
+pypi = lazy_import("llamabundle.backends.cuda.toolkit.pypi")
+redist = lazy_import("llamabundle.backends.cuda.toolkit.redist")
 
 
 def _emit(value: Any) -> None:

@@ -26,12 +26,12 @@ from typing import Any
 
 from filelock import FileLock
 
-from .. import data, net, proc, pyindex
-from ..archive import extract_zip
-from ..bundle import sha256_file
-from ..errors import ToolchainError, VerifyError
-from ..log import Log
-from ..recipe import Settings, canonical_json
+from .... import data, net, proc, pyindex
+from ....archive import extract_zip
+from ....bundle import sha256_file
+from ....errors import ToolchainError, VerifyError
+from ....log import Log
+from ....recipe import Settings, canonical_json
 from . import layout
 
 SOURCE = "pypi"

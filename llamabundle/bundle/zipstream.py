@@ -21,7 +21,7 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from .archive import (
+from ..archive import (
     MAX_MEMBERS,
     MAX_RATIO,
     MAX_TOTAL_BYTES,
@@ -30,7 +30,7 @@ from .archive import (
     UnsafeArchive,
     _safe_name,
 )
-from .errors import VerifyError, from_os_error
+from ..errors import VerifyError, from_os_error
 
 LOCAL = b"PK\x03\x04"
 CENTRAL = b"PK\x01\x02"

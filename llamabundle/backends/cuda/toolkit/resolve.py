@@ -6,10 +6,10 @@ import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from .. import data, proc
-from ..errors import ToolchainError
-from ..log import Log
-from ..recipe import Recipe, Settings
+from .... import data, proc
+from ....errors import ToolchainError
+from ....log import Log
+from ....recipe import Recipe, Settings
 from .layout import Toolkit
 from .system import DEFAULT_ROOTS, find_system_toolkit
 

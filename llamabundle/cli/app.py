@@ -11,10 +11,10 @@ from typing import Any
 
 import click
 
-from . import cli_json
-from .errors import UsageError
-from .recipe import load_recipe
-from .lazy import lazy_import
+from ..errors import UsageError
+from ..lazy import lazy_import
+from ..recipe import load_recipe
+from . import output as cli_json
 
 install_mod = lazy_import("llamabundle.runtime.install")
 probe_mod = lazy_import("llamabundle.runtime.probe")

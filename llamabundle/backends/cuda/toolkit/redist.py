@@ -25,12 +25,12 @@ from typing import Any
 
 import requests
 
-from .. import archive as archive_mod
-from .. import net
-from ..bundle import sha256_file
-from ..errors import ToolchainError, VerifyError
-from ..log import Log
-from ..recipe import Settings
+from .... import archive as archive_mod
+from .... import net
+from ....bundle import sha256_file
+from ....errors import ToolchainError, VerifyError
+from ....log import Log
+from ....recipe import Settings
 from . import layout
 from .manifest import Archive, Manifest
 from .plan import ToolkitPlan, plan_toolkit

@@ -1,6 +1,6 @@
 """`llamabundle plan MODEL.gguf --free-vram SIZE`: the -ngl / --n-cpu-moe / context that fits (issue 6).
 
-click command only (DESIGN §8): parse, call llamabundle.offload, print. Registered on the main `cli`
+click command only (DESIGN §8): parse, call llamabundle.runtime.offload, print. Registered on the main `cli`
 group by cli.py.
 """
 
@@ -12,9 +12,16 @@ from typing import Any
 
 import click
 
-from . import cli_json
-from .cli_paths import InputFile
-from .offload import MiB, kv_types, parse_headroom, parse_size, plan_offload, read_model
+from ..runtime.offload import (
+    MiB,
+    kv_types,
+    parse_headroom,
+    parse_size,
+    plan_offload,
+    read_model,
+)
+from . import output as cli_json
+from .paths import InputFile
 
 
 @click.command("plan")

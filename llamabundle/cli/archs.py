@@ -14,9 +14,9 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from . import cli_json
-from .archreport import ArchReport, Status, arch_report
-from .recipe import load_recipe
+from ..backends.cuda.report import ArchReport, Status, arch_report
+from ..recipe import load_recipe
+from . import output as cli_json
 
 _STYLE = {Status.SASS: "green", Status.PTX_JIT: "yellow", Status.UNSUPPORTED: "red"}
 

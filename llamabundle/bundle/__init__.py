@@ -12,9 +12,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from . import __version__, scratch, zipstream
+from .. import __version__, scratch
+from ..archive import _tmp_beside, extract_zip
 from . import manifest as manifest_mod
-from .archive import _tmp_beside, extract_zip
+from . import zipstream
 from .manifest import ANYTHING, FORMAT, MANIFEST, ROLES, ContentCheck, Expect, Manifest
 
 __all__ = ["FORMAT", "MANIFEST", "ROLES", "ContentCheck", "Expect", "Manifest"]

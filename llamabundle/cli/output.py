@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from .errors import LlamaBundleError
+from ..errors import LlamaBundleError
 
 SCHEMA = 1
 INTERNAL_ERROR = 70

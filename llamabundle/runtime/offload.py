@@ -43,8 +43,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from . import data
-from .errors import UsageError
+from .. import data
+from ..errors import UsageError
 
 MiB = 1 << 20
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "ki": 1 << 10, "kib": 1 << 10, "kb": 10**3, "m": MiB, "mi": MiB, "mib": MiB,
