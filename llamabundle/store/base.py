@@ -1,4 +1,8 @@
-"""The store protocol (DESIGN §6): lookup(key) -> Entry | None, fetch(entry, dest), publish(bundle)."""
+"""The store protocol (DESIGN §6) and the values stores hand back: `Store` (lookup(key) -> Entry | None,
+fetch(entry, dest), publish(zip, manifest)), `Entry` and `Published`.
+
+Only the protocol lives here: the concrete stores (store.local, store.github) import this module, and it
+imports none of them; the factory that picks one for a URL is `llamabundle.store.open_store`."""
 
 from __future__ import annotations
 
@@ -6,13 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from ..errors import UsageError
-
 if TYPE_CHECKING:
     from ..bundle.manifest import Manifest
-    from ..log import Log
     from ..net import Sink
-    from ..recipe import Settings
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -44,22 +44,3 @@ class Store(Protocol):
     def publish(self, zip_path: Path, manifest: Manifest) -> Published:
         """Store the zip under manifest.key. The caller has checked the zip against the manifest (manifest.trust)."""
         ...
-
-
-def open_store(url: str, *, settings: "Settings | None" = None, log: "Log | None" = None,
-               tags: "dict[str, str] | None" = None) -> Store:
-    """A path or file://… is a local directory store; github:OWNER/REPO the GitHub Releases store
-    (API URL and token from `settings`)."""
-    from .local import LocalStore
-
-    if url.startswith("github:"):
-        from .github import GitHubStore
-
-        return GitHubStore(url.removeprefix("github:"),
-                           api_url=settings.github_api_url if settings is not None else None,
-                           token=settings.github_token if settings is not None else None,
-                           connect_timeout=settings.connect_timeout if settings is not None else 10.0,
-                           log=log, tags=tags)
-    if "://" in url and not url.startswith("file://"):
-        raise UsageError(f"store '{url}' has an unknown scheme", fix="use a directory path, file://PATH or github:OWNER/REPO")
-    return LocalStore(Path(url.removeprefix("file://")).expanduser())

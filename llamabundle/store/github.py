@@ -190,7 +190,7 @@ class GitHubStore:
         with the key's first 12 digits (every tag template holds {key} or {key12}), 100 per request."""
         for page in range(1, max_pages + 1):
             r = self._api("GET", f"{self._repo_api}/releases?per_page=100&page={page}", ok=(200,))
-            rels = r.json() if isinstance(r.json(), list) else []
+            rels: list[dict[str, Any]] = r.json() if isinstance(r.json(), list) else []
             for rel in rels:
                 tag = str(rel.get("tag_name") or "")
                 if not rel.get("draft") and tag.endswith((key[:12], key)):
@@ -204,7 +204,7 @@ class GitHubStore:
                       what=f"look up the release {tag}")
         if r.status_code == 404:
             return None
-        rel = self._json(r, f"the release {tag}")
+        rel: dict[str, Any] = self._json(r, f"the release {tag}")
         if rel.get("draft"):
             return None
         self._trust_upload(rel)
@@ -408,6 +408,7 @@ class GitHubStore:
             raise StoreError(f"the release {tag} in {self.repo} stayed a draft after publishing", fix="retry")
         z = next((a for a in done.get("assets") or [] if a.get("name") == zip_path.name), zip_asset)
         self.log.info(f"    github: published {tag} in {self.repo}")
+        assert rel_id is not None  # the draft was created before anything here could succeed
         return GitHubEntry(key=key, zip_name=zip_path.name, zip_sha256=zip_sha, zip_size=zip_path.stat().st_size,
                            manifest=manifest_mod.loads(mbytes), location=z.get("browser_download_url") or z.get("url", ""),
                            asset_url=z["url"], release_id=int(rel_id))
@@ -469,7 +470,7 @@ class GitHubStore:
                 else:
                     with r:
                         if r.status_code == 201:
-                            asset = self._json(r, name)
+                            asset: dict[str, Any] = self._json(r, name)
                             got = _digest(asset)
                             if asset.get("state", "uploaded") == "uploaded" and (got is None or got == sha):
                                 return asset
@@ -490,7 +491,7 @@ class GitHubStore:
                             why = f"HTTP {r.status_code}"
             finally:
                 if hasattr(data, "close"):
-                    data.close()  # type: ignore[union-attr]
+                    data.close()
             if delay is None:
                 delay = self._backoff(attempt)
             if attempt >= self.max_attempts or time.monotonic() - start + delay > self.max_total:
@@ -631,12 +632,13 @@ class GitHubStore:
                 continue
             if r.status_code in ok:
                 return r
-            delay = self._retry_delay(r, attempt)
-            if delay is None:
+            retry = self._retry_delay(r, attempt)
+            if retry is None:
                 err = self._error(r, what)
                 err.lost = lost
                 r.close()
                 raise err
+            delay = retry
             if delay > self.max_wait:
                 err = self._error(r, what)
                 r.close()
@@ -663,8 +665,8 @@ class GitHubStore:
                 h["Authorization"] = f"Bearer {self.token}"
             else:
                 h["Authorization"] = None  # None drops a session-level header too
-            r = self.http.request(method, cur, headers=h, json=json_body, timeout=self.timeout, stream=stream,
-                                  allow_redirects=False)
+            r = self.http.request(method, cur, headers=h,  # type: ignore[arg-type]  # stubs: no None values
+                                  json=json_body, timeout=self.timeout, stream=stream, allow_redirects=False)
             if not (follow and method == "GET" and r.is_redirect):
                 return r
             cur = urljoin(cur, r.headers["Location"])
@@ -690,7 +692,7 @@ class GitHubStore:
         return self._backoff(attempt)
 
     def _backoff(self, attempt: int) -> float:
-        return min(self.max_backoff, self.backoff * 2 ** (attempt - 1)) * random.uniform(0.5, 1.0)
+        return min(self.max_backoff, self.backoff * 2.0 ** (attempt - 1)) * random.uniform(0.5, 1.0)
 
     def _error(self, r: requests.Response, what: str) -> GitHubError:
         rid = r.headers.get("x-github-request-id")
@@ -700,7 +702,8 @@ class GitHubStore:
             body = {}
         body = body if isinstance(body, dict) else {}
         msg = str(body.get("message") or r.reason or "")
-        errors = body.get("errors") if isinstance(body.get("errors"), list) else []
+        listed = body.get("errors")
+        errors: list[Any] = listed if isinstance(listed, list) else []
         detail = "; ".join(str(e.get("message") or e.get("code") or e) if isinstance(e, dict) else str(e)
                            for e in errors)
         why = self._redact(f"HTTP {r.status_code}: {msg}" + (f" ({detail})" if detail else ""))

@@ -16,7 +16,8 @@ import pytest
 from llamabundle import bundle
 from llamabundle.bundle.manifest import Manifest, ManifestError, parse
 from llamabundle.errors import StoreError, UsageError, VerifyError
-from llamabundle.store.base import Entry, open_store
+from llamabundle.store import open_store
+from llamabundle.store.base import Entry
 from llamabundle.store.local import SUMS, LocalStore
 from tests import bundles as tb
 

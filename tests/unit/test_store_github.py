@@ -21,8 +21,8 @@ from llamabundle.bundle.manifest import Manifest
 from llamabundle.errors import LlamaBundleError, StoreError, VerifyError
 from llamabundle.log import Log
 from llamabundle.net import NetworkError
-from llamabundle.recipe import Settings
-from llamabundle.store.base import open_store
+from llamabundle.settings import Settings
+from llamabundle.store import open_store
 from llamabundle.store.github import (
     AssetConflictError,
     GitHubEntry,
