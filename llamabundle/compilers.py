@@ -12,7 +12,7 @@ import functools
 import os
 import re
 import shutil
-import subprocess
+from collections.abc import Mapping
 
 from . import proc
 from .errors import RecipeError, ToolchainError
@@ -31,18 +31,20 @@ def cxx_program(compiler: str) -> str:
     return EXECUTABLES[compiler][1]
 
 
-def detect_version(compiler: str, *, path: str | None = None) -> str | None:
-    """The exact version of this family's C++ compiler first on PATH ("12.2.0"), or None when there is none.
-    Asked once per compiler and PATH in a process (every recipe load needs it for an unpinned key)."""
-    return _detect(compiler, path if path is not None else os.environ.get("PATH", os.defpath))
+def detect_version(compiler: str, *, env: Mapping[str, str] | None = None) -> str | None:
+    """The exact version of this family's C++ compiler first on env's PATH (else the system's default
+    search path), "12.2.0", or None when there is none. The compiler is asked with `env`. Asked once per
+    compiler and environment in a process (every recipe load needs it for an unpinned key)."""
+    return _detect(compiler, tuple(sorted((env or {}).items())))
 
 
 @functools.lru_cache(maxsize=16)
-def _detect(compiler: str, path: str) -> str | None:
+def _detect(compiler: str, env_items: tuple[tuple[str, str], ...]) -> str | None:
+    path = dict(env_items).get("PATH") or os.defpath
     exe = shutil.which(cxx_program(compiler), path=path)
     if exe is None:
         return None
-    env = {**os.environ, "LC_ALL": "C", "PATH": path}
+    env = {**dict(env_items), "LC_ALL": "C", "PATH": path}
     try:
         if compiler == "msvc":
             res = proc.capture([exe], env=env, timeout=60)
@@ -50,7 +52,7 @@ def _detect(compiler: str, path: str) -> str | None:
             return m.group(1) if m else None
         # The compiler's own macros, as CMake reads them (gcc -dumpfullversion says "12-posix" for some builds)
         res = proc.capture([exe, "-dM", "-E", "-x", "c++", os.devnull], env=env, timeout=60)
-    except (OSError, subprocess.TimeoutExpired):
+    except (OSError, proc.Timeout):
         return None
     if res.returncode != 0:
         return None
@@ -92,13 +94,13 @@ def version_matches(spec: str, version: str) -> bool:
     return True
 
 
-def check_host(compiler: str, *, pin: str | None, keyed: str | None, path: str | None) -> str:
+def check_host(compiler: str, *, pin: str | None, keyed: str | None, env: Mapping[str, str]) -> str:
     """Before a build: the compiler that will build is the one the key names. Returns its version.
 
     With a pin, the compiler found must satisfy it; without one, it must be exactly the version the
     key was computed with (`keyed`, found when the recipe was loaded)."""
     exe = cxx_program(compiler)
-    found = detect_version(compiler, path=path)
+    found = detect_version(compiler, env=env)
     if found is None:
         raise ToolchainError(f"cannot find the version of {exe}",
                              why=f"toolchain.compiler is {compiler}; {exe} is not on PATH or did not say its version",

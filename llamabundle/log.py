@@ -1,5 +1,6 @@
 """The only rich Console: steps with timings, progress bars on a TTY, plain lines elsewhere,
-GitHub Actions groups and annotations when running there."""
+GitHub Actions groups and annotations when running there, and the step outputs and step summary a bundle
+step leaves for the rest of the workflow."""
 
 from __future__ import annotations
 
@@ -8,10 +9,19 @@ import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from rich.console import Console
-from rich.progress import (BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                           TimeRemainingColumn, TransferSpeedColumn)
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
 
 from .errors import LlamaBundleError
 
@@ -37,13 +47,33 @@ def workflow_command(name: str, message: str = "", properties: Mapping[str, obje
     return f"::{name}{' ' + props if props else ''}::{escape_data(message)}"
 
 
+def actions_report(*, output: Path | None, summary: Path | None, key: str, hit: bool, location: str | None,
+                   zip_path: Path | None = None) -> None:
+    """A bundle step's result for later steps and for the run's page: the step outputs key, hit and location
+    appended to `output` ($GITHUB_OUTPUT; the names and values of the --json output), and one row of a
+    markdown table (key, hit/built/miss, the zip's size and sha256) appended to `summary`
+    ($GITHUB_STEP_SUMMARY), the table's header first when the file is empty. A None path is not written."""
+    if output is not None:
+        with open(output, "a", encoding="utf-8") as f:
+            f.write(f"key={key}\nhit={'true' if hit else 'false'}\nlocation={location or ''}\n")
+    if summary is not None:
+        size = sha = ""
+        if zip_path is not None and zip_path.is_file():
+            from .bundle import sha256_file
+
+            size, sha = f"{zip_path.stat().st_size / 1e6:.1f} MB", f"`{sha256_file(zip_path)}`"
+        with open(summary, "a", encoding="utf-8") as f:
+            if f.tell() == 0:
+                f.write("| key | result | size | sha256 |\n|---|---|---|---|\n")
+            f.write(f"| `{key[:12]}` | {'hit' if hit else ('built' if zip_path else 'miss')} | {size} | {sha} |\n")
+
+
 _TITLES = {2: "usage or recipe error", 3: "toolchain error", 4: "build failed", 5: "verification failed",
            6: "store or network error"}  # DESIGN §8
 
 
-def _annotation_file(path: str) -> str:
-    """A path as an annotation wants it: relative to the checkout ($GITHUB_WORKSPACE) when inside it."""
-    ws = os.environ.get("GITHUB_WORKSPACE")
+def _annotation_file(path: str, ws: str | os.PathLike[str] | None) -> str:
+    """A path as an annotation wants it: relative to the checkout (`ws`, $GITHUB_WORKSPACE) when inside it."""
     if ws and os.path.isabs(path):
         try:
             rel = os.path.relpath(path, ws)
@@ -79,6 +109,7 @@ class Log:
     quiet: bool = False
     github_actions: bool = False
     console: Console = field(default_factory=lambda: Console(stderr=True, highlight=False))
+    workspace: str | os.PathLike[str] | None = None  # the checkout (Settings.github_workspace), for annotation paths
 
     def info(self, msg: str) -> None:
         if not self.quiet:
@@ -119,7 +150,8 @@ class Log:
         lines = [what] + ([f"why: {why}"] if why else []) + ([f"fix: {fix}"] if fix else [])
         props: dict[str, object] = {}
         if isinstance(err, LlamaBundleError) and err.file:
-            props = {"file": _annotation_file(err.file), "line": err.line, "col": err.col}
+            ws = self.workspace
+            props = {"file": _annotation_file(err.file, ws), "line": err.line, "col": err.col}
         if title:
             props["title"] = title
         self.raw(workflow_command(kind, "\n".join(lines), props))
@@ -147,7 +179,7 @@ class Log:
             self.info(f"    {title}: {mark} in {took:.1f}s")
 
     @contextmanager
-    def progress(self, title: str, total: int | None = None, *, unit: str = "") -> Iterator["ProgressHandle"]:
+    def progress(self, title: str, total: int | None = None, *, unit: str = "") -> Iterator[ProgressHandle]:
         """A progress bar on a TTY; on a pipe, a plain line every 10 percent. unit="bytes": sizes and a rate."""
         if self.quiet or not self.console.is_terminal:
             yield _PlainProgress(self, title, total, unit=unit)

@@ -35,7 +35,8 @@ from .archive import extract_tar
 from .bundle import sha256_file
 from .errors import SourceError, VerifyError
 from .log import Log
-from .recipe import GithubSource, GitSource, PathSource, PypiSource, Recipe, Settings, Source
+from .recipe import GithubSource, GitSource, PathSource, PypiSource, Recipe, Source
+from .settings import Settings
 
 MARKER = ".llamabundle-source.json"
 MARKER_FORMAT = 2  # 1 (no "format" field): commit, origin and commit_time only, trusted alone
@@ -284,7 +285,10 @@ def _discard(path: Path, work: Path) -> None:
         aside.unlink(missing_ok=True)
 
 
-def fetch_source(recipe: Recipe, settings: Settings, log: Log) -> SourceTree:
+def fetch_source(recipe: Recipe, settings: Settings, log: Log, *, env: Mapping[str, str] | None = None) -> SourceTree:
+    """llama.cpp at the recipe's pinned commit, from its first source that can prove it (cached and re-proved
+    in `<cache>/src/<commit>`). `env`: the environment child processes (git) run with."""
+    env = env or {}
     commit = recipe.llama_cpp.commit
     final = settings.cache_dir / "src" / commit
     work = settings.cache_dir / "tmp"
@@ -293,14 +297,15 @@ def fetch_source(recipe: Recipe, settings: Settings, log: Log) -> SourceTree:
         lock_dir.mkdir(parents=True, exist_ok=True)
         lock = FileLock(str(lock_dir / f"src-{commit}.lock"))
         with lock:
-            return _fetch_locked(recipe, settings, log, final=final, work=work)
+            return _fetch_locked(recipe, settings, log, final=final, work=work, env=env)
     except OSError as e:
         where = e.filename or settings.cache_dir
         raise SourceError(f"cannot fetch the source into the cache: {where}", why=e.strerror or str(e),
                           fix="check that LLAMABUNDLE_CACHE_DIR is writable and has free space") from None
 
 
-def _fetch_locked(recipe: Recipe, settings: Settings, log: Log, *, final: Path, work: Path) -> SourceTree:
+def _fetch_locked(recipe: Recipe, settings: Settings, log: Log, *, final: Path, work: Path,
+                  env: Mapping[str, str]) -> SourceTree:
     commit = recipe.llama_cpp.commit
     scratch.sweep(work, [TMP_PREFIX])  # what killed fetches left (never a live one's)
     hit = cached_source(recipe, settings, log)
@@ -315,7 +320,8 @@ def _fetch_locked(recipe: Recipe, settings: Settings, log: Log, *, final: Path, 
         tmp = scratch.make_dir(work, TMP_PREFIX)
         try:
             try:
-                fetched = _FETCH[type(src)](src, commit, tmp, settings=settings, log=log, recipe_dir=recipe_dir)
+                fetched = _FETCH[type(src)](src, commit, tmp, settings=settings, log=log, recipe_dir=recipe_dir,
+                                             env=env)
             except SourceUnavailable as e:
                 reason = e.what + (f" ({e.why})" if e.why else "")
                 log.warn(f"source {name} unavailable: {reason}; trying the next source")
@@ -346,7 +352,7 @@ def _query(argv: list[str], *, what: str, timeout: float = 300) -> subprocess.Co
     """A short git query through the subprocess gateway; a hang or a git that cannot start is unavailable."""
     try:
         return proc.capture(argv, timeout=timeout)
-    except subprocess.TimeoutExpired:
+    except proc.Timeout:
         raise SourceUnavailable(f"{what}: git did not answer in {timeout:.0f}s") from None
     except OSError as e:
         raise SourceUnavailable(f"{what}: git could not be started", why=str(e)) from None
@@ -355,7 +361,8 @@ def _query(argv: list[str], *, what: str, timeout: float = 300) -> subprocess.Co
 # ----------------------------------------------------------------------------------- github
 
 
-def _fetch_github(src: GithubSource, commit: str, tmp: Path, *, settings: Settings, log: Log, recipe_dir: Path) -> Fetched:
+def _fetch_github(src: GithubSource, commit: str, tmp: Path, *, settings: Settings, log: Log, recipe_dir: Path,
+               env: Mapping[str, str]) -> Fetched:
     url = f"{settings.github_archive_url}/{src.repo}/tar.gz/{commit}"
     archive = tmp / "source.tar.gz"
     try:
@@ -398,10 +405,11 @@ def archive_time(archive: Path) -> int | None:
 # -------------------------------------------------------------------------------------- git
 
 
-def _fetch_git(src: GitSource, commit: str, tmp: Path, *, settings: Settings, log: Log, recipe_dir: Path) -> Fetched:
+def _fetch_git(src: GitSource, commit: str, tmp: Path, *, settings: Settings, log: Log, recipe_dir: Path,
+               env: Mapping[str, str]) -> Fetched:
     git = proc.which("git", purpose="the git: source needs git")
     repo = tmp / "repo"
-    env = {**os.environ, "GIT_TERMINAL_PROMPT": "0"}
+    env = {**env, "GIT_TERMINAL_PROMPT": "0"}  # never a password prompt
     try:
         proc.run([git, "init", "-q", str(repo)], log=log, error=SourceUnavailable, what="git init", env=env)
         proc.run([git, "-C", str(repo), "fetch", "-q", "--depth", "1", src.url, commit], log=log, error=SourceUnavailable,
@@ -426,7 +434,8 @@ def _git_commit_time(git: str, repo: Path) -> int | None:
 # ------------------------------------------------------------------------------------- path
 
 
-def _fetch_path(src: PathSource, commit: str, tmp: Path, *, settings: Settings, log: Log, recipe_dir: Path) -> Fetched:
+def _fetch_path(src: PathSource, commit: str, tmp: Path, *, settings: Settings, log: Log, recipe_dir: Path,
+               env: Mapping[str, str]) -> Fetched:
     root = (recipe_dir / src.path).resolve()
     if not root.is_dir():
         raise SourceUnavailable(f"{root} is not a directory")
@@ -468,7 +477,8 @@ def _fetch_path(src: PathSource, commit: str, tmp: Path, *, settings: Settings, 
 # ------------------------------------------------------------------------------------- pypi
 
 
-def _fetch_pypi(src: PypiSource, commit: str, tmp: Path, *, settings: Settings, log: Log, recipe_dir: Path) -> Fetched:
+def _fetch_pypi(src: PypiSource, commit: str, tmp: Path, *, settings: Settings, log: Log, recipe_dir: Path,
+               env: Mapping[str, str]) -> Fetched:
     sdist = _pypi_sdist(src, settings, log)
     out = tmp / "x"
     with log.progress("extract sdist") as bar:

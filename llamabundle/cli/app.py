@@ -1,43 +1,45 @@
-"""`llamabundle probe | install | list | uninstall | doctor`: the app side of the bundle contract (DESIGN §5, §8).
+"""`llamabundle probe | install | list | uninstall | doctor`: the app side of the bundle contract (DESIGN §5, §8):
+which backend will run and why, installing and removing bundles, and what to do when CUDA is not used.
 
-click commands only: parse, call llamabundle.runtime, print, exit code. ctx.obj is cli.Ctx (settings, log, env,
-store(url)); registered on the main group by the last line of cli.py."""
+click only: parse, call llamabundle.runtime, print, exit code."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import click
 
 from ..errors import UsageError
 from ..lazy import lazy_import
 from ..recipe import load_recipe
-from . import output as cli_json
+from .context import Ctx, pass_ctx
+from .options import JSON_OPT
+from .output import emit
 
-install_mod = lazy_import("llamabundle.runtime.install")
-probe_mod = lazy_import("llamabundle.runtime.probe")
-doctor_mod = lazy_import("llamabundle.runtime.doctor")
+if TYPE_CHECKING:
+    from ..runtime import doctor as doctor_mod
+    from ..runtime import install as install_mod
+    from ..runtime import probe as probe_mod
+else:
+    install_mod = lazy_import("llamabundle.runtime.install")
+    probe_mod = lazy_import("llamabundle.runtime.probe")
+    doctor_mod = lazy_import("llamabundle.runtime.doctor")
 DEFAULT_TTL = 300.0  # runtime.probe.DEFAULT_TTL (a test checks they agree), spelled out for a fast start
 
 _DEST = click.option("--dest", type=click.Path(file_okay=False, path_type=Path),
                      help="Install root (default: $LLAMABUNDLE_DATA_DIR or the user data directory).")
-_JSON = click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON (schema 1) on stdout.")
 _BUNDLE = click.option("--bundle", type=click.Path(file_okay=False, exists=True, path_type=Path),
                        help="Probe this unpacked bundle directory instead of the installed CUDA bundle.")
 _SMI = click.option("--nvidia-smi", "nvidia_smi", metavar="PATH", help="The nvidia-smi to run (default: the one on PATH).")
 
 
-def _emit(value: Any) -> None:
-    cli_json.emit(value)
-
-
-def _cache(c: Any) -> Path:
+def _cache(c: Ctx) -> Path:
     return Path(c.settings.cache_dir) / "runtime"
 
 
-def _print_probe(r: "probe_mod.ProbeResult") -> None:
+def _print_probe(r: probe_mod.ProbeResult) -> None:
     click.echo(f"backend  {r.backend}")
     click.echo(f"reason   {r.reason}")
     click.echo(f"why      {r.sentence}" + (" (cached)" if r.cached else ""))
@@ -45,20 +47,20 @@ def _print_probe(r: "probe_mod.ProbeResult") -> None:
 
 
 @click.command("probe")
-@_JSON
+@JSON_OPT
 @_BUNDLE
 @_DEST
 @_SMI
 @click.option("--ngl", type=click.IntRange(0), metavar="N", help="The planned -ngl: 0 means cuda_gpu_layers_zero.")
 @click.option("--max-age", type=click.FloatRange(0), default=DEFAULT_TTL, show_default=True,
               help="Reuse a cached result younger than this many seconds (0: probe now).")
-@click.pass_obj
-def probe_cmd(c: Any, as_json: bool, bundle: Path | None, dest: Path | None, nvidia_smi: str | None, ngl: int | None,
+@pass_ctx
+def probe_cmd(c: Ctx, as_json: bool, bundle: Path | None, dest: Path | None, nvidia_smi: str | None, ngl: int | None,
               max_age: float) -> None:
     """Which backend will run (cuda or cpu) and why: one reason code with a sentence and a fix."""
-    r = probe_mod.with_gpu_layers(probe_mod.probe(root=install_mod.data_root(c.env, dest), env=c.env, cache_dir=_cache(c), max_age=max_age,
+    r = probe_mod.with_gpu_layers(probe_mod.probe(root=install_mod.data_root(c.settings, dest), env=c.env, cache_dir=_cache(c), max_age=max_age,
                               bundle=bundle, nvidia_smi=nvidia_smi), ngl)
-    _emit(r.to_json()) if as_json else _print_probe(r)
+    emit(r.to_json()) if as_json else _print_probe(r)
 
 
 @click.command("install")
@@ -69,9 +71,9 @@ def probe_cmd(c: Any, as_json: bool, bundle: Path | None, dest: Path | None, nvi
 @click.option("--expect-commit", metavar="C", help="Refuse a bundle of another llama.cpp commit (default with --recipe: its commit).")
 @click.option("--expect-toolkit", metavar="V", help="Refuse a bundle of another CUDA toolkit (default with --recipe: its toolkit).")
 @click.option("--if-needed", is_flag=True, help="Probe first; install only on binary_missing_nvidia_detected, then probe again.")
-@_JSON
-@click.pass_obj
-def install_cmd(c: Any, store_url: str | None, recipe_path: Path | None, key_: str | None, dest: Path | None,
+@JSON_OPT
+@pass_ctx
+def install_cmd(c: Ctx, store_url: str | None, recipe_path: Path | None, key_: str | None, dest: Path | None,
                 expect_commit: str | None, expect_toolkit: str | None, if_needed: bool, as_json: bool) -> None:
     """Download a bundle, check everything in it, and install it atomically (the previous one stays until then)."""
     if (recipe_path is None) == (key_ is None):
@@ -79,20 +81,20 @@ def install_cmd(c: Any, store_url: str | None, recipe_path: Path | None, key_: s
     if key_ is not None and not re.fullmatch(r"[0-9a-f]{64}", key_):
         raise UsageError(f"'{key_}' is not a key", fix="a key is 64 hex digits (llamabundle key RECIPE)")
     if recipe_path is not None:
-        r = load_recipe(recipe_path)
+        r = load_recipe(recipe_path, env=c.env)
         key_ = r.key()
         expect_commit = expect_commit or r.llama_cpp.commit
         expect_toolkit = expect_toolkit or (r.cuda.toolkit if r.cuda else None)
     assert key_ is not None
-    root, store = install_mod.data_root(c.env, dest), c.store(store_url)
+    root, store = install_mod.data_root(c.settings, dest), c.store(store_url)
     if if_needed:
         res = probe_mod.ensure_backend(store=store, key=key_, root=root, env=c.env, log=c.log, cache_dir=_cache(c),
                              commit=expect_commit, toolkit=expect_toolkit)
-        _emit(res.to_json()) if as_json else _print_probe(res)
+        emit(res.to_json()) if as_json else _print_probe(res)
         return
     out = install_mod.install_bundle(store, key_, root=root, log=c.log, commit=expect_commit, toolkit=expect_toolkit)
     if as_json:
-        _emit(out.to_json())
+        emit(out.to_json())
     elif out.reused:
         click.echo(f"already installed and intact: {out.installed.name} ({out.installed.key[:12]}) {out.installed.path}")
     else:
@@ -102,14 +104,14 @@ def install_cmd(c: Any, store_url: str | None, recipe_path: Path | None, key_: s
 
 @click.command("list")
 @_DEST
-@_JSON
-@click.pass_obj
-def list_cmd(c: Any, dest: Path | None, as_json: bool) -> None:
+@JSON_OPT
+@pass_ctx
+def list_cmd(c: Ctx, dest: Path | None, as_json: bool) -> None:
     """The installed bundles."""
-    root = install_mod.data_root(c.env, dest)
+    root = install_mod.data_root(c.settings, dest)
     found = install_mod.list_installed(root)
     if as_json:
-        _emit({"schema": 1, "root": str(root), "bundles": [i.to_json() for i in found]})
+        emit({"schema": 1, "root": str(root), "bundles": [i.to_json() for i in found]})
         return
     if not found:
         click.echo(f"no bundles installed in {root}")
@@ -122,25 +124,25 @@ def list_cmd(c: Any, dest: Path | None, as_json: bool) -> None:
 @click.command("uninstall")
 @click.argument("what", metavar="KEY|NAME")
 @_DEST
-@_JSON
-@click.pass_obj
-def uninstall_cmd(c: Any, what: str, dest: Path | None, as_json: bool) -> None:
+@JSON_OPT
+@pass_ctx
+def uninstall_cmd(c: Ctx, what: str, dest: Path | None, as_json: bool) -> None:
     """Remove an installed bundle (by key, unique key prefix or name)."""
-    gone = install_mod.uninstall(install_mod.data_root(c.env, dest), what)
-    _emit({"schema": 1, "removed": gone.to_json()}) if as_json else click.echo(f"removed {gone.name} ({gone.key[:12]})")
+    gone = install_mod.uninstall(install_mod.data_root(c.settings, dest), what)
+    emit({"schema": 1, "removed": gone.to_json()}) if as_json else click.echo(f"removed {gone.name} ({gone.key[:12]})")
 
 
 @click.command("doctor")
 @_BUNDLE
 @_DEST
 @_SMI
-@_JSON
-@click.pass_obj
-def doctor_cmd(c: Any, bundle: Path | None, dest: Path | None, nvidia_smi: str | None, as_json: bool) -> None:
+@JSON_OPT
+@pass_ctx
+def doctor_cmd(c: Ctx, bundle: Path | None, dest: Path | None, nvidia_smi: str | None, as_json: bool) -> None:
     """What was found (GPUs, driver, installed bundles, the last probe), the reason, and what to do."""
-    d = doctor_mod.diagnose(root=install_mod.data_root(c.env, dest), env=c.env, cache_dir=_cache(c), bundle=bundle, nvidia_smi=nvidia_smi)
+    d = doctor_mod.diagnose(root=install_mod.data_root(c.settings, dest), env=c.env, cache_dir=_cache(c), bundle=bundle, nvidia_smi=nvidia_smi)
     if as_json:
-        _emit(d.to_json())
+        emit(d.to_json())
         return
     console = c.log.console
     if console.is_terminal:
@@ -161,6 +163,4 @@ def doctor_cmd(c: Any, bundle: Path | None, dest: Path | None, nvidia_smi: str |
         click.echo(d.advice)
 
 
-def register(group: click.Group) -> None:
-    for cmd in (probe_cmd, install_cmd, list_cmd, uninstall_cmd, doctor_cmd):
-        group.add_command(cmd)
+COMMANDS: tuple[click.Command, ...] = (probe_cmd, install_cmd, list_cmd, uninstall_cmd, doctor_cmd)

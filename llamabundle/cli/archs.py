@@ -1,14 +1,13 @@
 """`llamabundle archs RECIPE [--json]`: per GPU generation, whether the recipe's bundle runs it from SASS,
 from PTX through the driver's JIT, or not at all, and the driver floor that follows.
 
-click command only (DESIGN §8); registered on the main `cli` group by cli.py; ctx.obj is cli.Ctx.
+click only: parse, call backends.cuda.report, print (a rich table on a terminal, plain lines elsewhere).
 """
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
 
 import click
 from rich.console import Console
@@ -16,7 +15,9 @@ from rich.table import Table
 
 from ..backends.cuda.report import ArchReport, Status, arch_report
 from ..recipe import load_recipe
-from . import output as cli_json
+from .context import Ctx, pass_ctx
+from .options import JSON_OPT, RECIPE_ARG
+from .output import emit
 
 _STYLE = {Status.SASS: "green", Status.PTX_JIT: "yellow", Status.UNSUPPORTED: "red"}
 
@@ -33,7 +34,7 @@ def plain_lines(report: ArchReport) -> list[str]:
     rows = [(r.generation, r.cc, str(r.status), r.via or "-", ", ".join(r.examples[:2]), r.notes) for r in report.rows]
     head = ("generation", "cc", "status", "via", "examples", "notes")
     widths = [max(len(x[i]) for x in (head, *rows)) for i in range(5)]
-    table = ["  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[5] for row in (head, *rows)]
+    table = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)) + "  " + row[5] for row in (head, *rows)]
     return [*_header(report), *(line.rstrip() for line in table), f"summary  {report.summary()}"]
 
 
@@ -49,16 +50,19 @@ def print_table(report: ArchReport, console: Console) -> None:
 
 
 @click.command("archs")
-@click.argument("recipe_path", metavar="RECIPE", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON (schema 1) on stdout.")
-@click.pass_obj
-def archs_cmd(c: Any, recipe_path: Path, as_json: bool) -> None:
+@RECIPE_ARG
+@JSON_OPT
+@pass_ctx
+def archs_cmd(c: Ctx, recipe_path: Path, as_json: bool) -> None:
     """Per GPU generation: does the bundle run it from SASS, from PTX through the driver's JIT, or not at all."""
-    report = arch_report(load_recipe(recipe_path))
+    report = arch_report(load_recipe(recipe_path, env=c.env))
     if as_json:
-        cli_json.emit(report.to_json())
+        emit(report.to_json())
     elif c.log.console.is_terminal and sys.stdout.isatty():
         print_table(report, c.log.console)
     else:
         for line in plain_lines(report):
             click.echo(line)
+
+
+COMMANDS: tuple[click.Command, ...] = (archs_cmd,)

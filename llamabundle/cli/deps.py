@@ -1,5 +1,8 @@
 """`llamabundle deps [--json] FILE...`: the runtime closure of PE or ELF binaries, each library with its
-class and where it was found. click only: parse, call deps.pe / deps.elf, print (DESIGN §8)."""
+class and where it was found.
+
+click only (DESIGN §8): parse, call deps.pe / deps.elf, print; `elf_closure` puts deps.elf's closure in the
+shape of deps.pe's JSON so that both formats print alike."""
 
 from __future__ import annotations
 
@@ -11,7 +14,8 @@ import click
 from ..deps.policy import linux_policy
 from ..errors import UsageError, VerifyError
 from ..lazy import lazy_import
-from . import output as cli_json
+from .options import JSON_OPT
+from .output import emit, with_report
 
 elf = lazy_import("llamabundle.deps.elf")
 pe = lazy_import("llamabundle.deps.pe")
@@ -47,13 +51,13 @@ def _elf_binary(path: Path) -> dict[str, Any]:
                 type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--search", "search", metavar="DIR", multiple=True, type=click.Path(file_okay=False, path_type=Path),
               help="Also look for libraries here (e.g. a mingw sysroot bin, the MSVC redist, the CUDA toolkit bin); repeatable.")
-@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON (schema 1) on stdout.")
+@JSON_OPT
 def deps_command(files: tuple[Path, ...], search: tuple[Path, ...], as_json: bool) -> None:
     """Print the runtime closure of PE or ELF binaries: each library's class and where it was found.
 
     Libraries are looked up in the binaries' own directory (the bundle), then in each --search DIR."""
     paths = [f.resolve() for f in files]
-    for f, p in zip(files, paths):
+    for f, p in zip(files, paths, strict=True):
         if not p.is_file():  # a FIFO or device: never opened (reading a FIFO blocks)
             raise UsageError(f"{f} is not a regular file", fix="pass .exe/.dll or ELF files")
     if len({p.parent for p in paths}) > 1:
@@ -75,8 +79,8 @@ def deps_command(files: tuple[Path, ...], search: tuple[Path, ...], as_json: boo
                if info["missing"] else [])
     if as_json:
         if missing:
-            raise cli_json.with_report(missing[0], info)
-        cli_json.emit(info)
+            raise with_report(missing[0], info)
+        emit(info)
         return
     width = max([len(d["name"]) for d in info["deps"]] + [20])
     click.echo(f"{'library':<{width}}  {'class':<13}  found")
@@ -91,3 +95,6 @@ def deps_command(files: tuple[Path, ...], search: tuple[Path, ...], as_json: boo
         click.echo(f"missing: {name} (needed by {', '.join(by)})")
     if missing:
         raise missing[0]
+
+
+COMMANDS: tuple[click.Command, ...] = (deps_command,)

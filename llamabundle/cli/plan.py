@@ -1,14 +1,12 @@
-"""`llamabundle plan MODEL.gguf --free-vram SIZE`: the -ngl / --n-cpu-moe / context that fits (issue 6).
+"""`llamabundle plan MODEL.gguf --free-vram SIZE`: the -ngl / --n-cpu-moe / context that fits in the free VRAM.
 
-click command only (DESIGN §8): parse, call llamabundle.runtime.offload, print. Registered on the main `cli`
-group by cli.py.
+click only (DESIGN §8): parse, call llamabundle.runtime.offload, print.
 """
 
 from __future__ import annotations
 
 import shlex
 from pathlib import Path
-from typing import Any
 
 import click
 
@@ -20,8 +18,8 @@ from ..runtime.offload import (
     plan_offload,
     read_model,
 )
-from . import output as cli_json
-from .paths import InputFile
+from .options import JSON_OPT, InputFile
+from .output import emit
 
 
 @click.command("plan")
@@ -34,7 +32,7 @@ from .paths import InputFile
 @click.option("--kv-type", type=click.Choice(kv_types()), help="KV cache type (-ctk/-ctv; default f16).")
 @click.option("--flash-attn/--no-flash-attn", default=True, show_default=True, help="Plan for flash attention (-fa on|off).")
 @click.option("--headroom", metavar="SPEC", help="VRAM kept free: share of the free VRAM plus bytes (default 5%+256MiB).")
-@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON (schema 1) on stdout.")
+@JSON_OPT
 def plan_command(model_path: Path, free_vram: str, ctx: int | None, min_ctx: int | None, n_parallel: int, kv_type: str | None,
                  flash_attn: bool, headroom: str | None, as_json: bool) -> None:
     """Plan GPU offload for a GGUF model: the llama-server flags that fit in the free VRAM."""
@@ -42,7 +40,7 @@ def plan_command(model_path: Path, free_vram: str, ctx: int | None, min_ctx: int
     plan = plan_offload(read_model(model_path), free_vram=free, ctx=ctx, min_ctx=min_ctx, n_parallel=n_parallel,
                         kv_type=kv_type, flash_attn=flash_attn, headroom=parse_headroom(headroom))
     if as_json:
-        cli_json.emit(plan.to_json())
+        emit(plan.to_json())
         return
     m, e = plan.model, plan.estimate
 
@@ -57,7 +55,7 @@ def plan_command(model_path: Path, free_vram: str, ctx: int | None, min_ctx: int
     click.echo(f"plan      -ngl {plan.ngl}{moe}  ({plan.blocks_on_gpu}/{m.n_layer} blocks"
                f"{' + output' if plan.output_on_gpu else ''} on the GPU)  context {plan.ctx}{ctx_note}, "
                f"{plan.n_parallel} slot(s), KV {plan.kv_type}, flash attention {'on' if plan.flash_attn else 'off'}")
-    rows: list[tuple[str, Any]] = [("weights", e.weights), ("KV cache", e.kv), ("compute", e.compute),
+    rows: list[tuple[str, int]] = [("weights", e.weights), ("KV cache", e.kv), ("compute", e.compute),
                                    (f"headroom ({plan.headroom})", e.headroom)]
     for label, value in rows:
         click.echo(f"  {label:<24}{mib(value)}")
@@ -65,3 +63,6 @@ def plan_command(model_path: Path, free_vram: str, ctx: int | None, min_ctx: int
     for reason in plan.reasons:
         click.echo(f"why       {reason}")
     click.echo(f"flags     {shlex.join(plan.flags())}")
+
+
+COMMANDS: tuple[click.Command, ...] = (plan_command,)

@@ -1,47 +1,44 @@
-"""`llamabundle toolkit plan|install`: the CUDA toolkit a recipe needs, from NVIDIA's redist archives.
+"""`llamabundle toolkit plan|install`: the CUDA toolkit a recipe (or --version/--components) needs, from
+NVIDIA's redist archives, PyPI wheels or the Windows local installer.
 
-click commands only (DESIGN §8): parse, call the toolkit package, print, exit code. The group is
-registered on the main `cli` group by cli.py; ctx.obj is cli.Ctx (settings, log).
+click only (DESIGN §8): read which toolkit the command line names, let backends.cuda.toolkit.resolve plan
+and install it from its source, print, exit code.
 """
 
 from __future__ import annotations
 
 import re
-import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from .. import data
+from ..backends.cuda.toolkit.layout import Toolkit
 from ..backends.cuda.toolkit.manifest import PLATFORMS, Manifest, load_manifest
-from ..backends.cuda.toolkit.plan import (
-    SOURCES,
-    ToolkitPlan,
-    plan_for_recipe,
-    plan_toolkit,
-)
+from ..backends.cuda.toolkit.plan import SOURCES, ToolkitPlan, plan_for_recipe
 from ..errors import ToolchainError, UsageError
 from ..lazy import lazy_import
+from ..platforms import host_name
 from ..recipe import load_recipe
-from . import output as cli_json
-from .paths import InputFile
+from .context import Ctx, pass_ctx
+from .options import InputFile
+from .output import emit
 
-installer_src = lazy_import("llamabundle.backends.cuda.toolkit.installer")
-pypi = lazy_import("llamabundle.backends.cuda.toolkit.pypi")
-redist = lazy_import("llamabundle.backends.cuda.toolkit.redist")
+if TYPE_CHECKING:
+    from ..backends.cuda.toolkit import installer as installer_src
+    from ..backends.cuda.toolkit import redist, resolve
+else:
+    installer_src = lazy_import("llamabundle.backends.cuda.toolkit.installer")
+    redist = lazy_import("llamabundle.backends.cuda.toolkit.redist")
+    resolve = lazy_import("llamabundle.backends.cuda.toolkit.resolve")
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
-def _emit(value: Any) -> None:
-    cli_json.emit(value)
-
-
-def _host_platform() -> str:
-    return "windows-x86_64" if sys.platform == "win32" else "linux-x86_64"
-
-
-def _options(f: Any) -> Any:
+def _options(f: F) -> F:
     for opt in reversed([
         click.argument("recipe_path", metavar="[RECIPE]", required=False, type=click.Path(dir_okay=False, path_type=Path)),
         click.option("--version", "version", metavar="V", help="CUDA toolkit version, e.g. 12.8.1 (instead of RECIPE)."),
@@ -59,15 +56,38 @@ def _options(f: Any) -> Any:
     return f
 
 
-def _plan(recipe_path: Path | None, version: str | None, components: str | None, platform: str | None,
-          source: str | None, manifest_path: Path | None) -> ToolkitPlan:
-    explicit = version is not None or components is not None or platform is not None
-    if recipe_path is not None and explicit:
+def _toolkit_plan(recipe_path: Path | None, version: str | None, components: str | None, platform: str | None,
+                  source: str | None, manifest_path: Path | None, installer_path: Path | None,
+                  installer_sha256: str | None) -> ToolkitPlan | installer_src.InstallerPlan | resolve.WheelPlan:
+    """The plan of the toolkit the command line names: RECIPE's (its cuda: section, --source overriding its
+    source), or --version/--components/--platform/--source's. A usage error when they are missing, mixed,
+    or name what this llamabundle does not pin."""
+    r = load_recipe(recipe_path) if recipe_path is not None else None  # its cuda: section (the key is not asked)
+    names = [c.strip() for c in components.split(",") if c.strip()] if components else []
+    if r is not None:  # the installer and PyPI sources take RECIPE's toolkit whatever the other options say
+        cuda = r.cuda
+        wanted = (source or cuda.source) if cuda is not None else None
+        if cuda is not None and wanted in ("installer", "pypi"):
+            if wanted == "pypi" and (installer_path is not None or installer_sha256 is not None):
+                raise _installer_options_error()
+            return resolve.plan_source(wanted, version=cuda.toolkit, platform=r.platform,
+                                       components=list(cuda.components), sha256=installer_sha256)
+    elif source == "installer":
+        if version is None or not components:
+            raise UsageError("which toolkit? pass a RECIPE, or --version and --components",
+                             fix="e.g. llamabundle toolkit plan --source installer --version 12.8.1 --components cuda_nvcc,cuda_cudart")
+        return resolve.plan_source("installer", version=version, platform=platform or "windows-x86_64",
+                                   components=names, sha256=installer_sha256)
+    if installer_path is not None or installer_sha256 is not None:
+        raise _installer_options_error()
+    if r is None and source == "pypi" and version and components:
+        return resolve.plan_source("pypi", version=version, platform=platform or host_name(), components=names)
+    if r is not None and (version is not None or components is not None or platform is not None):
         raise UsageError("pass either RECIPE or --version/--components/--platform, not both",
                          fix="llamabundle toolkit plan RECIPE  |  llamabundle toolkit plan --version 12.8.1 --components cuda_nvcc,cuda_cudart")
     manifest: Manifest | None = load_manifest(manifest_path) if manifest_path is not None else None
-    if recipe_path is not None:
-        return plan_for_recipe(load_recipe(recipe_path), source=source, manifest=manifest)
+    if r is not None:
+        return plan_for_recipe(r, source=source, manifest=manifest)
     if version is None or not components:
         raise UsageError("which toolkit? pass a RECIPE, or --version and --components",
                          fix="e.g. llamabundle toolkit install --version 12.8.1 --components cuda_nvcc,cuda_cudart")
@@ -76,55 +96,17 @@ def _plan(recipe_path: Path | None, version: str | None, components: str | None,
             raise UsageError(f"CUDA {version} is not pinned in this llamabundle",
                              fix="use one of: " + ", ".join(data.cuda_toolkits()) + " (or --manifest FILE)")
         manifest = load_manifest(version=version)
-    names = [c.strip() for c in components.split(",") if c.strip()]
     for name in names:
         if not re.fullmatch(r"[a-z][a-z0-9_]*", name) or name not in manifest.components:
             raise UsageError(f"'{name}' is not a component of CUDA {manifest.release}",
                              fix="components are names from the redist manifest, e.g. cuda_nvcc,cuda_cudart,libcublas")
-    return plan_toolkit(version=version, components=names, platform=platform or _host_platform(),
-                        source=source or "redist", manifest=manifest)
+    return resolve.plan_source(source or "redist", version=version, platform=platform or host_name(),
+                               components=names, manifest=manifest)
 
 
-def _pypi_request(recipe_path: Path | None, version: str | None, components: str | None, platform: str | None,
-                  source: str | None) -> tuple[str, str, list[str]] | None:
-    """(version, platform, components) when the toolkit comes from PyPI wheels, else None."""
-    if recipe_path is not None:
-        r = load_recipe(recipe_path)
-        if r.cuda is not None and (source or r.cuda.source) == "pypi":
-            return r.cuda.toolkit, r.platform, list(r.cuda.components)
-        return None
-    if source == "pypi" and version and components:
-        return version, platform or _host_platform(), [c.strip() for c in components.split(",") if c.strip()]
-    return None
-
-
-def _installer_request(recipe_path: Path | None, version: str | None, components: str | None, platform: str | None,
-                       source: str | None, installer_path: Path | None, installer_sha256: str | None,
-                       ) -> installer_src.InstallerPlan | None:
-    """The installer plan when the toolkit comes from the Windows local installer, else None."""
-    plan = None
-    if recipe_path is not None:
-        r = load_recipe(recipe_path)
-        if r.cuda is not None and (source or r.cuda.source) == "installer":
-            plan = installer_src.plan_installer(version=r.cuda.toolkit, components=list(r.cuda.components),
-                                                platform=r.platform, sha256=installer_sha256)
-    elif source == "installer":
-        if version is None or not components:
-            raise UsageError("which toolkit? pass a RECIPE, or --version and --components",
-                             fix="e.g. llamabundle toolkit plan --source installer --version 12.8.1 --components cuda_nvcc,cuda_cudart")
-        plan = installer_src.plan_installer(version=version, components=[c.strip() for c in components.split(",") if c.strip()],
-                                            platform=platform or "windows-x86_64", sha256=installer_sha256)
-    if plan is None and (installer_path is not None or installer_sha256 is not None):
-        raise UsageError("--installer and --installer-sha256 are for the Windows local installer",
-                         fix="add --source installer (or use a recipe with cuda.source: installer)")
-    return plan
-
-
-def _installed_state(plan: ToolkitPlan, root: Path) -> bool:
-    try:
-        return redist.installed(plan, root) is not None
-    except ToolchainError:  # changed or foreign: not usable as is (install says why)
-        return False
+def _installer_options_error() -> UsageError:
+    return UsageError("--installer and --installer-sha256 are for the Windows local installer",
+                      fix="add --source installer (or use a recipe with cuda.source: installer)")
 
 
 @click.group("toolkit")
@@ -135,37 +117,88 @@ def toolkit_group() -> None:
 @toolkit_group.command("plan")
 @_options
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON (schema 1) on stdout.")
-@click.pass_obj
-def plan_cmd(c: Any, recipe_path: Path | None, version: str | None, components: str | None, platform: str | None,
+@pass_ctx
+def plan_cmd(c: Ctx, recipe_path: Path | None, version: str | None, components: str | None, platform: str | None,
              source: str | None, manifest_path: Path | None, installer_path: Path | None, installer_sha256: str | None,
              as_json: bool) -> None:
     """Show the archives a toolkit install needs: versions, sizes, sha256, cached or not, total bytes."""
-    iplan = _installer_request(recipe_path, version, components, platform, source, installer_path, installer_sha256)
-    if iplan is not None:
-        _print_installer_plan(c, iplan, installer_path, as_json)
-        return
-    wheels = _pypi_request(recipe_path, version, components, platform, source)
-    if wheels is not None:
-        records = pypi.plan_pypi(*wheels)
+    plan = _toolkit_plan(recipe_path, version, components, platform, source, manifest_path, installer_path,
+                         installer_sha256)
+    if isinstance(plan, ToolkitPlan):
+        _print_redist_plan(c, plan, as_json)
+    elif isinstance(plan, resolve.WheelPlan):
+        _print_wheel_plan(plan, as_json)
+    else:
+        _print_installer_plan(c, plan, installer_path, as_json)
+
+
+@toolkit_group.command("install")
+@_options
+@click.option("--dest", type=click.Path(file_okay=False, path_type=Path),
+              help="Install here (a new or empty directory) instead of the cache's content-addressed root.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON (schema 1) on stdout.")
+@pass_ctx
+def install_cmd(c: Ctx, recipe_path: Path | None, version: str | None, components: str | None, platform: str | None,
+                source: str | None, manifest_path: Path | None, installer_path: Path | None, installer_sha256: str | None,
+                dest: Path | None, as_json: bool) -> None:
+    """Install the toolkit (reused when already installed and intact); print its root."""
+    plan = _toolkit_plan(recipe_path, version, components, platform, source, manifest_path, installer_path,
+                         installer_sha256)
+    start = time.monotonic()
+    result = resolve.install_planned(plan, settings=c.settings, log=c.log, dest=dest, installer=installer_path)
+    took = time.monotonic() - start
+    if isinstance(plan, ToolkitPlan):
+        assert isinstance(result, redist.InstallResult)
+        tk = result.toolkit
         if as_json:
-            _emit({"schema": 1, "toolkit": wheels[0], "platform": wheels[1], "source": "pypi",
-                   "wheels": [{"component": r.component, "project": r.project, "version": r.version, "file": r.filename,
-                               "sha256": r.sha256, "size": r.size} for r in records],
-                   "total_bytes": sum(r.size for r in records)})
+            emit({"schema": 1, "root": str(tk.root), "nvcc": str(tk.nvcc), "toolkit": tk.version, "platform": tk.platform,
+                  "source": tk.source, "components": plan.components, "reused": result.reused,
+                  "downloaded_bytes": result.downloaded_bytes, "downloaded": result.downloaded,
+                  "from_cache": result.from_cache, "seconds": round(took, 3)})
             return
-        click.echo(f"CUDA {wheels[0]}  {wheels[1]}  source pypi")
-        for r in records:
-            click.echo(f"  {r.component:<14} {r.project + '==' + r.version:<34} {r.size:>13,} B  {r.filename}")
-        click.echo(f"  total {sum(r.size for r in records):,} bytes")
-        return
-    plan = _plan(recipe_path, version, components, platform, source, manifest_path)
+        if result.reused:
+            click.echo(f"already installed and intact: {tk.root}")
+        else:
+            click.echo(f"installed CUDA {tk.version} ({tk.platform}, {len(plan.archives)} components): {tk.root}")
+        click.echo(f"downloaded {result.downloaded_bytes:,} bytes ({len(result.downloaded)} archives); "
+                   f"{len(result.from_cache)} from the download cache; {took:.2f}s")
+        click.echo(f"nvcc  {tk.nvcc}")
+    elif isinstance(plan, resolve.WheelPlan):
+        assert isinstance(result, Toolkit)
+        if as_json:
+            emit({"schema": 1, "root": str(result.root), "nvcc": str(result.nvcc), "toolkit": result.version,
+                  "platform": result.platform, "source": result.source, "seconds": round(took, 3)})
+            return
+        click.echo(f"CUDA {result.version} ({result.platform}) from PyPI wheels: {result.root}")
+        click.echo(f"nvcc  {result.nvcc}")
+    else:
+        assert isinstance(result, installer_src.InstallResult)
+        tk = result.toolkit
+        if as_json:
+            emit({"schema": 1, "root": str(tk.root), "nvcc": str(tk.nvcc), "toolkit": tk.version, "platform": tk.platform,
+                  "source": tk.source, "components": plan.components, "reused": result.reused,
+                  "installer": str(result.installer) if result.installer else None, "downloaded": result.downloaded,
+                  "extractor": result.extractor, "seconds": round(took, 3)})
+            return
+        if result.reused:
+            click.echo(f"already installed and intact: {tk.root}")
+        else:
+            click.echo(f"installed CUDA {tk.version} ({tk.platform}, {len(plan.components)} components) from "
+                       f"{result.installer} (extracted by {result.extractor}): {tk.root}")
+        click.echo(f"nvcc  {tk.nvcc}")
+
+
+def _print_redist_plan(c: Ctx, plan: ToolkitPlan, as_json: bool) -> None:
     cache_dir = c.settings.cache_dir
     cached = redist.cached_map(plan, cache_dir)
     root = plan.root(cache_dir)
-    installed = _installed_state(plan, root)
+    try:
+        installed = redist.installed(plan, root) is not None
+    except ToolchainError:  # changed or foreign: not usable as is (install says why)
+        installed = False
     info = plan.to_json(base_url=c.settings.cuda_redist_url, cached=cached, root=root, installed=installed)
     if as_json:
-        _emit(info)
+        emit(info)
         return
     click.echo(f"CUDA {plan.version}  {plan.platform}  source {plan.source}  manifest {plan.manifest_origin}")
     click.echo(f"{'component':<16} {'version':<12} {'bytes':>15}  {'cached':<6}  {'sha256':<64}  archive")
@@ -178,71 +211,21 @@ def plan_cmd(c: Any, recipe_path: Path | None, version: str | None, components: 
     click.echo(f"root  {root} ({'installed' if installed else 'not installed'})")
 
 
-@toolkit_group.command("install")
-@_options
-@click.option("--dest", type=click.Path(file_okay=False, path_type=Path),
-              help="Install here (a new or empty directory) instead of the cache's content-addressed root.")
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON (schema 1) on stdout.")
-@click.pass_obj
-def install_cmd(c: Any, recipe_path: Path | None, version: str | None, components: str | None, platform: str | None,
-                source: str | None, manifest_path: Path | None, installer_path: Path | None, installer_sha256: str | None,
-                dest: Path | None, as_json: bool) -> None:
-    """Install the toolkit (reused when already installed and intact); print its root."""
-    iplan = _installer_request(recipe_path, version, components, platform, source, installer_path, installer_sha256)
-    if iplan is not None:
-        start = time.monotonic()
-        with c.log.step(f"CUDA {iplan.version} toolkit from the local installer ({len(iplan.components)} components)"):
-            res = installer_src.install(iplan, cache_dir=c.settings.cache_dir, log=c.log, installer=installer_path,
-                                        dest=dest, connect_timeout=c.settings.connect_timeout)
-        tk = res.toolkit
-        if as_json:
-            _emit({"schema": 1, "root": str(tk.root), "nvcc": str(tk.nvcc), "toolkit": tk.version, "platform": tk.platform,
-                   "source": tk.source, "components": iplan.components, "reused": res.reused,
-                   "installer": str(res.installer) if res.installer else None, "downloaded": res.downloaded,
-                   "extractor": res.extractor, "seconds": round(time.monotonic() - start, 3)})
-            return
-        if res.reused:
-            click.echo(f"already installed and intact: {tk.root}")
-        else:
-            click.echo(f"installed CUDA {tk.version} ({tk.platform}, {len(iplan.components)} components) from "
-                       f"{res.installer} (extracted by {res.extractor}): {tk.root}")
-        click.echo(f"nvcc  {tk.nvcc}")
-        return
-    wheels = _pypi_request(recipe_path, version, components, platform, source)
-    if wheels is not None:
-        start = time.monotonic()
-        tk = pypi.install_from_pypi(version=wheels[0], platform=wheels[1], components=wheels[2], settings=c.settings,
-                                    log=c.log, dest=dest)
-        if as_json:
-            _emit({"schema": 1, "root": str(tk.root), "nvcc": str(tk.nvcc), "toolkit": tk.version, "platform": tk.platform,
-                   "source": tk.source, "seconds": round(time.monotonic() - start, 3)})
-        else:
-            click.echo(f"CUDA {tk.version} ({tk.platform}) from PyPI wheels: {tk.root}")
-            click.echo(f"nvcc  {tk.nvcc}")
-        return
-    plan = _plan(recipe_path, version, components, platform, source, manifest_path)
-    start = time.monotonic()
-    with c.log.step(f"CUDA {plan.version} toolkit ({plan.platform}, {len(plan.archives)} components)"):
-        result = redist.install(plan, cache_dir=c.settings.cache_dir, base_url=c.settings.cuda_redist_url, log=c.log,
-                                dest=dest, connect_timeout=c.settings.connect_timeout)
-    took = time.monotonic() - start
-    tk = result.toolkit
+def _print_wheel_plan(plan: resolve.WheelPlan, as_json: bool) -> None:
+    records = plan.wheels
     if as_json:
-        _emit({"schema": 1, "root": str(tk.root), "nvcc": str(tk.nvcc), "toolkit": tk.version, "platform": tk.platform,
-               "source": tk.source, "components": plan.components, "reused": result.reused,
-               "downloaded_bytes": result.downloaded_bytes, "downloaded": result.downloaded,
-               "from_cache": result.from_cache, "seconds": round(took, 3)})
+        emit({"schema": 1, "toolkit": plan.version, "platform": plan.platform, "source": "pypi",
+              "wheels": [{"component": r.component, "project": r.project, "version": r.version, "file": r.filename,
+                          "sha256": r.sha256, "size": r.size} for r in records],
+              "total_bytes": sum(r.size for r in records)})
         return
-    if result.reused:
-        click.echo(f"already installed and intact: {tk.root}")
-    else:
-        click.echo(f"installed CUDA {tk.version} ({tk.platform}, {len(plan.archives)} components): {tk.root}")
-    click.echo(f"downloaded {result.downloaded_bytes:,} bytes ({len(result.downloaded)} archives); "
-               f"{len(result.from_cache)} from the download cache; {took:.2f}s")
-    click.echo(f"nvcc  {tk.nvcc}")
+    click.echo(f"CUDA {plan.version}  {plan.platform}  source pypi")
+    for r in records:
+        click.echo(f"  {r.component:<14} {r.project + '==' + r.version:<34} {r.size:>13,} B  {r.filename}")
+    click.echo(f"  total {sum(r.size for r in records):,} bytes")
 
 
-def _print_installer_plan(c: Any, plan: installer_src.InstallerPlan, local: Path | None, as_json: bool) -> None:
+def _print_installer_plan(c: Ctx, plan: installer_src.InstallerPlan, local: Path | None, as_json: bool) -> None:
     cache_dir = c.settings.cache_dir
     root = plan.root(cache_dir)
     try:
@@ -254,7 +237,7 @@ def _print_installer_plan(c: Any, plan: installer_src.InstallerPlan, local: Path
     info = plan.to_json(root=root, installed=installed, local=local, cached=installer_src.is_cached(cache_dir, plan),
                         extractor=extractor)
     if as_json:
-        _emit(info)
+        emit(info)
         return
     ins = plan.installer
     click.echo(f"CUDA {plan.version}  {plan.platform}  source installer  (component versions: {plan.manifest_origin})")
@@ -275,3 +258,6 @@ def _print_installer_plan(c: Any, plan: installer_src.InstallerPlan, local: Path
         click.echo(f"also             {', '.join(plan.shared_licenses)} (installer-wide license)")
     click.echo(f"extractor  {extractor if program else 'py7zr (no 7zz, 7z or 7zr on PATH)'}")
     click.echo(f"root  {root} ({'installed' if installed else 'not installed'})")
+
+
+COMMANDS: tuple[click.Command, ...] = (toolkit_group,)

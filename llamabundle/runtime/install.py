@@ -15,7 +15,7 @@ import os
 import re
 import secrets
 import shutil
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,14 +23,14 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
-from .. import scratch
+from .. import platforms, scratch
 from ..archive import extract_zip
 from ..bundle import read_manifest
 from ..bundle.manifest import Expect, Manifest, trust
 from ..errors import StoreError, UsageError, VerifyError, disk_fix
 from ..log import Log
+from ..settings import Settings
 from ..store.base import Entry, Store
-from ..verify import host_platform_name
 from . import Reason, utc_timestamp, write_atomic
 
 BUNDLES = "bundles"
@@ -47,13 +47,12 @@ class BundleInvalid(VerifyError):
     reason = Reason.BUNDLE_INVALID
 
 
-def data_root(env: Mapping[str, str], dest: Path | None = None) -> Path:
-    """Where bundles are installed: --dest, else $LLAMABUNDLE_DATA_DIR, else the user data directory."""
+def data_root(settings: Settings, dest: Path | None = None) -> Path:
+    """Where bundles are installed: --dest, else settings.data_dir ($LLAMABUNDLE_DATA_DIR, else the user data
+    directory)."""
     if dest is not None:
         return dest.expanduser().resolve()
-    import platformdirs
-
-    return Path(env.get("LLAMABUNDLE_DATA_DIR") or platformdirs.user_data_dir("llamabundle", appauthor=False)).expanduser().resolve()
+    return settings.data_dir
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -148,7 +147,7 @@ def install_bundle(store: Store, key: str, *, root: Path, log: Log, commit: str 
         raise _invalid(key, f"the store names it {name!r}, which is not a usable bundle name")
     try:
         with _slot_lock(root, name, doing="installing or removing"):
-            return _install_locked(store, entry, root / BUNDLES / name, log=log, platform=platform or host_platform_name(),
+            return _install_locked(store, entry, root / BUNDLES / name, log=log, platform=platform or platforms.host_name(),
                                    commit=commit, toolkit=toolkit, hook=hook or (lambda _point: None))
     except OSError as e:
         raise _os_error(f"cannot install {name} into {root}", e) from None

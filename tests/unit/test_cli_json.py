@@ -33,8 +33,9 @@ from llamabundle.cli import cli
 from llamabundle.cli.output import wants_json
 from llamabundle.errors import UsageError
 from llamabundle.pipeline import BuildOutcome
-from llamabundle.recipe import Settings, load_recipe
+from llamabundle.recipe import load_recipe
 from llamabundle.runtime import parse_utc_timestamp, utc_timestamp
+from llamabundle.settings import Settings
 from llamabundle.verify import VerifyReport
 
 SCHEMAS = resources.files("llamabundle.data") / "schemas"

@@ -42,6 +42,7 @@ from llamabundle.runtime.install import (
     list_installed,
     uninstall,
 )
+from llamabundle.settings import Settings
 from llamabundle.store.local import SUMS, LocalStore
 from tests import bundles as tb
 
@@ -184,9 +185,10 @@ def test_uninstall_removes_nothing_when_the_install_changed_before_it_got_the_lo
 
 
 def test_data_root_prefers_dest_then_the_environment(tmp_path: Path) -> None:
-    assert data_root({"LLAMABUNDLE_DATA_DIR": str(tmp_path / "env")}, tmp_path / "dest") == tmp_path / "dest"
-    assert data_root({"LLAMABUNDLE_DATA_DIR": str(tmp_path / "env")}) == tmp_path / "env"
-    assert data_root({}).name == "llamabundle"
+    env = Settings.from_env({"LLAMABUNDLE_DATA_DIR": str(tmp_path / "env")})
+    assert data_root(env, tmp_path / "dest") == tmp_path / "dest"
+    assert data_root(env) == tmp_path / "env"
+    assert data_root(Settings.from_env({})).name == "llamabundle"
 
 
 def test_a_missing_key_is_a_usage_error(tmp_path: Path, store: LocalStore) -> None:

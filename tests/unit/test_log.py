@@ -3,16 +3,18 @@ one annotation (what, why, fix; file/line/col when known). Elsewhere the plain `
 
 from __future__ import annotations
 
+import hashlib
 import io
 from pathlib import Path
 
 import pytest
+from clirun import run
 from rich.console import Console
 
 from llamabundle.errors import BuildError, LlamaBundleError, RecipeError
-from llamabundle.log import Log, escape_data, escape_property, workflow_command
-from llamabundle.recipe import Settings, load_recipe
-from clirun import run
+from llamabundle.log import Log, actions_report, escape_data, escape_property, workflow_command
+from llamabundle.recipe import load_recipe
+from llamabundle.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 LINUX = ROOT / "recipes" / "linux-x86_64-cpu.yaml"
@@ -123,16 +125,6 @@ def test_outside_actions_the_text_is_as_before() -> None:
     assert "::" not in out
 
 
-def test_the_annotation_file_is_relative_to_the_workspace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("GITHUB_WORKSPACE", str(tmp_path))
-    log, buf = capture()
-    log.error(RecipeError("x", file=str(tmp_path / "recipes" / "a.yaml"), line=1, col=1))
-    log.error(RecipeError("y", file="/elsewhere/b.yaml", line=1, col=1))
-    lines = buf.getvalue().splitlines()
-    assert lines[0].startswith("::error file=recipes/a.yaml,line=1,col=1,")
-    assert lines[1].startswith("::error file=/elsewhere/b.yaml,line=1,col=1,")
-
-
 # ------------------------------------------------------------------------- recipe lint, real CLI
 
 
@@ -200,3 +192,20 @@ def test_github_api_url_is_honoured(tmp_path: Path) -> None:
     override = {**ghes, "LLAMABUNDLE_GITHUB_API_URL": "http://127.0.0.1:9/"}
     assert Settings.from_env(override).github_api_url == "http://127.0.0.1:9"
     assert Settings.from_env({**ghes, "LLAMABUNDLE_GITHUB_API_URL": ""}).github_api_url == "https://ghe.example.com/api/v3"
+
+
+# ------------------------------------------------------------------ step outputs and step summary
+
+
+def test_actions_report_writes_step_outputs_and_one_summary_row_each(tmp_path: Path) -> None:
+    out, summary, zip_path = tmp_path / "out.txt", tmp_path / "summary.md", tmp_path / "b.zip"
+    zip_path.write_bytes(b"x" * 1_500_000)
+    key = "ab" * 32
+    actions_report(output=out, summary=summary, key=key, hit=False, location=None)
+    actions_report(output=out, summary=summary, key=key, hit=False, location="/s/b.zip", zip_path=zip_path)
+    actions_report(output=None, summary=None, key=key, hit=True, location="x")  # outside Actions: nothing
+    assert out.read_bytes() == f"key={key}\nhit=false\nlocation=\nkey={key}\nhit=false\nlocation=/s/b.zip\n".encode()
+    sha = hashlib.sha256(zip_path.read_bytes()).hexdigest()
+    assert summary.read_text(encoding="utf-8").splitlines() == [
+        "| key | result | size | sha256 |", "|---|---|---|---|",
+        "| `abababababab` | miss |  |  |", f"| `abababababab` | built | 1.5 MB | `{sha}` |"]

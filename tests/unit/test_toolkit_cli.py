@@ -255,8 +255,6 @@ def test_concurrent_installs_from_two_processes_make_one_root(cli_repo: Repo, re
 
 
 def test_pypi_plan_lists_the_pinned_wheels(capsys: pytest.CaptureFixture[str]) -> None:
-    from llamabundle.cli import main
-
     with pytest.raises(SystemExit) as e:
         main(["toolkit", "plan", "--source", "pypi", "--version", "13.0.2", "--components", "cuda_nvcc,cuda_cudart", "--json"])
     assert e.value.code == 0

@@ -1,11 +1,18 @@
-"""Path arguments of the CLI that are checked before anything opens them."""
+"""click parameters that several commands share: `--json`, `--store`, the RECIPE argument, and `InputFile`
+(a file argument that is checked before anything opens it)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 import click
+
+JSON_OPT = click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON (schema 1) on stdout.")
+STORE_OPT = click.option("--store", "store_url", metavar="URL",
+                         help="Bundle store: a directory, file://DIR or github:OWNER/REPO (default: $LLAMABUNDLE_STORE or <cache>/store).")
+RECIPE_ARG = click.argument("recipe_path", metavar="RECIPE", type=click.Path(dir_okay=False, path_type=Path))
 
 
 class InputFile(click.Path):
@@ -17,7 +24,7 @@ class InputFile(click.Path):
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         rv = super().convert(value, param, ctx)
-        p = Path(rv)
+        p = Path(os.fsdecode(rv))
         if p.exists() and not p.is_file():
             self.fail(f"{p} is not a regular file (a FIFO, device or socket)", param, ctx)
         return rv

@@ -1,0 +1,151 @@
+"""`llamabundle check | build | fetch | verify | publish`: a recipe's bundle in the store, built, fetched,
+verified and published.
+
+click only: parse, call llamabundle.pipeline or llamabundle.verify, print, exit code (a miss of `check`
+is exit 1)."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from ..lazy import lazy_import
+from ..recipe import load_recipe
+from .context import Ctx, pass_ctx
+from .options import JSON_OPT, RECIPE_ARG, STORE_OPT
+from .output import emit
+
+if TYPE_CHECKING:
+    from .. import pipeline
+    from .. import verify as verify_mod
+else:
+    pipeline = lazy_import("llamabundle.pipeline")
+    verify_mod = lazy_import("llamabundle.verify")
+
+LEVELS = ("static", "load", "gpu")  # verify.Level, spelled out so that the CLI starts without importing it
+
+
+@click.command()
+@RECIPE_ARG
+@STORE_OPT
+@JSON_OPT
+@pass_ctx
+def check(c: Ctx, recipe_path: Path, store_url: str | None, as_json: bool) -> None:
+    """Is a bundle for this recipe's inputs in the store? Exit 0 on a hit, 1 on a miss."""
+    r = load_recipe(recipe_path, env=c.env)
+    store = c.store(store_url, r)
+    entry = store.lookup(r.key())
+    c.actions_report(key=r.key(), hit=entry is not None, location=entry.location if entry else None)
+    if as_json:
+        emit({"schema": 1, "key": r.key(), "hit": entry is not None, "store": store.url,
+              "location": entry.location if entry else None})
+    elif entry:
+        click.echo(f"hit   {r.key()}  {entry.location}")
+    else:
+        click.echo(f"miss  {r.key()}  not in {store.url}")
+    raise SystemExit(0 if entry else 1)
+
+
+@click.command()
+@RECIPE_ARG
+@STORE_OPT
+@click.option("--force", is_flag=True, help="Build even when the store has this key.")
+@click.option("--publish/--no-publish", default=None,
+              help="Store the result (default: yes for a local directory store, no for github:).")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), help="Leave the unpacked bundle in this new directory.")
+@click.option("--jobs", "-j", type=click.IntRange(1), help="Parallel compile jobs (default: ninja's).")
+@click.option("--clean", is_flag=True, help="Remove the cached build directory first.")
+@click.option("--toolkit-source", type=click.Choice(["redist", "pypi", "installer", "system"]),
+              help="Where the CUDA toolkit comes from, overriding cuda.source (not part of the key).")
+@click.option("--check-reproducible", is_flag=True,
+              help="Build, then build again from the source copied elsewhere in a new build directory; "
+                   "exit 5 naming the files (and first offsets) that differ unless both zips are identical.")
+@JSON_OPT
+@pass_ctx
+def build(c: Ctx, recipe_path: Path, store_url: str | None, force: bool, publish: bool | None, out: Path | None,
+          jobs: int | None, clean: bool, toolkit_source: str | None, check_reproducible: bool, as_json: bool) -> None:
+    """Build the recipe's bundle, or fetch and verify it when the store already has it."""
+    r = load_recipe(recipe_path, env=c.env)
+    store = c.store(store_url, r)
+    if publish is None:  # a local directory store is a cache: fill it; a remote one only when asked
+        from ..store.local import LocalStore
+
+        publish = isinstance(store, LocalStore)
+    outcome = pipeline.build(r, settings=c.settings, store=store, log=c.log, env=c.env, force=force,
+                             publish=publish, out=out, jobs=jobs, clean=clean,
+                             toolkit_source=toolkit_source, check_reproducible=check_reproducible)
+    c.actions_report(key=outcome.key, hit=outcome.hit, location=outcome.location, zip_path=outcome.zip_path)
+    if as_json:
+        emit(outcome.to_json())
+        return
+    what = "cache hit, verified" if outcome.hit else "built and verified"
+    click.echo(f"{what}: {outcome.zip_path}")
+    if outcome.reproducible:
+        click.echo(f"reproducible: a second build elsewhere gave the same zip (sha256 {outcome.reproducible['sha256']})")
+    if outcome.location and not outcome.hit:
+        click.echo(f"stored: {outcome.location}")
+
+
+@click.command()
+@click.argument("what", metavar="RECIPE|KEY")
+@STORE_OPT
+@click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path), help="New directory to unpack into.")
+@click.option("--level", type=click.Choice(LEVELS), default="static", show_default=True,
+              help="Verification level (load runs llama-server from the bundle; gpu also wants a CUDA device).")
+@JSON_OPT
+@pass_ctx
+def fetch(c: Ctx, what: str, store_url: str | None, out: Path, level: str, as_json: bool) -> None:
+    """Fetch a bundle from the store, verify it and unpack it (download, sha256 and unpack in one pass)."""
+    is_key = re.fullmatch(r"[0-9a-f]{64}", what) is not None and not os.path.exists(what)
+    r = None if is_key else load_recipe(Path(what), env=c.env)  # anything else is a recipe path (exit 2 if not)
+    key_ = what if r is None else r.key()
+    outcome = pipeline.fetch(key_, store=c.store(store_url, r), settings=c.settings, log=c.log, out=out,
+                             level=verify_mod.Level(level), expect=pipeline.expect_for(r) if r is not None else None)
+    if as_json:
+        emit(outcome.to_json(fetch=True))
+        return
+    click.echo(f"fetched and verified: {outcome.out_dir}")
+
+
+@click.command()
+@click.argument("path", metavar="BUNDLE", type=click.Path(path_type=Path))
+@click.option("--level", type=click.Choice(LEVELS), default="static", show_default=True,
+              help="static: manifest, imports, GPU archs; load: also run llama-server --list-devices from a copy; "
+                   "gpu: also a CUDA device must be listed (skipped without an NVIDIA driver).")
+@click.option("--require-gpu", is_flag=True, help="Fail, rather than skip, the gpu level when no GPU is usable.")
+@JSON_OPT
+@pass_ctx
+def verify(c: Ctx, path: Path, level: str, require_gpu: bool, as_json: bool) -> None:
+    """Verify a bundle zip or directory."""
+    report = verify_mod.verify_bundle(path, level=verify_mod.Level(level), require_gpu=require_gpu,
+                                      cache_dir=c.settings.cache_dir)
+    if as_json:
+        emit(report.to_json())
+        return
+    click.echo(f"verified {path}: {report.files} files, {report.bytes / 1e6:.1f} MB, key {report.key[:12]}")
+    for line in report.lines():
+        click.echo(f"  {line}")
+
+
+@click.command()
+@click.argument("path", metavar="BUNDLE.zip", type=click.Path(dir_okay=False, exists=True, path_type=Path))
+@STORE_OPT
+@JSON_OPT
+@pass_ctx
+def publish(c: Ctx, path: Path, store_url: str | None, as_json: bool) -> None:
+    """Verify a bundle zip and publish it to the store."""
+    store = c.store(store_url)
+    report, done = pipeline.publish_zip(path, store=store, settings=c.settings)
+    if as_json:
+        emit({"key": report.key, "created": done.created, "store": store.url, "location": done.entry.location,
+              "verify": report.to_json()})
+        return
+    state = "published" if done.created else "already published"
+    click.echo(f"{state}: {report.key} -> {done.entry.location}")
+
+
+COMMANDS: tuple[click.Command, ...] = (check, build, fetch, verify, publish)

@@ -1,0 +1,45 @@
+"""What every command gets from the top group: `Ctx` (the environment read once, the settings, the log, the
+store) and `pass_ctx`, the decorator that hands it to a command as its first argument."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import click
+
+from ..log import Log, actions_report
+from ..recipe import Recipe
+from ..settings import Settings
+from ..store import Store, open_store
+
+
+def environment() -> dict[str, str]:
+    """The process environment, read once per command line: the CLI's only look at `os.environ`. Settings
+    are read from it, and child processes (cmake, git, nvcc) inherit it."""
+    return dict(os.environ)
+
+
+class Ctx:
+    """The state of one command line: the environment read once, the Settings from it, and the Log."""
+
+    def __init__(self, *, debug: bool, quiet: bool) -> None:
+        self.env = environment()
+        self.settings = Settings.from_env(self.env)
+        self.log = Log(quiet=quiet, github_actions=self.settings.github_actions,
+                       workspace=self.settings.github_workspace)
+        self.debug = debug
+
+    def store(self, url: str | None, recipe: Recipe | None = None) -> Store:
+        """The store; given the recipe, a GitHub store looks its release up by the recipe's tag."""
+        return open_store(url or self.settings.store or str(self.settings.cache_dir / "store"),
+                          settings=self.settings, log=self.log, tags={recipe.key(): recipe.tag()} if recipe else None)
+
+    def actions_report(self, *, key: str, hit: bool, location: str | None, zip_path: Path | None = None) -> None:
+        """Under GitHub Actions: the step outputs and the step summary's row of this key (log.actions_report)."""
+        actions_report(output=self.settings.github_output, summary=self.settings.github_step_summary,
+                       key=key, hit=hit, location=location, zip_path=zip_path)
+
+
+pass_ctx = click.make_pass_decorator(Ctx)
+"""Pass the command line's Ctx (set by the top group) as a command's first argument."""

@@ -1,0 +1,94 @@
+"""The `llamabundle` command line: the top group and its global options (`--debug`, `--quiet`, `--version`),
+the registration of every command module's commands, and `main()`, which runs a command line and turns
+each kind of failure into its one message on stderr and its exit code (2 usage, 70 a bug, 130 interrupted;
+LlamaBundleError its own). Under --json a failure's JSON object is printed on stdout too (cli.output)."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import traceback
+from typing import NoReturn
+
+import click
+
+from .. import __version__
+from ..errors import LlamaBundleError, from_os_error
+from ..log import Log
+from ..settings import Settings
+from . import app, archs, bundles, deps, plan, recipes, toolkit
+from .context import Ctx, environment
+from .output import emit_failure, wants_json
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="llamabundle")
+@click.option("--debug", is_flag=True, help="Show tracebacks on errors.")
+@click.option("--quiet", "-q", is_flag=True, help="Only errors and results.")
+@click.pass_context
+def cli(ctx: click.Context, debug: bool, quiet: bool) -> None:
+    """Build, verify, cache and publish llama.cpp binary bundles from YAML recipes."""
+    ctx.obj = Ctx(debug=debug, quiet=quiet)
+
+
+for command in (*recipes.COMMANDS, *bundles.COMMANDS, *toolkit.COMMANDS, *archs.COMMANDS, *app.COMMANDS,
+                *plan.COMMANDS, *deps.COMMANDS):
+    cli.add_command(command)
+
+
+def _run(args: list[str]) -> None:
+    """The command; under --json a failure also prints its JSON object on stdout (then main() reports it)."""
+    try:
+        try:
+            cli.main(args=args, prog_name="llamabundle", standalone_mode=False)
+        except OSError as e:  # a full, read-only or missing disk path that no step named: still one clear message
+            raise from_os_error(e) from e
+    except SystemExit:
+        raise
+    except BaseException as e:
+        if wants_json(args):
+            emit_failure(e)
+        raise
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # SIGTERM (a CI cancel, `kill`) cleans up as Ctrl-C does: children ended, exit 130
+
+
+def main(argv: list[str] | None = None) -> NoReturn:
+    """Run `llamabundle` with `argv` (default: sys.argv[1:]) and exit with the command's exit code."""
+    args = sys.argv[1:] if argv is None else argv
+    if argv is None and hasattr(signal, "SIGTERM"):
+        signal.signal(signal.SIGTERM, _terminated)
+    try:  # for how an error is printed; a bad setting is reported by the command itself
+        settings: Settings | None = Settings.from_env(environment())
+    except LlamaBundleError:
+        settings = None
+    debug = "--debug" in args or (settings is not None and settings.debug)
+    try:
+        _run(args)
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 0
+    except click.exceptions.Abort:
+        click.echo("interrupted", err=True)
+        code = 130
+    except KeyboardInterrupt:
+        click.echo("interrupted", err=True)
+        code = 130
+    except click.ClickException as e:
+        e.show()
+        code = 2 if isinstance(e, click.UsageError) else e.exit_code
+    except LlamaBundleError as e:
+        Log(github_actions=settings is not None and settings.github_actions,
+            workspace=settings.github_workspace if settings is not None else None).error(e)
+        if debug:
+            traceback.print_exc()
+        code = e.exit_code
+    except Exception as e:  # a bug in llamabundle: say so plainly
+        click.echo(f"internal error: {type(e).__name__}: {e}", err=True)
+        click.echo("  this is a bug in llamabundle; rerun with --debug and report the traceback", err=True)
+        if debug:
+            traceback.print_exc()
+        code = 70
+    sys.exit(code)

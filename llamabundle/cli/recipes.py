@@ -1,0 +1,131 @@
+"""`llamabundle recipe lint|list|schema`, `show` and `key`: commands that read recipes and run nothing.
+
+click only: parse, call llamabundle.recipe (and pipeline.show_plan), print, exit code."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from ..errors import LlamaBundleError
+from ..lazy import lazy_import
+from ..recipe import canonical_json, json_schema, load_recipe, shipped_recipes
+from .context import Ctx, pass_ctx
+from .options import JSON_OPT, RECIPE_ARG
+from .output import emit, error_json
+
+if TYPE_CHECKING:
+    from .. import pipeline
+    from .. import source as source_mod
+else:
+    pipeline = lazy_import("llamabundle.pipeline")
+    source_mod = lazy_import("llamabundle.source")
+
+
+@click.group()
+def recipe() -> None:
+    """Recipe tools."""
+
+
+@recipe.command("lint")
+@click.argument("paths", metavar="RECIPE...", nargs=-1, required=True, type=click.Path(path_type=Path))
+@JSON_OPT
+@pass_ctx
+def recipe_lint(c: Ctx, paths: tuple[Path, ...], as_json: bool) -> None:
+    """Check recipes against schema 1; exit 2 on the first problem of any file."""
+    failed: list[LlamaBundleError] = []
+    results: list[dict[str, Any]] = []
+    for p in paths:
+        try:
+            r = load_recipe(p, env=c.env)
+        except LlamaBundleError as e:
+            c.log.error(e)  # the error itself: under GitHub Actions an annotation at its file, line and column
+            failed.append(e)
+            results.append({"path": str(p), "ok": False, "name": None, "key": None, "error": error_json(e)})
+            continue
+        results.append({"path": str(p), "ok": True, "name": r.name, "key": r.key(), "error": None})
+        if not as_json:
+            click.echo(f"ok  {p}  ({r.name}, key {r.key()[:12]})")
+    if as_json:  # one object, also on failure: the first problem is its error
+        emit({"recipes": results, **({"error": error_json(failed[0])} if failed else {})}, ok=not failed)
+    if failed:
+        raise SystemExit(failed[0].exit_code)
+
+
+@recipe.command("list")
+@JSON_OPT
+@pass_ctx
+def recipe_list(c: Ctx, as_json: bool) -> None:
+    """The recipes that ship with llamabundle (any RECIPE argument takes their name)."""
+    rows: list[dict[str, Any]] = []
+    for name, path in shipped_recipes().items():
+        r = load_recipe(path, env=c.env)
+        rows.append({"name": name, "path": str(path), "platform": r.platform, "backends": list(r.backends),
+                     "compiler": r.toolchain.compiler, "cuda": r.cuda.toolkit if r.cuda else None})
+    if as_json:
+        emit({"recipes": rows})
+        return
+    for row in rows:
+        cuda = f", CUDA {row['cuda']}" if row["cuda"] else ""
+        click.echo(f"{row['name']:28} {row['platform']:16} {'+'.join(row['backends'])} ({row['compiler']}{cuda})")
+
+
+@recipe.command("schema")
+def recipe_schema() -> None:
+    """Print the recipe's JSON schema."""
+    click.echo(json.dumps(json_schema(), indent=2, sort_keys=True))  # the schema itself, not a report
+
+
+@click.command()
+@RECIPE_ARG
+@JSON_OPT
+@pass_ctx
+def show(c: Ctx, recipe_path: Path, as_json: bool) -> None:
+    """Show a recipe, its key and its build plan (nothing is run)."""
+    r = load_recipe(recipe_path, env=c.env)
+    from ..build import locate_tools
+
+    plan = pipeline.show_plan(r, c.settings, locate_tools(path=c.env.get("PATH")))
+    data: dict[str, Any] = {"schema": 1, "name": r.name, "key": r.key(), "tag": r.tag(), "platform": r.platform,
+                            "commit": r.llama_cpp.commit, "backends": list(r.backends), "driver_floor": r.driver_floor,
+                            "sources": [source_mod.describe(s) for s in r.llama_cpp.sources],
+                            "plan": plan.to_json()}
+    if as_json:
+        emit(data)
+        return
+    click.echo(f"recipe    {recipe_path} ({r.name})")
+    click.echo(f"platform  {r.platform}   backends {', '.join(r.backends)}   compiler {r.toolchain.compiler}")
+    click.echo(f"llama.cpp {r.llama_cpp.commit}  from {' | '.join(data['sources'])}")
+    if r.cuda:
+        click.echo(f"cuda      {r.cuda.toolkit} ({r.cuda.source}); archs {' '.join(r.cuda.archs)}; driver >= {r.driver_floor}")
+    click.echo(f"key       {data['key']}")
+    click.echo(f"tag       {data['tag']}")
+    for path, _text in plan.files:
+        click.echo(f"writes    {path}")
+    click.echo("configure " + shlex.join(plan.configure))
+    click.echo("build     " + shlex.join(plan.build))
+    click.echo("bundle    " + ", ".join(plan.programs + plan.backends))
+
+
+@click.command()
+@RECIPE_ARG
+@click.option("--explain", is_flag=True, help="Print the canonical JSON the key is the sha256 of.")
+@JSON_OPT
+@pass_ctx
+def key(c: Ctx, recipe_path: Path, explain: bool, as_json: bool) -> None:
+    """Print the recipe's cache key."""
+    r = load_recipe(recipe_path, env=c.env)
+    if as_json:
+        emit({"schema": 1, "key": r.key(), "inputs": r.key_inputs()})
+    elif explain:
+        click.echo(canonical_json(r.key_inputs()))
+        click.echo(f"sha256 = {r.key()}")
+    else:
+        click.echo(r.key())
+
+
+COMMANDS: tuple[click.Command, ...] = (recipe, show, key)

@@ -1,0 +1,139 @@
+"""Run-time settings: the one module that reads environment values into frozen ``Settings``.
+
+The CLI snapshots ``os.environ`` once and calls ``Settings.from_env`` with it; everything downstream gets
+the values (a Settings, or one of its fields) and never looks at ``os.environ`` itself. A bad number is a
+UsageError naming the variable (exit 2), never a traceback.
+
+Variables read here (field in brackets):
+
+LLAMABUNDLE_CACHE_DIR           [cache_dir] cache root: sources, downloads, build trees, toolkits, out/, the
+                                default store (default: the platform's user cache dir)
+LLAMABUNDLE_DATA_DIR            [data_dir] install root of `install`, `list`, `uninstall`, `probe`, `doctor`
+                                (default: the platform's user data dir)
+LLAMABUNDLE_STORE               [store] the default store when no --store is given (else <cache>/store)
+LLAMABUNDLE_DEBUG               [debug] "1": print the traceback of a failure, as --debug does
+LLAMABUNDLE_GITHUB_ARCHIVE_URL  [github_archive_url] base URL of the `github:` source's archive endpoint
+LLAMABUNDLE_GITHUB_API_URL      [github_api_url] API base of the `github:` store; before GITHUB_API_URL
+GITHUB_API_URL                  [github_api_url] set by Actions runners (GHES: https://HOST/api/v3)
+GITHUB_TOKEN, GH_TOKEN          [github_token] the `github:` store's token, GITHUB_TOKEN first (never printed)
+LLAMABUNDLE_PIP_INDEX_URL       [pip_index_url] index of the `pypi:` source and the PyPI toolkit wheels
+LLAMABUNDLE_CUDA_REDIST_URL     [cuda_redist_url] mirror of NVIDIA's CUDA redist tree
+LLAMABUNDLE_CUDA_INSTALLER      [cuda_installer] a local copy of NVIDIA's Windows installer for
+                                `cuda.source: installer`, instead of the pinned URL
+LLAMABUNDLE_CUDA_INSTALLER_SHA256 [cuda_installer_sha256] its sha256, needed when the version has no pin
+LLAMABUNDLE_CONNECT_TIMEOUT     [connect_timeout] seconds to wait for a connection (> 0, default 10)
+LLAMABUNDLE_BUILD_TIMEOUT       [build_timeout] seconds one cmake configure or build may run (> 0,
+                                default 21600)
+SOURCE_DATE_EPOCH               [source_date_epoch] timestamp of built_at and the zip's entries (default:
+                                the pinned commit's date)
+GITHUB_ACTIONS                  [github_actions] "true": groups, annotations, step outputs and summary
+GITHUB_OUTPUT                   [github_output] step outputs file (only under GITHUB_ACTIONS=true)
+GITHUB_STEP_SUMMARY             [github_step_summary] step summary file (only under GITHUB_ACTIONS=true)
+GITHUB_WORKSPACE                [github_workspace] the checkout: annotation paths are made relative to it
+
+Not settings: the environment of child processes (PATH, CUDA_PATH, the MSVC developer variables, …) is the
+CLI's snapshot, passed down as an ``env`` mapping to the code that runs or finds programs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TypeVar
+
+from .errors import UsageError
+
+DEFAULT_GITHUB_ARCHIVE_URL = "https://codeload.github.com"
+DEFAULT_GITHUB_API_URL = "https://api.github.com"
+DEFAULT_CUDA_REDIST_URL = "https://developer.download.nvidia.com/compute/cuda/redist"
+DEFAULT_CONNECT_TIMEOUT = 10.0
+DEFAULT_BUILD_TIMEOUT = 6 * 3600.0
+
+_N = TypeVar("_N", int, float)
+
+
+def default_data_dir() -> Path:
+    """The install root without LLAMABUNDLE_DATA_DIR: the platform's user data directory."""
+    import platformdirs
+
+    return Path(platformdirs.user_data_dir("llamabundle", appauthor=False)).expanduser().resolve()
+
+
+@dataclass(frozen=True, kw_only=True)
+class Settings:
+    """Run-time settings from the environment (see the module docstring), read once by the CLI."""
+
+    cache_dir: Path
+    data_dir: Path = field(default_factory=default_data_dir)
+    store: str | None = None  # $LLAMABUNDLE_STORE: the default store URL
+    debug: bool = False  # $LLAMABUNDLE_DEBUG=1
+    github_archive_url: str = DEFAULT_GITHUB_ARCHIVE_URL
+    github_api_url: str = DEFAULT_GITHUB_API_URL
+    github_token: str | None = None
+    pip_index_url: str | None = None
+    source_date_epoch: int | None = None
+    github_actions: bool = False
+    github_output: Path | None = None  # $GITHUB_OUTPUT: key=value lines for later steps
+    github_step_summary: Path | None = None  # $GITHUB_STEP_SUMMARY: markdown shown on the run's page
+    github_workspace: Path | None = None  # $GITHUB_WORKSPACE: the checkout, for annotation paths
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
+    cuda_redist_url: str = DEFAULT_CUDA_REDIST_URL
+    cuda_installer: Path | None = None  # $LLAMABUNDLE_CUDA_INSTALLER: a local copy of the Windows installer
+    cuda_installer_sha256: str | None = None  # $LLAMABUNDLE_CUDA_INSTALLER_SHA256
+    build_timeout: float = DEFAULT_BUILD_TIMEOUT  # seconds one cmake configure or build may run before it is stopped
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> Settings:
+        def number(name: str, kind: Callable[[str], _N], default: _N | None, ok: Callable[[_N], bool],
+                   wanted: str) -> _N | None:
+            """The variable's value as a number; a bad one is a usage error naming it (never a traceback)."""
+            raw = (env.get(name) or "").strip()
+            if not raw:
+                return default
+            try:
+                value: _N | None = kind(raw)
+            except ValueError:
+                value = None
+            if value is None or not ok(value):
+                raise UsageError(f"{name}={env.get(name)!r} is not {wanted}",
+                                 why=f"{name} is read from the environment", fix=f"set {name} to {wanted}, or unset it")
+            return value
+
+        def seconds(name: str, default: float, wanted: str) -> float:
+            value = number(name, float, default, lambda v: 0 < v < float("inf"), wanted)
+            assert value is not None
+            return value
+
+        import platformdirs
+
+        cache = env.get("LLAMABUNDLE_CACHE_DIR") or platformdirs.user_cache_dir("llamabundle", appauthor=False)
+        data = env.get("LLAMABUNDLE_DATA_DIR")
+        sde = number("SOURCE_DATE_EPOCH", int, None, lambda v: v >= 0, "a Unix timestamp (whole seconds, e.g. 1700000000)")
+        actions = env.get("GITHUB_ACTIONS") == "true"
+        installer = env.get("LLAMABUNDLE_CUDA_INSTALLER")
+        workspace = env.get("GITHUB_WORKSPACE")
+        return cls(
+            cache_dir=Path(cache).expanduser().resolve(),
+            data_dir=Path(data).expanduser().resolve() if data else default_data_dir(),
+            store=env.get("LLAMABUNDLE_STORE") or None,
+            debug=env.get("LLAMABUNDLE_DEBUG") == "1",
+            github_archive_url=env.get("LLAMABUNDLE_GITHUB_ARCHIVE_URL", DEFAULT_GITHUB_ARCHIVE_URL).rstrip("/"),
+            # GITHUB_API_URL: set by GitHub Actions runners (GitHub Enterprise Server: https://HOST/api/v3)
+            github_api_url=(env.get("LLAMABUNDLE_GITHUB_API_URL") or env.get("GITHUB_API_URL")
+                            or DEFAULT_GITHUB_API_URL).rstrip("/"),
+            github_token=env.get("GITHUB_TOKEN") or env.get("GH_TOKEN") or None,
+            pip_index_url=env.get("LLAMABUNDLE_PIP_INDEX_URL") or None,
+            source_date_epoch=sde,
+            github_actions=actions,
+            github_output=Path(env["GITHUB_OUTPUT"]) if actions and env.get("GITHUB_OUTPUT") else None,
+            github_step_summary=Path(env["GITHUB_STEP_SUMMARY"]) if actions and env.get("GITHUB_STEP_SUMMARY") else None,
+            github_workspace=Path(workspace) if workspace else None,
+            connect_timeout=seconds("LLAMABUNDLE_CONNECT_TIMEOUT", DEFAULT_CONNECT_TIMEOUT,
+                                    "a number of seconds greater than 0 (e.g. 10)"),
+            cuda_redist_url=env.get("LLAMABUNDLE_CUDA_REDIST_URL", DEFAULT_CUDA_REDIST_URL).rstrip("/"),
+            cuda_installer=Path(installer) if installer else None,
+            cuda_installer_sha256=env.get("LLAMABUNDLE_CUDA_INSTALLER_SHA256") or None,
+            build_timeout=seconds("LLAMABUNDLE_BUILD_TIMEOUT", DEFAULT_BUILD_TIMEOUT,
+                                  "a number of seconds greater than 0 (e.g. 21600)"),
+        )
