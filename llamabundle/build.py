@@ -6,16 +6,18 @@ import json
 import re
 import shutil
 import sysconfig
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
-from . import data, proc
+from . import backends, data, platforms, proc
+from .backends import Backend
 from .compilers import EXECUTABLES
 from .errors import BuildError, ToolchainError
 from .log import Log
+from .platforms import Platform
 from .recipe import Recipe
 
 STAMP = "llamabundle-configure.json"
@@ -50,33 +52,18 @@ class BuildPlan:
         return {k: (str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v) for k, v in d.items()}
 
 
-def cpu_variants(recipe: Recipe) -> tuple[str, ...]:
-    return tuple(v for v in recipe.all_cpu_variants() if v not in recipe.cpu_variants.exclude)
-
-
 def backend_targets(recipe: Recipe) -> tuple[str, ...]:
-    opts = recipe.cmake_options
-    targets: list[str] = []
-    if opts.get("GGML_CPU_ALL_VARIANTS") == "ON":
-        targets += [f"ggml-cpu-{v}" for v in cpu_variants(recipe)]
-    else:
-        targets.append("ggml-cpu")
-    if "cuda" in recipe.backends:
-        targets.append("ggml-cuda")
-    return tuple(targets)
-
-
-def library_file(recipe: Recipe, target: str) -> str:
-    return f"{target}.dll" if recipe.platform.startswith("windows") else f"lib{target}.so"
-
-
-def program_file(recipe: Recipe, target: str) -> str:
-    return f"{target}.exe" if recipe.platform.startswith("windows") else target
+    """The CMake targets of the recipe's backend modules, backend by backend (cpu first)."""
+    return tuple(t for b in backends.of(recipe) for t in b.targets(recipe))
 
 
 def plan_build(recipe: Recipe, *, source_dir: Path, build_dir: Path, tools: BuildTools, jobs: int | None = None,
-               cuda_root: Path | None = None) -> BuildPlan:
-    """Pure: the exact commands that build this recipe. Shown by `llamabundle show`."""
+               toolkit_roots: Mapping[str, Path] | None = None) -> BuildPlan:
+    """Pure: the exact commands that build this recipe, asked of its platform and backends. Shown by
+    `llamabundle show`. `toolkit_roots`: backend name -> the root of the toolkit prepared for it."""
+    platform = platforms.get(recipe.platform)
+    have = backends.of(recipe)
+    roots = toolkit_roots or {}
     cc, cxx = EXECUTABLES[recipe.toolchain.compiler]
     defs: dict[str, str] = {
         "CMAKE_BUILD_TYPE": "Release",
@@ -86,120 +73,65 @@ def plan_build(recipe: Recipe, *, source_dir: Path, build_dir: Path, tools: Buil
         "LLAMA_BUILD_NUMBER": str(data.llama_builds().get(recipe.llama_cpp.commit, 0)),
         "CMAKE_BUILD_RPATH_USE_ORIGIN": "ON",
         **recipe.cmake_options,
-        "GGML_CUDA": "ON" if "cuda" in recipe.backends else "OFF",
+        **{b.cmake_switch: "ON" if b in have else "OFF" for b in backends.REGISTRY.values() if b.cmake_switch},
     }
-    defs.update(_prefix_map_flags(recipe, defs, source_dir=source_dir, build_dir=build_dir))
-    if recipe.cuda is not None:
-        defs["CMAKE_CUDA_ARCHITECTURES"] = ";".join(recipe.cuda.archs)
-        if data.cuda_toolkits()[recipe.cuda.toolkit].get("compression") and "GGML_CUDA_COMPRESSION_MODE" not in defs:
-            defs["GGML_CUDA_COMPRESSION_MODE"] = "size"  # nvcc --compress-mode (12.8+): a 6x smaller ggml-cuda
-        if cuda_root is not None:
-            nvcc = "nvcc.exe" if recipe.platform.startswith("windows") else "nvcc"
-            defs["CUDAToolkit_ROOT"] = str(cuda_root)
-            defs["CMAKE_CUDA_COMPILER"] = str(cuda_root / "bin" / nvcc)
-    project_defs, files = _project_files(recipe, build_dir)
+    defs.update(_prefix_map_flags(recipe, defs, have, source_dir=source_dir, build_dir=build_dir))
+    for b in have:
+        defs.update(b.cmake_definitions(recipe, platform=platform, toolkit_root=roots.get(b.name)))
+    project_defs, files = _project_files(recipe, platform, have, build_dir)
     defs.update(project_defs)
     if tools.ccache:
-        for lang in ("C", "CXX") + (("CUDA",) if recipe.cuda else ()):
+        for lang in ("C", "CXX", *(lang for b in have for lang in b.languages)):
             defs[f"CMAKE_{lang}_COMPILER_LAUNCHER"] = tools.ccache
     configure = (tools.cmake, "-S", str(source_dir), "-B", str(build_dir), "-G", "Ninja",
                  f"-DCMAKE_MAKE_PROGRAM={tools.ninja}", *(f"-D{k}={v}" for k, v in defs.items()))
-    backends = backend_targets(recipe)
-    targets = tuple(recipe.targets) + backends
+    modules = backend_targets(recipe)
+    targets = tuple(recipe.targets) + modules
     build = (tools.cmake, "--build", str(build_dir), "--target", *targets)
     if jobs:
         build += ("--parallel", str(jobs))
     return BuildPlan(
         source_dir=source_dir, build_dir=build_dir, configure=configure, build=build, targets=targets,
-        programs=tuple(program_file(recipe, t) for t in recipe.targets),
-        backends=tuple(library_file(recipe, t) for t in backends),
+        programs=tuple(platform.program_file(t) for t in recipe.targets),
+        backends=tuple(platform.library_file(t) for t in modules),
         output_dir=build_dir / "bin",
         files=files,
     )
 
 
 PROJECT_INCLUDE = "llamabundle-project.cmake"
-MINGW_TOOLCHAIN = "llamabundle-mingw-toolchain.cmake"
-MINGW_COMPAT = "llamabundle-mingw-compat.h"
 
 
-def _project_files(recipe: Recipe, build_dir: Path) -> tuple[dict[str, str], tuple[tuple[str, str], ...]]:
-    """CMake files the tool writes into the build tree (and the cache variables that point at them): the
-    mingw toolchain file and compatibility header, and a project include (CMAKE_PROJECT_INCLUDE, read
-    after every project() call) that leaves out the recipe's excluded CPU variants and sets mingw's
-    compile definitions and module names. ggml has no switch for one variant: each variant is a MODULE
-    that `add_dependencies(ggml …)` ties to every program, so the include wraps add_dependencies to drop
-    the excluded ones from ggml's dependencies and from the default build; their sources are never
-    compiled. Nothing in the source tree is touched."""
-    defs: dict[str, str] = {}
-    files: list[tuple[str, str]] = []
-    include: list[str] = ["# Written by llamabundle (build.py): read after every project() call."]
-    if recipe.toolchain.compiler == "mingw":
-        mingw = data.load("mingw.json")
-        tc = mingw["toolchain"]
-        toolchain = build_dir / MINGW_TOOLCHAIN
-        compat = build_dir / MINGW_COMPAT
-        files.append((str(toolchain), "\n".join([
-            "# Written by llamabundle (data/mingw.json): cross-compile for Windows x86-64 with mingw-w64.",
-            f"set(CMAKE_SYSTEM_NAME {tc['system_name']})",
-            f"set(CMAKE_SYSTEM_PROCESSOR {tc['system_processor']})",
-            f"set(CMAKE_C_COMPILER {tc['c_compiler']})",
-            f"set(CMAKE_CXX_COMPILER {tc['cxx_compiler']})",
-            f"set(CMAKE_RC_COMPILER {tc['rc_compiler']})",
-            f"set(CMAKE_FIND_ROOT_PATH {tc['find_root_path']})",
-            "set(CMAKE_FIND_ROOT_PATH_MODE_PROGRAM NEVER)",
-            "set(CMAKE_FIND_ROOT_PATH_MODE_LIBRARY ONLY)",
-            "set(CMAKE_FIND_ROOT_PATH_MODE_INCLUDE ONLY)",
-            "set(CMAKE_FIND_ROOT_PATH_MODE_PACKAGE ONLY)", ""])))
-        files.append((str(compat), "\n".join(mingw["compat_header"]) + "\n"))
-        defs["CMAKE_TOOLCHAIN_FILE"] = str(toolchain)
-        include += ['set(CMAKE_SHARED_MODULE_PREFIX "")  # ggml loads ggml-<backend>*.dll',
-                    'set(CMAKE_SHARED_LIBRARY_PREFIX "")  # llama.dll, ggml.dll: the names MSVC bundles use',
-                    "if(CMAKE_CURRENT_SOURCE_DIR STREQUAL CMAKE_SOURCE_DIR)  # once; subdirectories inherit them",
-                    *(f"  add_compile_definitions({d})" for d in mingw["defines"]),
-                    f'  add_compile_options("$<$<COMPILE_LANGUAGE:C,CXX>:-include{compat.as_posix()}>")',
-                    "endif()"]
-    excluded = [f"ggml-cpu-{v}" for v in recipe.cpu_variants.exclude]
-    if excluded:
-        include += [
-            "get_property(_llamabundle_wrapped GLOBAL PROPERTY LLAMABUNDLE_ADD_DEPENDENCIES)",
-            "if(NOT _llamabundle_wrapped)  # wrap once: a second wrapper would call itself",
-            "  set_property(GLOBAL PROPERTY LLAMABUNDLE_ADD_DEPENDENCIES ON)",
-            "  function(add_dependencies target)  # cpu_variants.exclude",
-            "    set(_deps ${ARGN})",
-            '    if(target STREQUAL "ggml")',
-            f"      foreach(_dep {' '.join(excluded)})",
-            "        list(FIND _deps ${_dep} _at)",
-            "        if(NOT _at EQUAL -1)",
-            "          list(REMOVE_ITEM _deps ${_dep})",
-            "          set_target_properties(${_dep} PROPERTIES EXCLUDE_FROM_ALL ON)",
-            '          message(STATUS "llamabundle: CPU variant ${_dep} left out (cpu_variants.exclude)")',
-            "        endif()",
-            "      endforeach()",
-            "    endif()",
-            "    if(_deps)",
-            "      _add_dependencies(${target} ${_deps})",
-            "    endif()",
-            "  endfunction()",
-            "endif()"]
+def _project_files(recipe: Recipe, platform: Platform, have: Sequence[Backend],
+                   build_dir: Path) -> tuple[dict[str, str], tuple[tuple[str, str], ...]]:
+    """CMake files the tool writes into the build tree (and the cache variables that point at them): what
+    the platform's toolchain needs (the mingw toolchain file and compatibility header), and a project
+    include (CMAKE_PROJECT_INCLUDE, read after every project() call) with the platform's and the backends'
+    lines (mingw's module names and definitions; the recipe's excluded CPU variants). Nothing in the
+    source tree is touched."""
+    defs, files, lines = platform.cmake_setup(recipe, build_dir)
+    include = ["# Written by llamabundle (build.py): read after every project() call.", *lines]
+    for b in have:
+        include += b.project_include(recipe)
     if len(include) > 1:
-        files.append((str(build_dir / PROJECT_INCLUDE), "\n".join(include) + "\n"))
-        defs["CMAKE_PROJECT_INCLUDE"] = str(build_dir / PROJECT_INCLUDE)
+        files = [*files, (str(build_dir / PROJECT_INCLUDE), "\n".join(include) + "\n")]
+        defs = {**defs, "CMAKE_PROJECT_INCLUDE": str(build_dir / PROJECT_INCLUDE)}
     return defs, tuple(files)
 
 
-def _prefix_map_flags(recipe: Recipe, defs: dict[str, str], *, source_dir: Path, build_dir: Path) -> dict[str, str]:
+def _prefix_map_flags(recipe: Recipe, defs: dict[str, str], have: Sequence[Backend], *, source_dir: Path,
+                      build_dir: Path) -> dict[str, str]:
     """Where the source and the build tree lie must not show in the binaries (__FILE__, debug info): map
     them to fixed names, so that two builds in different places give the same bytes (gcc, clang, and
     nvcc's host compiler; MSVC has no such switch and its builds are not claimed reproducible)."""
     if recipe.toolchain.compiler == "msvc":
         return {}
-    maps = f"-ffile-prefix-map={source_dir}=/llama.cpp -ffile-prefix-map={build_dir}=/build"
-    out = {f"CMAKE_{lang}_FLAGS": f"{defs[f'CMAKE_{lang}_FLAGS']} {maps}".strip() if f"CMAKE_{lang}_FLAGS" in defs
-           else maps for lang in ("C", "CXX")}
-    if recipe.cuda is not None:
-        cuda = " ".join(f"-Xcompiler={m}" for m in maps.split())
-        out["CMAKE_CUDA_FLAGS"] = f"{defs.get('CMAKE_CUDA_FLAGS', '')} {cuda}".strip()
+    maps = [f"-ffile-prefix-map={source_dir}=/llama.cpp", f"-ffile-prefix-map={build_dir}=/build"]
+    joined = " ".join(maps)
+    out = {f"CMAKE_{lang}_FLAGS": f"{defs[f'CMAKE_{lang}_FLAGS']} {joined}".strip() if f"CMAKE_{lang}_FLAGS" in defs
+           else joined for lang in ("C", "CXX")}
+    for b in have:
+        out.update(b.prefix_map_flags(defs, maps))
     return out
 
 

@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -33,6 +34,11 @@ KILL_GRACE = 5.0  # seconds between SIGTERM and SIGKILL of a process group
 DEFAULT_TIMEOUT = 3600.0  # seconds: no child runs unbounded; long steps (builds) pass their own
 ORPHAN_GRACE = 1.0  # seconds the output may stay open after the child exited (then its group is ended)
 _EOF = object()
+
+
+class Timeout(subprocess.TimeoutExpired):
+    """A child of `capture` or `run_until` ran past its timeout (its process group was ended). `output` and
+    `stderr` hold what it printed until then. Callers catch this, never subprocess's own class."""
 
 
 def which(program: str, *, path: str | None = None, purpose: str = "", fix: str = "") -> str:
@@ -244,25 +250,24 @@ def _tail_block(tail: collections.deque[str], log_path: Path | None) -> str:
 def capture(argv: Sequence[str], *, cwd: Path | None = None, env: Mapping[str, str] | None = None,
             timeout: float = 60) -> subprocess.CompletedProcess[str]:
     """Run a short query command (no echo) and return the completed process, whatever its exit code.
-    On timeout its process group is killed and subprocess.TimeoutExpired raised; a program that cannot
+    On timeout its process group is killed and `Timeout` raised; a program that cannot
     be started raises OSError, as subprocess does."""
     args = [str(a) for a in argv]
     with _started(args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, raw_errors=True) as p:
         assert p.stdout is not None and p.stderr is not None
         chunks: tuple[list[str], list[str]] = ([], [])
         readers = [threading.Thread(target=_drain, args=(stream, into), daemon=True)
-                   for stream, into in zip((p.stdout, p.stderr), chunks)]
+                   for stream, into in zip((p.stdout, p.stderr), chunks, strict=True)]
         for r in readers:
             r.start()
         deadline = time.monotonic() + timeout
         try:
             p.wait(timeout=timeout)
-        except subprocess.TimeoutExpired as e:
+        except subprocess.TimeoutExpired:
             kill_group(p, grace=1.0)
             for r in readers:
                 r.join(timeout=5)
-            e.output, e.stderr = "".join(chunks[0]), "".join(chunks[1])
-            raise
+            raise Timeout(args, timeout, output="".join(chunks[0]), stderr="".join(chunks[1])) from None
         for r in readers:  # it exited; what it started may hold the output open a while, not for ever
             r.join(timeout=max(0.0, min(ORPHAN_GRACE, deadline - time.monotonic())))
         _reap_group(p)
@@ -277,3 +282,65 @@ def _drain(stream: Any, into: list[str]) -> None:
             into.append(piece)
     except (OSError, ValueError):
         pass
+
+
+@dataclass(frozen=True, kw_only=True)
+class Watched:
+    """What `run_until` saw: every line, and whether the child exited by itself (returncode) or was stopped."""
+    lines: list[str]
+    returncode: int | None  # None: it was stopped
+    stopped: bool
+
+
+def run_until(argv: Sequence[str], *, env: Mapping[str, str], cwd: Path, timeout: float, idle: float,
+              done: Callable[[str], bool], settling: Callable[[], bool],
+              stop: Callable[[], None] | None = None) -> Watched:
+    """Run argv, reading stdout and stderr (merged) line by line as they stream, for a program that may not
+    exit once it has said what is wanted (a Wine process). After each line `done(line)` says whether the
+    wanted output is complete; while `settling()` is true, `idle` seconds without output complete it too.
+    Then the process group is killed, `stop()` runs (e.g. `wineserver -k`) and the result says it was
+    stopped. Past `timeout` seconds: `Timeout`, with the lines seen as its output. A program that cannot be
+    started raises OSError."""
+    args = [str(a) for a in argv]
+    p = subprocess.Popen(args, cwd=cwd, env=dict(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         stdin=subprocess.DEVNULL, text=True, errors="replace", **_group_kwargs())
+    assert p.stdout is not None
+    lines: queue.Queue[str | None] = queue.Queue()
+    stream = p.stdout
+
+    def read() -> None:
+        try:
+            for line in stream:
+                lines.put(line)
+        except (OSError, ValueError):
+            pass
+        lines.put(None)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    seen: list[str] = []
+    complete = False
+    deadline = time.monotonic() + timeout
+    try:
+        while not complete:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise Timeout(args, timeout, output="\n".join(seen))
+            waiting = settling()
+            try:
+                line = lines.get(timeout=min(left, idle) if waiting else min(left, 0.5))
+            except queue.Empty:
+                complete = waiting
+                continue
+            if line is None:  # it exited by itself
+                return Watched(lines=seen, returncode=p.wait(), stopped=False)
+            line = line.rstrip("\r\n")
+            seen.append(line)
+            complete = done(line)
+    finally:
+        if p.poll() is None:
+            kill_group(p, grace=0)
+            if stop is not None:
+                stop()
+        reader.join(timeout=5)
+    return Watched(lines=seen, returncode=None, stopped=True)

@@ -1,7 +1,8 @@
-"""Recipes (DESIGN §4): frozen dataclasses, strict YAML loading with file:line in every error,
-the cache key, and the run-time settings that come from the environment.
+"""Recipes (DESIGN §4): frozen dataclasses, strict YAML loading with file:line in every error, and
+the cache key.
 
-This is the only module that reads YAML or ``os.environ``: everything downstream gets frozen values.
+This is the only module that reads recipe YAML: everything downstream gets frozen values. Settings from
+the environment are in settings.py.
 """
 
 from __future__ import annotations
@@ -23,29 +24,25 @@ import yaml
 from yaml.constructor import SafeConstructor
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-from . import data
+from . import data, platforms
+from .backends.cuda.archs import PATTERN as ARCH_PATTERN
 from .errors import RecipeError, ToolchainError
 
 SCHEMA_VERSION = 1
 BUNDLE_FORMAT = 1
 MAX_RECIPE_BYTES = 256 * 1024
 
-Platform = Literal["linux-x86_64", "windows-x86_64"]
-Backend = Literal["cpu", "cuda"]
+Platform = Literal["linux-x86_64", "windows-x86_64"]  # each one a module in platforms/ (a test checks they agree)
+Backend = Literal["cpu", "cuda"]  # each one a module in backends/
 Compiler = Literal["gcc", "clang", "msvc", "mingw"]
 CudaSourceKind = Literal["redist", "installer", "pypi", "system"]
 OpenMP = Literal["auto", "vcomp", "libomp", "none"]
 
 TEMPLATE_FIELDS = ("name", "key", "key12", "commit", "commit12", "platform")
-COMPILERS_BY_PLATFORM: dict[str, tuple[str, ...]] = {
-    "linux-x86_64": ("gcc", "clang"),
-    "windows-x86_64": ("msvc", "clang", "mingw"),
-}
 
 _HEX40 = r"^[0-9a-f]{40}$"
 _HEX64 = r"^[0-9a-f]{64}$"
 _VERSION = r"^[0-9]+(\.[0-9]+)*$"
-_ARCH = r"^([0-9]{2,3})([af]?)(-(real|virtual))?$"
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 
 
@@ -85,8 +82,8 @@ class PypiSource:
     kind: typing.ClassVar[str] = "pypi"
 
 
-Source = Union[GithubSource, GitSource, PathSource, PypiSource]
-SOURCE_KINDS: dict[str, type] = {c.kind: c for c in (GithubSource, GitSource, PathSource, PypiSource)}
+Source = GithubSource | GitSource | PathSource | PypiSource
+SOURCE_KINDS: dict[str, type[Source]] = {c.kind: c for c in (GithubSource, GitSource, PathSource, PypiSource)}
 # Short forms: `- github: ggml-org/llama.cpp` means {repo: ggml-org/llama.cpp}.
 SOURCE_SHORT_FIELD = {"github": "repo", "git": "url", "path": "path"}
 
@@ -119,7 +116,7 @@ class Cuda:
     toolkit: str = _f("CUDA toolkit version, e.g. 12.8.1", pattern=r"^[0-9]+\.[0-9]+\.[0-9]+$")
     source: CudaSourceKind = _f("where the toolkit comes from", default="redist")
     components: tuple[str, ...] = _f("redist components to install", pattern=r"^[a-z][a-z0-9_]*$")
-    archs: tuple[str, ...] = _f("GPU architectures: NN[a|f][-real|-virtual]", pattern=_ARCH)
+    archs: tuple[str, ...] = _f("GPU architectures: NN[a|f][-real|-virtual]", pattern=ARCH_PATTERN)
     driver_floor: DriverFloor | None = _f("minimum driver; derived from the toolkit when absent", default=None)
 
 
@@ -319,7 +316,7 @@ def find_recipe(arg: str | Path) -> Path:
     return shipped.get(name, p)
 
 
-def load_recipe(path: str | Path) -> Recipe:
+def load_recipe(path: str | Path, *, env: Mapping[str, str] | None = None) -> Recipe:
     """Load and validate a recipe file (or a shipped recipe by name). Every problem is a RecipeError
     naming file, line and key path."""
     p = find_recipe(path)
@@ -340,10 +337,12 @@ def load_recipe(path: str | Path) -> Recipe:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise RecipeError(f"{p}: recipe is not UTF-8 text", why=str(e), file=str(p)) from None
-    return parse_recipe(text, file=str(p))
+    return parse_recipe(text, file=str(p), env=env)
 
 
-def parse_recipe(text: str, *, file: str = "<recipe>") -> Recipe:
+def parse_recipe(text: str, *, file: str = "<recipe>", env: Mapping[str, str] | None = None) -> Recipe:
+    """A recipe from YAML text. `env`: the environment whose PATH names the host compiler an unpinned
+    toolchain is keyed by (default: none, so the system's default search path)."""
     ctx = _Ctx(file)
     root = _compose(text, ctx)
     if not isinstance(root, MappingNode):
@@ -361,7 +360,7 @@ def parse_recipe(text: str, *, file: str = "<recipe>") -> Recipe:
     if not recipe.pins_compiler:
         from .compilers import detect_version
 
-        recipe = dataclasses.replace(recipe, host_compiler=detect_version(recipe.toolchain.compiler))
+        recipe = dataclasses.replace(recipe, host_compiler=detect_version(recipe.toolchain.compiler, env=env))
     return recipe
 
 
@@ -370,10 +369,12 @@ def _compose(text: str, ctx: _Ctx) -> Node:
     try:
         for event in yaml.parse(text, Loader=yaml.SafeLoader):
             if isinstance(event, yaml.AliasEvent):
-                m = event.start_mark
-                raise RecipeError(f"{ctx.file}:{m.line + 1}:{m.column + 1}: YAML aliases (*{event.anchor}) are not allowed in recipes",
+                m = event.start_mark  # always set by the parser; typed optional
+                line, col = (m.line + 1, m.column + 1) if m else (None, None)
+                where = f"{ctx.file}:{line}:{col}" if m else ctx.file
+                raise RecipeError(f"{where}: YAML aliases (*{event.anchor}) are not allowed in recipes",
                                   why="a recipe is read as plain data; anchors, aliases and merge keys hide what is pinned",
-                                  fix="write the values out in full", file=ctx.file, line=m.line + 1, col=m.column + 1)
+                                  fix="write the values out in full", file=ctx.file, line=line, col=col)
         docs = list(yaml.compose_all(text, Loader=yaml.SafeLoader))
     except yaml.MarkedYAMLError as e:
         m = e.problem_mark
@@ -459,7 +460,7 @@ def _convert(node: Node, tp: Any, path: str, ctx: _Ctx) -> Any:
             return _convert_source(node, path, ctx)
         (inner,) = args
         return _convert(node, inner, path, ctx)
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return _convert_dataclass(node, tp, path, ctx)
     if origin is tuple:
         elem = get_args(tp)[0]
@@ -574,7 +575,7 @@ def _check(r: Recipe, ctx: _Ctx) -> None:
         raise ctx.fail(None, "backends", "a backend is listed twice")
     if "cpu" not in r.backends:
         raise ctx.fail(None, "backends", "'cpu' is required: every bundle ships the CPU backend", fix="add cpu to backends")
-    allowed = COMPILERS_BY_PLATFORM[r.platform]
+    allowed = platforms.get(r.platform).compilers
     if r.toolchain.compiler not in allowed:
         raise ctx.fail(None, "toolchain.compiler", f"compiler '{r.toolchain.compiler}' cannot target {r.platform}",
                        fix="use one of: " + ", ".join(allowed))
@@ -707,73 +708,10 @@ def _schema_for(tp: Any, meta: Mapping[str, Any] | None = None) -> dict[str, Any
     return out
 
 
-def _source_schema(cls: type) -> dict[str, Any]:
+def _source_schema(cls: type[Source]) -> dict[str, Any]:
     body = _schema_for(cls)
     options: list[dict[str, Any]] = [body]
     if cls.kind in SOURCE_SHORT_FIELD:
         options.append(body["properties"][SOURCE_SHORT_FIELD[cls.kind]])
     return {"type": "object", "additionalProperties": False, "required": [cls.kind],
             "properties": {cls.kind: options[0] if len(options) == 1 else {"oneOf": options}}}
-
-
-# ------------------------------------------------------------------------------------ settings
-
-
-@dataclass(frozen=True, kw_only=True)
-class Settings:
-    """Run-time settings from the environment (LLAMABUNDLE_*), read once by the CLI."""
-
-    cache_dir: Path
-    github_archive_url: str = "https://codeload.github.com"
-    github_api_url: str = "https://api.github.com"
-    github_token: str | None = None
-    pip_index_url: str | None = None
-    source_date_epoch: int | None = None
-    github_actions: bool = False
-    github_output: Path | None = None  # $GITHUB_OUTPUT: key=value lines for later steps
-    github_step_summary: Path | None = None  # $GITHUB_STEP_SUMMARY: markdown shown on the run's page
-    connect_timeout: float = 10.0
-    cuda_redist_url: str = "https://developer.download.nvidia.com/compute/cuda/redist"
-    build_timeout: float = 6 * 3600.0  # seconds one cmake configure or build may run before it is stopped
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> "Settings":
-        import platformdirs
-
-        from .errors import UsageError
-
-        def number(name: str, kind: type, default: Any, ok: Any, wanted: str) -> Any:
-            """The variable's value as a number; a bad one is a usage error naming it (never a traceback)."""
-            raw = (env.get(name) or "").strip()
-            if not raw:
-                return default
-            try:
-                value = kind(raw)
-            except ValueError:
-                value = None
-            if value is None or not ok(value):
-                raise UsageError(f"{name}={env.get(name)!r} is not {wanted}",
-                                 why=f"{name} is read from the environment", fix=f"set {name} to {wanted}, or unset it")
-            return value
-
-        cache = env.get("LLAMABUNDLE_CACHE_DIR") or platformdirs.user_cache_dir("llamabundle", appauthor=False)
-        sde = number("SOURCE_DATE_EPOCH", int, None, lambda v: v >= 0, "a Unix timestamp (whole seconds, e.g. 1700000000)")
-        return cls(
-            cache_dir=Path(cache).expanduser().resolve(),
-            github_archive_url=env.get("LLAMABUNDLE_GITHUB_ARCHIVE_URL", "https://codeload.github.com").rstrip("/"),
-            # GITHUB_API_URL: set by GitHub Actions runners (GitHub Enterprise Server: https://HOST/api/v3)
-            github_api_url=(env.get("LLAMABUNDLE_GITHUB_API_URL") or env.get("GITHUB_API_URL")
-                            or "https://api.github.com").rstrip("/"),
-            github_token=env.get("GITHUB_TOKEN") or env.get("GH_TOKEN") or None,
-            pip_index_url=env.get("LLAMABUNDLE_PIP_INDEX_URL") or None,
-            source_date_epoch=sde,
-            github_actions=env.get("GITHUB_ACTIONS") == "true",
-            github_output=Path(env["GITHUB_OUTPUT"]) if env.get("GITHUB_ACTIONS") == "true" and env.get("GITHUB_OUTPUT") else None,
-            github_step_summary=Path(env["GITHUB_STEP_SUMMARY"])
-            if env.get("GITHUB_ACTIONS") == "true" and env.get("GITHUB_STEP_SUMMARY") else None,
-            connect_timeout=number("LLAMABUNDLE_CONNECT_TIMEOUT", float, 10.0, lambda v: 0 < v < float("inf"),
-                                   "a number of seconds greater than 0 (e.g. 10)"),
-            cuda_redist_url=env.get("LLAMABUNDLE_CUDA_REDIST_URL", "https://developer.download.nvidia.com/compute/cuda/redist").rstrip("/"),
-            build_timeout=number("LLAMABUNDLE_BUILD_TIMEOUT", float, 6 * 3600.0, lambda v: 0 < v < float("inf"),
-                                 "a number of seconds greater than 0 (e.g. 21600)"),
-        )

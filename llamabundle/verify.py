@@ -1,46 +1,28 @@
-"""Verification levels (DESIGN §7): manifest, static (imports resolve), load (llama-server loads
-its backends from inside the bundle)."""
+"""Verification levels (DESIGN §7): manifest (the one trust check), static (imports resolve: asked of the
+bundle's platform; GPU architectures: asked of its backends), load (llama-server loads its backends from
+inside the bundle: the platform runs it), gpu (a GPU backend lists its device)."""
 
 from __future__ import annotations
 
 import os
-import platform as host_platform
-import queue
 import re
 import shutil
-import signal
-import subprocess
 import tempfile
-import threading
-import time
-from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from . import backends, cache, platforms, scratch
 from . import bundle as bundle_mod
-from . import proc as procs
-from . import scratch
-from .backends.cuda.archs import split_archs
-from .backends.cuda.fatbin import binary_archs
 from .bundle.manifest import ANYTHING, Expect, Manifest
-from .deps import elf, pe
-from .deps.policy import LibClass, linux_policy
 from .errors import LlamaBundleError, UsageError, VerifyError
-
-LOAD_TIMEOUT = 120
-WINE_TIMEOUT = 300  # a new Wine prefix boots first (20-60 s)
-WINE_QUIET = 2.0  # seconds without output after the device list: the list is complete
-WINE_STOPPED = "stopped after the device list: Wine 8 does not exit"
-_LOADED = re.compile(r"load_backend: loaded (\S+) backend from (.+?)\s*$")
-_DEVICE = re.compile(r"^\s+(\S+): (.+)$")
 
 
 class Level(StrEnum):
     STATIC = "static"  # manifest, imports, RUNPATH, GPU architectures
     LOAD = "load"  # + llama-server --list-devices loads the CPU backend from inside a copy
-    GPU = "gpu"  # + a CUDA device is listed and the CUDA backend came from inside the copy
+    GPU = "gpu"  # + a GPU backend came from inside the copy and listed its device
 
 
 @dataclass(kw_only=True)
@@ -63,12 +45,6 @@ class VerifyReport:
         out += [f"{name} backend loaded from {where}" for name, where in self.backends_loaded.items()]
         out += [f"device {dev}" for dev in self.devices]
         return out
-
-
-def host_platform_name() -> str:
-    system = {"Linux": "linux", "Windows": "windows"}.get(host_platform.system(), host_platform.system().lower())
-    machine = {"AMD64": "x86_64", "x86_64": "x86_64"}.get(host_platform.machine(), host_platform.machine())
-    return f"{system}-{machine}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -113,33 +89,25 @@ class Naming:
         return r
 
 
-SCRATCH = "verify-"
-
-
-def scratch_root() -> Path:
-    """Where verify unpacks and runs bundles: `<cache>/tmp`, never bare /tmp (a killed run's copy, hundreds of
-    MB, is removed by the next run that uses the cache)."""
-    from .recipe import Settings  # the one reader of LLAMABUNDLE_* settings
-
-    return Settings.from_env(os.environ).cache_dir / "tmp"
-
-
-def sweep_scratch(root: Path | None = None) -> None:
+def sweep_scratch(cache_dir: Path) -> None:
     """Remove the verify copies of dead runs (and those older versions left in the system temp directory)."""
-    scratch.sweep(root or scratch_root(), [SCRATCH])
+    scratch.sweep(cache.tmp_dir(cache_dir), [cache.VERIFY_PREFIX])
     scratch.sweep(Path(tempfile.gettempdir()), ["llamabundle-verify-"])
 
 
-def verify_bundle(path: Path, *, level: Level, require_gpu: bool = False, wine_prefix: Path | None = None,
-                  expect: Expect = ANYTHING, verified: list[Manifest] | None = None) -> VerifyReport:
+def verify_bundle(path: Path, *, level: Level, cache_dir: Path, require_gpu: bool = False,
+                  wine_prefix: Path | None = None, expect: Expect = ANYTHING,
+                  verified: list[Manifest] | None = None) -> VerifyReport:
     """Verify a bundle zip or directory up to `level`, trusting it (manifest.trust) against `expect`. Raises
     VerifyError naming what failed (UsageError: a path that is missing or cannot be read). Messages name
-    `path`, never the temporary copy. `verified`, when given, receives the trusted manifest."""
+    `path`, never the temporary copy, which lies in `<cache_dir>/tmp` (a Windows bundle loads under Wine in
+    `wine_prefix`, by default `<cache_dir>/wine`). `verified`, when given, receives the trusted manifest."""
     _check_readable(path)
-    base = scratch_root()
-    sweep_scratch(base)
+    base = cache.tmp_dir(cache_dir)
+    sweep_scratch(cache_dir)
+    wine_prefix = wine_prefix or cache_dir / "wine"
     try:
-        tmp = scratch.make_dir(base, SCRATCH)
+        tmp = scratch.make_dir(base, cache.VERIFY_PREFIX)
     except OSError as e:
         raise UsageError(f"cannot make a scratch directory in {base}", why=e.strerror or str(e),
                          fix="free space there, or point LLAMABUNDLE_CACHE_DIR at a writable disk") from None
@@ -190,15 +158,17 @@ def _check_readable(path: Path) -> None:
 
 def verify_unpacked(root: Path, manifest: Manifest, check: bundle_mod.ContentCheck, *, level: Level,
                     require_gpu: bool = False, label: str, wine_prefix: Path | None = None) -> VerifyReport:
-    """The levels above the manifest, on a bundle directory whose contents were just checked (`check`).
-    The load level runs the binaries in `root`: pass a copy, or a directory of one's own."""
+    """The levels above the manifest, on a bundle directory whose contents were just checked (`check`),
+    asked of the bundle's platform and backends. The load level runs the binaries in `root`: pass a copy,
+    or a directory of one's own."""
+    platform = platforms.get(manifest.platform)
     report = VerifyReport(path=label, key=manifest.key, platform=manifest.platform,
                           files=check.files, bytes=check.bytes)
     report.levels["manifest"] = "passed"
-    check_static(root, manifest)
+    platform.check_static(root, manifest)
     report.levels["static"] = "passed"
-    if manifest.cuda is not None:
-        report.levels["archs"] = check_archs(root, manifest)
+    for backend in backends.of(manifest.backends):
+        report.levels.update(backend.check(root, manifest, platform=platform))
     if level is not Level.STATIC:
         check_load(root, manifest, report, wine_prefix=wine_prefix)
     if level is Level.GPU:
@@ -206,267 +176,43 @@ def verify_unpacked(root: Path, manifest: Manifest, check: bundle_mod.ContentChe
     return report
 
 
-def check_archs(root: Path, manifest: Manifest) -> str:
-    """The SASS and PTX in ggml-cuda equal what the recipe asked for and what bundle.json records."""
-    assert manifest.cuda is not None
-    lib = "ggml-cuda.dll" if manifest.is_windows else "libggml-cuda.so"
-    if not (root / lib).is_file():
-        raise VerifyError(f"bundle.json declares CUDA but the bundle has no {lib}")
-    found = binary_archs(root / lib).to_json()
-    cuda_inputs = manifest.inputs.get("cuda")
-    asked = cuda_inputs.get("archs", ()) if isinstance(cuda_inputs, Mapping) else ()
-    wanted = split_archs([str(a) for a in asked])
-    recorded = manifest.cuda.archs_json()
-    if found != wanted:
-        raise VerifyError(f"{lib} carries SASS {found['sass']} and PTX {found['ptx']}",
-                          why=f"the recipe asks for SASS {wanted['sass']} and PTX {wanted['ptx']}",
-                          fix="rebuild the bundle; check CMAKE_CUDA_ARCHITECTURES reached nvcc")
-    if recorded != found:
-        said = f"SASS {recorded['sass']} and PTX {recorded['ptx']}"
-        raise VerifyError(f"bundle.json records {said}, {lib} carries SASS {found['sass']} and PTX {found['ptx']}",
-                          fix="rebuild the bundle")
-    return f"passed (SASS {' '.join(found['sass']) or '-'}; PTX {' '.join(found['ptx']) or '-'})"
-
-
-def nvidia_driver_present() -> bool:
-    if Path("/dev/nvidiactl").exists():
-        return True
-    return any(Path(d, "libcuda.so.1").exists() for d in ("/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/local/nvidia/lib64"))
-
-
-def check_gpu(manifest: Manifest, report: VerifyReport, *, require_gpu: bool) -> None:
-    if "cuda" not in manifest.backends:
-        report.levels["gpu"] = "skipped: the bundle has no GPU backend"
-    elif report.levels.get("load", "").startswith("skipped"):
-        report.levels["gpu"] = "skipped: " + report.levels["load"].removeprefix("skipped: ")
-    elif "CUDA" in report.backends_loaded:
-        if not any(d.startswith("CUDA") for d in report.devices):
-            raise VerifyError("the CUDA backend loaded but listed no CUDA device", details="\n".join(report.devices))
-        report.levels["gpu"] = "passed"
-    elif nvidia_driver_present():
-        raise VerifyError("an NVIDIA driver is present but the bundle's CUDA backend did not load",
-                          why="ggml-cuda or a CUDA library it needs failed to load from the bundle",
-                          fix="run the bundle's llama-server --verbose --list-devices to see why")
-    else:
-        report.levels["gpu"] = "skipped: no NVIDIA driver on this machine"
-    if require_gpu and report.levels["gpu"] != "passed":
-        raise VerifyError(f"GPU check {report.levels['gpu']}", why="--require-gpu was given",
-                          fix="run the check on a machine with an NVIDIA GPU and driver")
-
-
-def check_static(root: Path, manifest: Manifest) -> list[str] | None:
-    """Every import of every binary resolves inside the bundle, in the system allowlist or the driver set.
-    For a Windows bundle, returns the system and driver DLLs its binaries import."""
-    if manifest.is_windows:
-        return _check_static_pe(root, manifest)
-    if not manifest.platform.startswith("linux"):
-        raise VerifyError(f"static verification of {manifest.platform} bundles is not supported yet",
-                          fix="verify it on a llamabundle version with PE support")
-    policy = linux_policy()
-    present = {f.path for f in manifest.files}
-    for entry in manifest.files:
-        f = root / entry.path
-        if not elf.is_elf(f):
-            continue
-        info = elf.read_elf(f)
-        for dep in info.needed:
-            if dep in present or policy.classify(dep) is not LibClass.OTHER:
-                continue
-            raise VerifyError(f"{entry.path} needs {dep}, which is neither in the bundle nor a system or driver library",
-                              why="the bundle would fail to load on a clean machine", fix="rebuild the bundle")
-        bad = [p for p in info.runpath if p not in ("$ORIGIN", "${ORIGIN}")]
-        if bad:
-            raise VerifyError(f"{entry.path} has RUNPATH {':'.join(info.runpath)}",
-                              why="only $ORIGIN keeps a bundle relocatable", fix="rebuild the bundle")
-    return None
-
-
-def _check_static_pe(root: Path, manifest: Manifest) -> list[str]:
-    """The PE import closure of every .exe/.dll (imports and delay-imports, x64 only) stays inside the bundle."""
-    names = [e.path for e in manifest.files]
-    for name in names:
-        if elf.is_elf(root / name):
-            raise VerifyError(f"{name} is an ELF binary in a {manifest.platform} bundle",
-                              why="a Windows bundle holds PE binaries only", fix="rebuild the bundle")
-    closure = pe.resolve_closure([root / n for n in names if n.lower().endswith((".exe", ".dll"))], bundle_dir=root)
-    missing = [f"{dll} (imported by {', '.join(by)}) is not in the bundle" for dll, by in closure.missing.items()]
-    if missing:
-        raise VerifyError("; ".join(missing), why="Windows would refuse to load these binaries on a clean machine",
-                          fix="rebuild the bundle so that it collects every runtime DLL")
-    return closure.system_deps
+def check_static(root: Path, manifest: Manifest) -> list[str]:
+    """The platform's static check: every import of every binary resolves inside the bundle, in the system
+    set or the driver set. Returns the system imports."""
+    return platforms.get(manifest.platform).check_static(root, manifest)
 
 
 def check_load(root: Path, manifest: Manifest, report: VerifyReport, *, wine_prefix: Path | None = None) -> None:
-    if manifest.platform == "windows-x86_64" and host_platform_name() == "linux-x86_64":
-        check_load_wine(root, report, prefix=wine_prefix or default_wine_prefix())
-        return
-    if manifest.platform != host_platform_name():
-        report.levels["load"] = f"skipped: a {manifest.platform} bundle cannot run on {host_platform_name()}"
-        return
-    exe_name = "llama-server.exe" if manifest.is_windows else "llama-server"
-    exe = root / exe_name
-    if not exe.is_file():
-        raise VerifyError(f"the bundle has no {exe_name}", fix="include llama-server in the recipe's targets")
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(root), "LANG": "C.UTF-8", "TMPDIR": str(root.parent)}
-    try:
-        proc = procs.capture([str(exe), "--verbose", "--list-devices"], cwd=root.parent, env=env,
-                             timeout=LOAD_TIMEOUT)  # its own process group: a hang ends with all it started
-    except subprocess.TimeoutExpired:
-        raise VerifyError(f"{exe_name} --list-devices did not finish in {LOAD_TIMEOUT}s") from None
-    except OSError as e:
-        raise VerifyError(f"{exe_name} could not be started", why=str(e)) from None
-    tail = "\n".join((proc.stderr + proc.stdout).strip().splitlines()[-20:])
-    if proc.returncode != 0:
-        raise VerifyError(f"{exe_name} --list-devices exited with {proc.returncode}",
-                          why="the bundle does not load in a clean environment", details=tail)
-    inside = root.resolve()
-    for line in (proc.stderr + proc.stdout).splitlines():
-        m = _LOADED.search(line)
-        if m:
-            report.backends_loaded[m.group(1)] = m.group(2)
-    cpu = report.backends_loaded.get("CPU")
-    if cpu is None:
-        raise VerifyError(f"{exe_name} did not load a CPU backend", why="no 'loaded CPU backend from' line",
-                          details=tail)
-    for name, where in report.backends_loaded.items():
-        if not Path(where).resolve().is_relative_to(inside):
-            raise VerifyError(f"the {name} backend was loaded from {where}, outside the bundle",
-                              why="a library outside the bundle shadows the bundled one", details=tail)
-    in_list = False
-    for line in proc.stdout.splitlines():
-        if line.startswith("Available devices"):
-            in_list = True
-            continue
-        m = _DEVICE.match(line)
-        if in_list and m:
-            report.devices.append(f"{m.group(1)}: {m.group(2)}")
-    report.levels["load"] = "passed"
+    """llama-server --verbose --list-devices from `root` on this host (under Wine for a Windows bundle on
+    Linux): the CPU backend, and every backend that loads, must come from inside `root`."""
+    loaded = platforms.get(manifest.platform).check_load(root, manifest, host=platforms.host_name(),
+                                                         wine_prefix=wine_prefix)
+    report.backends_loaded.update(loaded.backends)
+    report.devices.extend(loaded.devices)
+    report.levels["load"] = loaded.level
 
 
-# ------------------------------------------------------------------------------- Windows under Wine
-
-
-def default_wine_prefix() -> Path:
-    """The private Wine prefix in llamabundle's cache dir (never the user's ~/.wine)."""
-    from .recipe import Settings  # the one reader of LLAMABUNDLE_* settings
-
-    return Settings.from_env(os.environ).cache_dir / "wine"
-
-
-@dataclass(frozen=True, kw_only=True)
-class StreamResult:
-    lines: list[str]
-    returncode: int | None  # None: it was stopped
-    stopped: bool
-
-
-def run_until_device_list(argv: list[str], *, env: dict[str, str], cwd: Path, timeout: float | None = None,
-                          quiet: float | None = None, stop: Callable[[], None] | None = None) -> StreamResult:
-    """Run argv, reading stdout+stderr as they stream. Once 'Available devices:' has been seen and either
-    a line that is not a device follows or the output goes quiet for `quiet` seconds, the device list is
-    complete: the process group is killed (then `stop()`, e.g. wineserver -k) and the result says so."""
-    try:
-        p = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                             stdin=subprocess.DEVNULL, text=True, errors="replace", start_new_session=True)
-    except OSError as e:
-        raise VerifyError(f"{argv[0]} could not be started", why=str(e)) from None
-    assert p.stdout is not None
-    timeout = WINE_TIMEOUT if timeout is None else timeout
-    quiet = WINE_QUIET if quiet is None else quiet
-    lines: queue.Queue[str | None] = queue.Queue()
-    stream = p.stdout
-
-    def read() -> None:
-        for line in stream:
-            lines.put(line)
-        lines.put(None)
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    seen: list[str] = []
-    in_list = complete = False
-    deadline = time.monotonic() + timeout
-    try:
-        while not complete:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise VerifyError(f"{' '.join(Path(a).name for a in argv)} listed no devices in {timeout:.0f}s",
-                                  details="\n".join(seen[-20:]))
-            try:
-                line = lines.get(timeout=min(left, quiet) if in_list else min(left, 0.5))
-            except queue.Empty:
-                complete = in_list
-                continue
-            if line is None:  # it exited by itself
-                return StreamResult(lines=seen, returncode=p.wait(), stopped=False)
-            line = line.rstrip("\r\n")
-            seen.append(line)
-            if line.startswith("Available devices"):
-                in_list = True
-            elif in_list and not _DEVICE.match(line):
-                complete = True
-    finally:
-        if p.poll() is None:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                p.kill()
-            p.wait()
-            if stop is not None:
-                stop()
-        reader.join(timeout=5)
-    return StreamResult(lines=seen, returncode=None, stopped=True)
-
-
-def check_load_wine(root: Path, report: VerifyReport, *, prefix: Path) -> None:
-    """`wine llama-server.exe --verbose --list-devices` from the bundle copy, in a private prefix; the CPU
-    backend must load from inside the bundle (Wine prints Z:\\… paths). Skipped with a reason without wine."""
-    from filelock import FileLock
-
-    wine = shutil.which("wine")
-    if wine is None:
-        report.levels["load"] = "skipped: wine is not installed (a Windows bundle runs on Linux only under Wine)"
-        return
-    exe = root / "llama-server.exe"
-    if not exe.is_file():
-        raise VerifyError("the bundle has no llama-server.exe", fix="include llama-server in the recipe's targets")
-    prefix.mkdir(parents=True, exist_ok=True)
-    wine_dir = str(Path(wine).parent)
-    env = {"PATH": f"{wine_dir}:/usr/bin:/bin", "HOME": str(prefix), "LANG": "C.UTF-8", "WINEPREFIX": str(prefix),
-           "WINEDEBUG": "-all", "WINEDLLOVERRIDES": "mscoree,mshtml=", "TMPDIR": str(root.parent)}
-    wineserver = shutil.which("wineserver", path=env["PATH"])
-
-    def stop() -> None:
-        if wineserver:
-            procs.capture([wineserver, "-k"], env=env, timeout=60)
-
-    with FileLock(str(prefix) + ".lock"):  # one run per prefix: wineserver -k ends every process in it
-        res = run_until_device_list([wine, str(exe), "--verbose", "--list-devices"], env=env, cwd=root, stop=stop)
-    tail = "\n".join(res.lines[-20:])
-    if not res.stopped and res.returncode != 0:
-        raise VerifyError(f"wine llama-server.exe --list-devices exited with {res.returncode}",
-                          why="the bundle does not load under Wine", details=tail)
-    inside = root.resolve()
-    in_list = False
-    for line in res.lines:
-        m = _LOADED.search(line)
-        if m:
-            report.backends_loaded[m.group(1)] = wine_to_unix(m.group(2))
-        if line.startswith("Available devices"):
-            in_list = True
-        elif in_list and (d := _DEVICE.match(line)):
-            report.devices.append(f"{d.group(1)}: {d.group(2)}")
-    if "CPU" not in report.backends_loaded:
-        raise VerifyError("llama-server.exe did not load a CPU backend under Wine",
-                          why="no 'loaded CPU backend from' line", details=tail)
-    for name, where in report.backends_loaded.items():
-        if not Path(where).resolve().is_relative_to(inside):
-            raise VerifyError(f"the {name} backend was loaded from {where}, outside the bundle",
-                              why="a DLL outside the bundle shadows the bundled one", details=tail)
-    report.levels["load"] = "passed (under Wine; " + (WINE_STOPPED + ")" if res.stopped else "it exited 0)")
-
-
-def wine_to_unix(path: str) -> str:
-    """Z:\\tmp\\b\\x.dll -> /tmp/b/x.dll (Wine maps Z: to /); other paths unchanged."""
-    m = re.match(r"^[Zz]:[\\/](.*)$", path)
-    return "/" + m.group(1).replace("\\", "/") if m else path
+def check_gpu(manifest: Manifest, report: VerifyReport, *, require_gpu: bool) -> None:
+    """A GPU backend of the bundle loaded from inside it and listed its device; skipped with a reason where
+    this machine has no such device."""
+    gpus = [b for b in backends.of(manifest.backends) if b.gpu]
+    loaded = next((b for b in gpus if b.loader_name in report.backends_loaded), None)
+    if not gpus:
+        report.levels["gpu"] = "skipped: the bundle has no GPU backend"
+    elif report.levels.get("load", "").startswith("skipped"):
+        report.levels["gpu"] = "skipped: " + report.levels["load"].removeprefix("skipped: ")
+    elif loaded is not None:
+        if not any(d.startswith(loaded.loader_name) for d in report.devices):
+            raise VerifyError(f"the {loaded.loader_name} backend loaded but listed no {loaded.loader_name} device",
+                              details="\n".join(report.devices))
+        report.levels["gpu"] = "passed"
+    elif present := next((b for b in gpus if b.device_present()), None):
+        raise VerifyError(f"an {present.driver_name} is present but the bundle's {present.loader_name} backend did "
+                          "not load", why=f"ggml-{present.name} or a {present.loader_name} library it needs failed "
+                                          "to load from the bundle",
+                          fix="run the bundle's llama-server --verbose --list-devices to see why")
+    else:
+        report.levels["gpu"] = f"skipped: no {' or '.join(b.driver_name for b in gpus)} on this machine"
+    if require_gpu and report.levels["gpu"] != "passed":
+        raise VerifyError(f"GPU check {report.levels['gpu']}", why="--require-gpu was given",
+                          fix=f"run the check on a machine with {' or '.join(b.device_hint for b in gpus) or 'a GPU'}")

@@ -18,12 +18,13 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from .. import platforms
 from ..errors import VerifyError
 
 MANIFEST = "bundle.json"
 FORMAT = 1
 ROLES = ("exe", "backend", "runtime", "license")
-PLATFORMS = ("linux-x86_64", "windows-x86_64")
+PLATFORMS = platforms.NAMES
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _COMMIT = re.compile(r"[0-9a-f]{40}")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,99}")
@@ -84,10 +85,6 @@ class Manifest:
     tool: str | None
     built_at: str | None
     _raw: str  # the JSON as it was read, canonical (unknown fields of format 1 are kept)
-
-    @property
-    def is_windows(self) -> bool:
-        return self.platform.startswith("windows")
 
     def file(self, path: str) -> FileEntry | None:
         return next((f for f in self.files if f.path == path), None)
@@ -225,6 +222,69 @@ def parse(data: Any) -> Manifest:
                     glibc_floor=_str(data.get("glibc_floor"), "glibc_floor", optional=True),
                     publish_tag=tag, tool=_str(data.get("tool"), "tool", optional=True),
                     built_at=_str(data.get("built_at"), "built_at", optional=True), _raw=json.dumps(data, sort_keys=True))
+
+
+def json_schema() -> dict[str, Any]:
+    """bundle.json's JSON schema, generated from the rules `parse` applies (patterns, roles, platforms and
+    backends from their registries): committed as data/schemas/bundle.schema.json, and a test fails when
+    it drifts. Apps in any language can validate a manifest with it before `trust`'s own checks."""
+    from .. import backends
+
+    def text(pattern: re.Pattern[str] | None = None, **more: Any) -> dict[str, Any]:
+        return {"type": "string", **({"pattern": f"^{pattern.pattern}$"} if pattern else {}), **more}
+
+    def maybe(schema: dict[str, Any]) -> dict[str, Any]:
+        return {"anyOf": [schema, {"type": "null"}]}
+
+    strings = {"type": "array", "items": {"type": "string"}}
+    file_entry = {
+        "type": "object",
+        "required": ["path", "sha256", "size", "role"],
+        "properties": {
+            "path": text(description="relative path inside the bundle ('/' separated, no '..', not bundle.json)"),
+            "sha256": text(_HEX64),
+            "size": {"type": "integer", "minimum": 0},
+            "role": {"enum": list(ROLES)},
+            "origin": maybe(text()),
+            "why": maybe(text()),
+        },
+    }
+    cuda = {
+        "type": "object",
+        "required": ["toolkit"],
+        "properties": {
+            "toolkit": text(description="the CUDA toolkit release the bundle was built with, e.g. 12.8.1"),
+            "nvcc": maybe(text()),
+            "archs": {"type": "object", "properties": {"sass": strings, "ptx": strings}},
+            "driver_floor": maybe(text(description="the oldest NVIDIA driver that runs the bundle")),
+            "compression_mode": maybe(text()),
+        },
+    }
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": "llamabundle bundle.json",
+        "type": "object",
+        "required": ["format", "name", "key", "inputs", "llama_cpp", "platform", "files"],
+        "properties": {
+            "format": {"const": FORMAT},
+            "name": text(_NAME),
+            "key": text(_HEX64, description="sha256 of the canonical JSON of `inputs`"),
+            "inputs": {"type": "object", "description": "the recipe's canonical key inputs"},
+            "llama_cpp": {"type": "object", "required": ["commit"],
+                          "properties": {"commit": text(_COMMIT), "version": maybe(text()), "source": maybe(text())}},
+            "platform": {"enum": list(PLATFORMS)},
+            "backends": {"type": "array", "items": {"type": "string"},
+                         "description": "the ggml backends it carries; this version knows " + ", ".join(backends.NAMES)},
+            "cuda": maybe(cuda),
+            "toolchain": maybe({"type": "object", "additionalProperties": maybe(text())}),
+            "system_deps": maybe(strings),
+            "glibc_floor": maybe(text()),
+            "files": {"type": "array", "items": file_entry},
+            "publish": maybe({"type": "object", "properties": {"tag": maybe(text())}}),
+            "tool": maybe(text()),
+            "built_at": maybe(text()),
+        },
+    }
 
 
 def loads(raw: bytes | str, *, where: str = MANIFEST) -> Manifest:

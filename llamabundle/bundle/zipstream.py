@@ -19,7 +19,12 @@ import struct
 import threading
 import zlib
 from dataclasses import dataclass
+from io import BufferedWriter
 from pathlib import Path
+from typing import TYPE_CHECKING, TypedDict
+
+if TYPE_CHECKING:
+    from hashlib import _Hash
 
 from ..archive import (
     MAX_MEMBERS,
@@ -58,7 +63,35 @@ class Member:
     sha256: str
 
 
+class _Current(TypedDict):
+    """The member being streamed: its local header's fields, and how far its data has come."""
+
+    name: str
+    offset: int
+    crc: int
+    csize: int
+    usize: int
+    left: int  # compressed bytes still to come
+    written: int  # uncompressed bytes written so far
+    crc_now: int
+    sha: _Hash
+    z: zlib._Decompress | None  # None: a stored member
+
+
 class ZipStream:
+    # set by _start (tail_at by _step, when the central directory begins)
+    streamable: bool
+    buf: bytearray
+    pos: int
+    members: list[Member]
+    names: set[str]
+    layout: Layout
+    total: int
+    cur: _Current | None
+    out: BufferedWriter | None
+    tail: bytearray | None
+    tail_at: int
+
     def __init__(self, dest: Path, *, label: str, max_total: int = MAX_TOTAL_BYTES) -> None:
         self.dest, self.label, self.max_total = dest, label, max_total
         self._start()
@@ -120,7 +153,7 @@ class ZipStream:
             except NotStreamable:
                 self.discard()
                 raise
-            for m, mode in zip(self.members, modes):
+            for m, mode in zip(self.members, modes, strict=False):
                 if not m.name.endswith("/"):
                     os.chmod(self.dest / m.name, 0o755 if mode & 0o111 else 0o644)
             if not self.dest.exists():
@@ -136,15 +169,15 @@ class ZipStream:
         self.streamable = True
         self.buf = bytearray()
         self.pos = 0  # offset in the zip of buf[0]
-        self.members: list[Member] = []
-        self.names: set[str] = set()
+        self.members = []
+        self.names = set()
         self.layout = Layout(Path(self.label))
         self.total = 0
-        self.cur: dict | None = None
+        self.cur = None
         self.out = None
-        self.tail: bytearray | None = None
+        self.tail = None
 
-    def _to_tail(self, data: bytes | bytearray) -> None:
+    def _to_tail(self, data: bytes | bytearray | memoryview) -> None:
         assert self.tail is not None
         self.tail += data
         if len(self.tail) > MAX_TAIL:

@@ -244,6 +244,8 @@ def gpu_blocks(n_layer: int, ngl: int) -> range:
 
 
 def _row_bytes(n: int, kv_type: str) -> int:
+    blck: int
+    size: int
     blck, size = knowledge()["kv_types"][kv_type]
     return -(-n // blck) * size
 

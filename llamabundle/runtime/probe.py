@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import subprocess
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -25,13 +24,13 @@ from typing import Any
 from filelock import FileLock
 from packaging.version import InvalidVersion, Version
 
-from .. import proc
+from .. import backends, platforms, proc
 from ..bundle import read_manifest
 from ..bundle.manifest import Manifest
 from ..errors import LlamaBundleError, VerifyError
 from ..log import Log
 from ..store.base import Store
-from ..verify import VerifyReport, check_load, host_platform_name
+from ..verify import VerifyReport, check_load
 from . import (
     Backend,
     Reason,
@@ -174,7 +173,7 @@ def scan_gpus(*, env: Mapping[str, str], nvidia_smi: str | None = None, proc_ver
     try:
         # its own process group: on the timeout it is ended with everything it started
         done = proc.capture([exe, *NVIDIA_SMI_ARGS], env=env, timeout=timeout)
-    except subprocess.TimeoutExpired:
+    except proc.Timeout:
         error = f"nvidia-smi did not answer in {timeout:g}s (it was stopped, with what it started)"
     except OSError as e:
         error = f"nvidia-smi could not be started: {e}"
@@ -250,7 +249,7 @@ def with_gpu_layers(result: ProbeResult, ngl: int | None) -> ProbeResult:
 
 def cuda_candidate(root: Path) -> Installed | None:
     """The most recently installed bundle with a CUDA backend for this machine."""
-    host = host_platform_name()
+    host = platforms.host_name()
     found = [i for i in list_installed(root) if "cuda" in i.backends and i.manifest.platform == host]
     return max(found, key=lambda i: i.installed_at, default=None)
 
@@ -284,7 +283,7 @@ def _probe_now(target: tuple[Path, Manifest] | None, context: dict[str, Any], *,
                nvidia_smi: str | None, proc_version: Path | None, smi_timeout: float, token: int,
                started: int) -> ProbeResult:
     scan = scan_gpus(env=env, nvidia_smi=nvidia_smi, proc_version=proc_version, timeout=smi_timeout)
-    facts: dict[str, Any] = {**scan.to_json(), **context, "host": host_platform_name()}
+    facts: dict[str, Any] = {**scan.to_json(), **context, "host": platforms.host_name()}
     facts["gpu"] = ", ".join(g.name for g in scan.gpus) or ("an NVIDIA GPU" if scan.present else None)
 
     def done(reason: Reason, **more: Any) -> ProbeResult:
@@ -310,9 +309,10 @@ def _probe_now(target: tuple[Path, Manifest] | None, context: dict[str, Any], *,
     facts.update(backends_loaded=report.backends_loaded, devices=report.devices)
     if report.levels.get("load", "").startswith("skipped"):
         return done(Reason.CUDA_STARTUP_FAILED, detail=report.levels["load"].removeprefix("skipped: "))
-    if "CUDA" not in report.backends_loaded:
+    cuda = backends.get("cuda")  # what the loader and --list-devices call it
+    if cuda.loader_name not in report.backends_loaded:
         return done(Reason.CUDA_UNAVAILABLE, detail="the CUDA backend did not load")
-    if not any(d.startswith("CUDA") for d in report.devices):
+    if not any(d.startswith(cuda.loader_name) for d in report.devices):
         return done(Reason.CUDA_UNAVAILABLE, detail="the CUDA backend loaded but listed no device")
     return done(Reason.OK)
 

@@ -18,12 +18,17 @@ from typing import Any
 import pytest
 
 from llamabundle import bundle as bundle_mod
+from llamabundle.backends import Prepared
+from llamabundle.backends.cuda import CUDA
 from llamabundle.backends.cuda.toolkit.pypi import install_from_pypi
 from llamabundle.build import BuildTools, plan_build
+from llamabundle.bundle.package import copy_licenses
 from llamabundle.errors import VerifyError
 from llamabundle.log import Log
-from llamabundle.pipeline import _cuda_manifest, collect_linux
-from llamabundle.recipe import Settings, canonical_json, load_recipe
+from llamabundle.platforms import RuntimeSources
+from llamabundle.platforms.linux import LINUX
+from llamabundle.recipe import canonical_json, load_recipe
+from llamabundle.settings import Settings
 from llamabundle.verify import Level, verify_bundle
 from tests.e2e.conftest import REPO, run_cli
 
@@ -52,14 +57,17 @@ def cuda_bundle(first_build: dict[str, Any], e2e_env: dict[str, str], tmp_path_f
                     "-gencode", "arch=compute_75,code=compute_75", "-gencode", "arch=compute_90,code=sm_90",
                     f"-L{tk.root / 'lib'}", "-lcublas", "-lcudart"], check=True, capture_output=True, timeout=600)
     plan = plan_build(recipe, source_dir=settings.cache_dir / "src" / recipe.llama_cpp.commit, build_dir=work,
-                      tools=BuildTools(cmake="cmake", ninja="ninja"), cuda_root=tk.root)
+                      tools=BuildTools(cmake="cmake", ninja="ninja"), toolkit_roots={"cuda": tk.root})
     stage = work / "stage"
     stage.mkdir()
-    closure, roles = collect_linux(plan, stage, log=Log(quiet=True), source_dir=plan.source_dir, toolkit=tk)
+    prepared = Prepared(backend="cuda", root=tk.root, lib_dirs=tuple(tk.lib_dirs), toolchain={"nvcc": "13.0.88"})
+    closure = LINUX.collect(plan, stage, log=Log(quiet=True),
+                            sources=RuntimeSources(lib_dirs=prepared.lib_dirs, companions=CUDA.companions))
+    roles = dict(closure.roles) | copy_licenses(plan.source_dir, stage) | CUDA.licenses(closure.bundled, prepared, stage)
     manifest = bundle_mod.write_manifest(stage, {
         "name": recipe.name, "key": recipe.key(), "inputs": recipe.key_inputs(), "platform": recipe.platform,
         "llama_cpp": {"commit": recipe.llama_cpp.commit}, "backends": sorted(recipe.backends),
-        "cuda": _cuda_manifest(recipe, stage, {"nvcc": "13.0.88"}), "system_deps": closure.system_deps,
+        "cuda": CUDA.manifest_section(recipe, stage, platform=LINUX, prepared=prepared), "system_deps": closure.system_deps,
         "files": bundle_mod.file_entries(stage, roles)})
     zip_path = bundle_mod.pack(stage, work / "cuda.zip")
     return {"manifest": manifest.to_json(), "zip": zip_path, "stage": stage, "closure": closure, "roles": roles}
@@ -84,7 +92,7 @@ def test_bundle_json_records_toolkit_archs_and_driver_floor(cuda_bundle: dict[st
 
 
 def test_verify_passes_archs_and_skips_gpu_without_a_driver(cuda_bundle: dict[str, Any], e2e_env: dict[str, str]) -> None:
-    report = verify_bundle(cuda_bundle["zip"], level=Level.GPU)
+    report = verify_bundle(cuda_bundle["zip"], level=Level.GPU, cache_dir=Settings.from_env(e2e_env).cache_dir)
     assert report.levels["archs"] == "passed (SASS 90; PTX 75)"
     assert report.levels["load"] == "passed"
     assert report.levels["gpu"] == "skipped: no NVIDIA driver on this machine"
@@ -101,5 +109,5 @@ def test_verify_catches_archs_that_differ_from_the_recipe(cuda_bundle: dict[str,
     manifest["key"] = hashlib.sha256(canonical_json(manifest["inputs"]).encode()).hexdigest()  # consistent again
     (copy / "bundle.json").write_text(json.dumps(manifest))
     with pytest.raises(VerifyError) as e:
-        verify_bundle(copy, level=Level.STATIC)
+        verify_bundle(copy, level=Level.STATIC, cache_dir=tmp_path / "cache")
     assert "SASS ['90']" in e.value.what and "'120a'" in e.value.why

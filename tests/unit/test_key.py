@@ -277,9 +277,9 @@ def test_tag_uses_the_key() -> None:
 def test_an_unpinned_compiler_keys_the_exact_version_found(monkeypatch: pytest.MonkeyPatch) -> None:
     import llamabundle.compilers as compilers
 
-    monkeypatch.setattr(compilers, "detect_version", lambda compiler, path=None: "12.2.0")
+    monkeypatch.setattr(compilers, "detect_version", lambda compiler, env=None: "12.2.0")
     a = load("L")
-    monkeypatch.setattr(compilers, "detect_version", lambda compiler, path=None: "12.3.0")
+    monkeypatch.setattr(compilers, "detect_version", lambda compiler, env=None: "12.3.0")
     b = load("L")
     assert a.key_inputs()["toolchain"] == {"compiler": "gcc", "version": "=12.2.0"}
     assert a.key() != b.key()  # another gcc makes other bytes: another key
@@ -291,7 +291,7 @@ def test_a_pinned_compiler_keys_the_pin_whatever_is_installed(monkeypatch: pytes
     pinned = ("toolchain: {compiler: gcc}", 'toolchain: {compiler: gcc, version: "12.2"}')
     keys = set()
     for found in ("12.2.0", None):
-        monkeypatch.setattr(compilers, "detect_version", lambda compiler, path=None, v=found: v)
+        monkeypatch.setattr(compilers, "detect_version", lambda compiler, env=None, v=found: v)
         keys.add(load("L", pinned).key())
     assert len(keys) == 1 and load("L", pinned).key_inputs()["toolchain"] == {"compiler": "gcc", "version": "12.2"}
 
@@ -299,7 +299,7 @@ def test_a_pinned_compiler_keys_the_pin_whatever_is_installed(monkeypatch: pytes
 def test_an_unpinned_recipe_without_its_compiler_cannot_be_keyed(monkeypatch: pytest.MonkeyPatch) -> None:
     import llamabundle.compilers as compilers
 
-    monkeypatch.setattr(compilers, "detect_version", lambda compiler, path=None: None)
+    monkeypatch.setattr(compilers, "detect_version", lambda compiler, env=None: None)
     r = load("W", (W_TOOLCHAIN, "toolchain: {compiler: mingw}"))
     with pytest.raises(ToolchainError) as e:
         r.key()
@@ -353,7 +353,7 @@ def test_what_the_tool_derives_is_recorded_for_this_derivation_version(tmp_path:
         r = parse_recipe(path.read_text(encoding="utf-8").replace("toolchain: {compiler: mingw}",
                                                                   'toolchain: {compiler: mingw, version: "12"}'),
                          file=path.name)
-        plan = plan_build(r, source_dir=Path("/S"), build_dir=Path("/B"), tools=tools, cuda_root=Path("/C") if r.cuda else None)
+        plan = plan_build(r, source_dir=Path("/S"), build_dir=Path("/B"), tools=tools, toolkit_roots={"cuda": Path("/C")} if r.cuda else None)
         parts.append({"recipe": path.name, "configure": list(plan.configure), "build": list(plan.build),
                       "files": dict(plan.files)})
     digest = hashlib.sha256(canonical_json(parts).encode()).hexdigest()

@@ -162,3 +162,37 @@ def test_verify_refuses_a_rekeyed_real_zip_and_names_the_zip(tmp_path: Path) -> 
     assert r.returncode == 5, r.stderr
     assert "is not the sha256 of the inputs" in r.stderr and "Traceback" not in r.stderr
     assert list((tmp_path / "cache" / "tmp").iterdir()) == []  # the verify copy is gone
+
+
+# -------------------------------------------------------------------------------- JSON schema
+
+BUNDLE_SCHEMA = Path(manifest.__file__).resolve().parents[1] / "data" / "bundle.schema.json"
+REGENERATE_BUNDLE = ("llamabundle/data/bundle.schema.json is out of date; regenerate it with:\n"
+                     "  python3 -c 'import json; from llamabundle.bundle.manifest import json_schema; "
+                     "open(\"llamabundle/data/bundle.schema.json\", \"w\").write(json.dumps(json_schema(), indent=2, "
+                     "sort_keys=True) + \"\\n\")'")
+
+
+def test_bundle_schema_file_is_current_and_valid() -> None:
+    import jsonschema
+
+    committed = BUNDLE_SCHEMA.read_text(encoding="utf-8")
+    assert committed == json.dumps(manifest.json_schema(), indent=2, sort_keys=True) + "\n", REGENERATE_BUNDLE
+    jsonschema.Draft202012Validator.check_schema(json.loads(committed))
+
+
+def test_a_written_manifest_validates_and_what_parse_refuses_the_schema_refuses(tmp_path: Path) -> None:
+    import jsonschema
+
+    validator = jsonschema.Draft202012Validator(json.loads(BUNDLE_SCHEMA.read_text(encoding="utf-8")))
+    good = write_bundle(tmp_path / "b", {"LICENSE": b"MIT\n", "llama-server": b"\x7fELF"},
+                        {"LICENSE": "license", "llama-server": "exe"}, backends=["cpu"],
+                        cuda={"toolkit": "12.8.1", "archs": {"sass": ["86"], "ptx": []}, "driver_floor": "572.61"})
+    validator.validate(good)
+    for change in ({"format": 2}, {"key": "ABC"}, {"platform": "plan9-mips"},
+                   {"files": [{**good["files"][0], "role": "tool"}]}, {"files": [{**good["files"][0], "size": -1}]},
+                   {"llama_cpp": {"commit": "0c1e"}}):
+        bad = {**good, **change}
+        assert list(validator.iter_errors(bad)), change
+        with pytest.raises(ManifestError):
+            manifest.parse(bad)

@@ -18,14 +18,22 @@ import pytest
 import yaml
 
 from llamabundle import data
-from llamabundle import verify as verify_mod
-from llamabundle.build import MINGW_COMPAT, MINGW_TOOLCHAIN, PROJECT_INCLUDE, BuildPlan, BuildTools, plan_build, run_build
+from llamabundle.build import (
+    PROJECT_INCLUDE,
+    BuildPlan,
+    BuildTools,
+    plan_build,
+    run_build,
+)
+from llamabundle.bundle.package import copy_licenses
 from llamabundle.deps import pe
 from llamabundle.errors import RecipeError, VerifyError
 from llamabundle.log import Log
-from llamabundle.pipeline import collect_windows, windows_runtime_dirs
+from llamabundle.platforms import RuntimeSources
+from llamabundle.platforms.windows import WINDOWS, wine
+from llamabundle.platforms.windows.mingw import COMPAT as MINGW_COMPAT
+from llamabundle.platforms.windows.mingw import TOOLCHAIN as MINGW_TOOLCHAIN
 from llamabundle.recipe import load_recipe, parse_recipe
-from llamabundle.verify import WINE_STOPPED, VerifyReport, check_load_wine, wine_to_unix
 
 ROOT = Path(__file__).resolve().parents[2]
 MINGW_RECIPE = ROOT / "recipes" / "windows-x86_64-cpu-mingw.yaml"
@@ -245,15 +253,19 @@ def test_collect_windows_bundles_the_mingw_runtime_and_never_system_dlls(build_t
     (src / "LICENSE").write_text("MIT\n")
     stage = tmp_path / "stage"
     stage.mkdir()
-    dirs = windows_runtime_dirs(load_recipe(MINGW_RECIPE))
+    dirs = WINDOWS.runtime_dirs(load_recipe(MINGW_RECIPE))
     assert dirs and all(d.is_dir() for d in dirs)
-    collected, roles = collect_windows(plan_of(build_tree), stage, log=Log(), source_dir=src, runtime_dirs=dirs)
+    plan = plan_of(build_tree)
+    collected = WINDOWS.collect(plan, stage, log=Log(), sources=RuntimeSources(lib_dirs=tuple(dirs)))
+    roles = dict(collected.roles) | copy_licenses(src, stage)
+    closure = pe.resolve_closure([plan.output_dir / n for n in plan.programs + plan.backends],
+                                 bundle_dir=plan.output_dir, extra_dirs=dirs)
     runtime = {"libgomp-1.dll", "libstdc++-6.dll", "libgcc_s_seh-1.dll", "libwinpthread-1.dll"}
     assert roles["llama-server.exe"] == "exe" and roles["ggml-cpu-x64.dll"] == "backend"
     assert roles["LICENSE"] == "license"
     assert {n for n, r in roles.items() if r == "runtime"} == runtime | {"llama.dll"}
     assert {p.name for p in stage.iterdir()} == set(roles)
-    classes = {d.name: d.cls for d in collected.closure.deps}
+    classes = {d.name: d.cls for d in closure.deps}
     assert all(classes[n] is pe.DllClass.MINGW_RUNTIME for n in runtime)
     assert classes["llama.dll"] is pe.DllClass.BUNDLED
     assert "KERNEL32.dll" in collected.system_deps and collected.glibc_floor is None
@@ -267,7 +279,7 @@ def test_collect_windows_names_a_runtime_dll_it_cannot_find(build_tree: Path, tm
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "LICENSE").write_text("MIT\n")
     with pytest.raises(VerifyError) as e:
-        collect_windows(plan_of(build_tree), tmp_path, log=Log(), source_dir=tmp_path / "src", runtime_dirs=())
+        WINDOWS.collect(plan_of(build_tree), tmp_path, log=Log(), sources=RuntimeSources())
     assert "libstdc++-6.dll (imported by llama-server.exe)" in (e.value.why or "")
 
 
@@ -291,10 +303,6 @@ def bundle_dir(tmp_path: Path) -> Path:
     return root
 
 
-def report() -> VerifyReport:
-    return VerifyReport(path="x", key="k", platform="windows-x86_64", files=1, bytes=2)
-
-
 LIST = r"""
 dir=$(dirname "$1" | sed 's|/|\\|g')
 printf '%s\n' "load_backend: loaded CPU backend from Z:${dir}\\ggml-cpu-haswell.dll" >&2
@@ -314,10 +322,10 @@ def alive(pid: int) -> bool:
 @needs_posix
 def test_wine_that_never_exits_is_stopped_after_the_device_list(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", str(fake_wine(tmp_path / "bin", LIST + "exec sleep 3600\n")))
-    root, prefix, r = bundle_dir(tmp_path), tmp_path / "prefix", report()
-    check_load_wine(root, r, prefix=prefix)
-    assert r.levels["load"] == f"passed (under Wine; {WINE_STOPPED})"
-    assert r.backends_loaded == {"CPU": str(root / "ggml-cpu-haswell.dll")}
+    root, prefix = bundle_dir(tmp_path), tmp_path / "prefix"
+    r = wine.check_load(root, prefix=prefix)
+    assert r.level == f"passed (under Wine; {wine.STOPPED})"
+    assert r.backends == {"CPU": str(root / "ggml-cpu-haswell.dll")}
     assert r.devices == ["CPU: Intel Xeon (64000 MiB, 60000 MiB free)"]
     assert not alive(int((prefix / "wine.pid").read_text()))  # killed, not left behind
     assert (prefix / "wineserver.calls").read_text().split() == ["-k", str(prefix)]  # that prefix only
@@ -326,18 +334,16 @@ def test_wine_that_never_exits_is_stopped_after_the_device_list(tmp_path: Path, 
 @needs_posix
 def test_a_line_after_the_list_ends_it_without_waiting_for_quiet(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", str(fake_wine(tmp_path / "bin", LIST + "echo 'main: exiting'\nexec sleep 3600\n")))
-    monkeypatch.setattr(verify_mod, "WINE_QUIET", 3600.0)  # only the line can end the wait
-    r = report()
-    check_load_wine(bundle_dir(tmp_path), r, prefix=tmp_path / "prefix")
-    assert WINE_STOPPED in r.levels["load"] and len(r.devices) == 1
+    monkeypatch.setattr(wine, "QUIET", 3600.0)  # only the line can end the wait
+    r = wine.check_load(bundle_dir(tmp_path), prefix=tmp_path / "prefix")
+    assert wine.STOPPED in r.level and len(r.devices) == 1
 
 
 @needs_posix
 def test_wine_that_exits_by_itself_is_not_reported_stopped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", str(fake_wine(tmp_path / "bin", LIST + "exit 0\n")))
-    r = report()
-    check_load_wine(bundle_dir(tmp_path), r, prefix=tmp_path / "prefix")
-    assert r.levels["load"] == "passed (under Wine; it exited 0)"
+    r = wine.check_load(bundle_dir(tmp_path), prefix=tmp_path / "prefix")
+    assert r.level == "passed (under Wine; it exited 0)"
     assert not (tmp_path / "prefix" / "wineserver.calls").exists()
 
 
@@ -347,7 +353,7 @@ def test_a_backend_from_outside_the_bundle_fails_under_wine(tmp_path: Path, monk
             'echo "Available devices:"\nexec sleep 3600\n')
     monkeypatch.setenv("PATH", str(fake_wine(tmp_path / "bin", body)))
     with pytest.raises(VerifyError, match=r"loaded from /opt/other/ggml-cpu-x64.dll, outside the bundle"):
-        check_load_wine(bundle_dir(tmp_path), report(), prefix=tmp_path / "prefix")
+        wine.check_load(bundle_dir(tmp_path), prefix=tmp_path / "prefix")
 
 
 @needs_posix
@@ -355,18 +361,17 @@ def test_a_failing_exe_under_wine_fails_with_its_output(tmp_path: Path, monkeypa
     body = 'echo "err:module:import_dll Library libgomp-1.dll not found" >&2\nexit 53\n'
     monkeypatch.setenv("PATH", str(fake_wine(tmp_path / "bin", body)))
     with pytest.raises(VerifyError, match="exited with 53") as e:
-        check_load_wine(bundle_dir(tmp_path), report(), prefix=tmp_path / "prefix")
+        wine.check_load(bundle_dir(tmp_path), prefix=tmp_path / "prefix")
     assert "libgomp-1.dll not found" in (e.value.details or "")
 
 
 def test_without_wine_the_load_level_is_skipped_with_a_reason(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))
-    r = report()
-    check_load_wine(bundle_dir(tmp_path), r, prefix=tmp_path / "prefix")
-    assert r.levels["load"].startswith("skipped: wine is not installed")
+    r = wine.check_load(bundle_dir(tmp_path), prefix=tmp_path / "prefix")
+    assert r.level.startswith("skipped: wine is not installed")
 
 
 def test_wine_paths_map_z_to_the_root() -> None:
-    assert wine_to_unix(r"Z:\tmp\llamabundle-verify-1\bundle\ggml-cpu-icelake.dll") == \
+    assert wine.wine_to_unix(r"Z:\tmp\llamabundle-verify-1\bundle\ggml-cpu-icelake.dll") == \
         "/tmp/llamabundle-verify-1/bundle/ggml-cpu-icelake.dll"
-    assert wine_to_unix(r"C:\windows\system32\x.dll") == r"C:\windows\system32\x.dll"
+    assert wine.wine_to_unix(r"C:\windows\system32\x.dll") == r"C:\windows\system32\x.dll"

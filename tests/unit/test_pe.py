@@ -282,7 +282,7 @@ def test_static_verification_of_a_windows_bundle(built: Built, tmp_path: Path) -
     (d / "lazy.dll").write_bytes((built / "cudart64_12.dll").read_bytes())
     (d / "LICENSE").write_text("MIT\n")
     write_bundle(d)
-    report = verify_bundle(d, level=Level.STATIC)
+    report = verify_bundle(d, level=Level.STATIC, cache_dir=tmp_path / "cache")
     assert report.levels == {"manifest": "passed", "static": "passed"}
     assert check_static(d, bundle.read_manifest(d)) == ["KERNEL32.dll", "msvcrt.dll", "nvcuda.dll"]
     # The same bundle without libgomp-1.dll (bundle.json rewritten, so only the import check can fail).
@@ -290,7 +290,7 @@ def test_static_verification_of_a_windows_bundle(built: Built, tmp_path: Path) -
     (d / bundle.MANIFEST).unlink()
     write_bundle(d)
     with pytest.raises(VerifyError) as e:
-        verify_bundle(d, level=Level.STATIC)
+        verify_bundle(d, level=Level.STATIC, cache_dir=tmp_path / "cache")
     assert e.value.exit_code == 5
     assert e.value.what == "libgomp-1.dll (imported by ggml-cpu-haswell.dll) is not in the bundle"
 

@@ -19,9 +19,10 @@ from typing import Any
 
 import pytest
 
-from llamabundle import bundle, verify
+from llamabundle import bundle
 from llamabundle.bundle.manifest import Manifest
 from llamabundle.log import Log
+from llamabundle.platforms import base as platform_base
 from llamabundle.recipe import canonical_json
 from llamabundle.runtime import Backend, Reason, explain, reasons
 from llamabundle.runtime.install import install_bundle
@@ -264,7 +265,7 @@ def test_the_bundles_own_list_devices_decides(tmp_path: Path, env: dict[str, str
 
 def test_a_hanging_llama_server_is_cuda_startup_failed(tmp_path: Path, env: dict[str, str],
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(verify, "LOAD_TIMEOUT", 1)
+    monkeypatch.setattr(platform_base, "LOAD_TIMEOUT", 1)
     installed(tmp_path, server="hang")
     r = run_probe(tmp_path, env, fake_smi(tmp_path / "bin", H200))
     assert r.reason is Reason.CUDA_STARTUP_FAILED

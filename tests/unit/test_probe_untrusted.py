@@ -15,12 +15,16 @@ import pytest
 import test_probe
 from test_probe import H200, OLD, SLEEP, fake_smi, installed, make_stage, run_probe
 
-from llamabundle import verify
+from llamabundle.platforms import base as platform_base
 from llamabundle.runtime import Reason
 from llamabundle.runtime.doctor import diagnose
-from llamabundle.runtime.probe import is_driver_version, parse_nvidia_smi, parse_proc_version, read_nvidia_smi
+from llamabundle.runtime.probe import (
+    is_driver_version,
+    parse_nvidia_smi,
+    parse_proc_version,
+    read_nvidia_smi,
+)
 from llamabundle.scratch import start_time
-
 
 
 @pytest.fixture()
@@ -187,7 +191,7 @@ def test_a_hanging_llama_server_is_stopped_with_its_child(tmp_path: Path, env: d
     pidfile = tmp_path / "server-child.pid"
     monkeypatch.setitem(test_probe.SERVERS, "hang_with_child",
                         ("#!/bin/sh\n" + HANGS[how].format(sleep=SLEEP, pidfile=shlex.quote(str(pidfile)))).encode())
-    monkeypatch.setattr(verify, "LOAD_TIMEOUT", 1)
+    monkeypatch.setattr(platform_base, "LOAD_TIMEOUT", 1)
     stage, _m = make_stage(tmp_path, server="hang_with_child")
     r = run_probe(tmp_path, env, fake_smi(tmp_path / "bin", H200), bundle=stage)
     assert r.reason is Reason.CUDA_STARTUP_FAILED and "did not finish in 1s" in r.facts["detail"]

@@ -6,7 +6,8 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-_ARCH = re.compile(r"^(?P<num>[0-9]{2,3})(?P<suffix>[af]?)(?:-(?P<kind>real|virtual))?$")
+PATTERN = r"^([0-9]{2,3})([af]?)(-(real|virtual))?$"  # also the recipe schema's pattern (ECMA syntax: no named groups)
+_ARCH = re.compile(PATTERN)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -20,8 +21,8 @@ def parse_arch(text: str) -> Arch:
     m = _ARCH.fullmatch(text)
     if not m:
         raise ValueError(f"'{text}' is not a CUDA architecture (NN[a|f][-real|-virtual], e.g. 86-real)")
-    kind = m["kind"]
-    return Arch(name=m["num"] + m["suffix"], sass=kind in (None, "real"), ptx=kind in (None, "virtual"))
+    kind = m[4]
+    return Arch(name=m[1] + m[2], sass=kind in (None, "real"), ptx=kind in (None, "virtual"))
 
 
 def split_archs(archs: Sequence[str]) -> dict[str, list[str]]:

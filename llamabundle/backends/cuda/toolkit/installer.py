@@ -53,7 +53,8 @@ from ....archive import MAX_MEMBERS, MAX_TOTAL_BYTES
 from ....bundle import sha256_file
 from ....errors import ToolchainError
 from ....log import Log
-from ....recipe import Settings, canonical_json
+from ....recipe import canonical_json
+from ....settings import Settings
 from . import layout
 from .manifest import load_manifest
 from .plan import IMPLIED_COMPONENTS, check_components
@@ -274,6 +275,8 @@ def _valid_signature_header(f: io.BufferedReader, at: int, size: int) -> bool:
     (start_crc,) = struct.unpack_from("<I", hdr, 8)
     if zlib.crc32(hdr[12:32]) != start_crc:
         return False
+    next_ofs: int
+    next_size: int
     next_ofs, next_size, _ = struct.unpack_from("<QQI", hdr, 12)
     return 0 < next_size and at + SIGNATURE_HEADER_SIZE + next_ofs + next_size <= size
 
@@ -520,7 +523,8 @@ def _package_files(pkg: Path, label: str, log: Log | None) -> list[PurePosixPath
             log.warn(f"{label}: {nvi.name} lists no files; taking the whole folder")
         return [PurePosixPath(p.as_posix()) for p in inside]
     by_key = {p.as_posix().lower(): PurePosixPath(p.as_posix()) for p in inside}
-    out, missing = [], []
+    out: list[PurePosixPath] = []
+    missing: list[PurePosixPath] = []
     for p in dict.fromkeys(listed):
         real = by_key.get(p.as_posix().lower())
         (out if real is not None else missing).append(real if real is not None else p)

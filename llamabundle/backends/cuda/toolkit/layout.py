@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 import filelock
 
+from .... import platforms
 from ....errors import ToolchainError
 
 MARKER = ".llamabundle-toolkit.json"
@@ -37,11 +38,11 @@ class Toolkit:
 
     @property
     def nvcc(self) -> Path:
-        return self.root / "bin" / ("nvcc.exe" if self.platform.startswith("windows") else "nvcc")
+        return self.root / "bin" / platforms.get(self.platform).program_file("nvcc")
 
     @property
     def lib_dirs(self) -> list[Path]:
-        if self.platform.startswith("windows"):
+        if platforms.get(self.platform).system == "windows":  # DLLs beside the programs, import libraries apart
             return [self.root / "bin", self.root / "lib" / "x64"]
         return [d for d in (self.root / "lib", self.root / "lib64", self.root / "targets" / "x86_64-linux" / "lib") if d.is_dir()]
 
@@ -96,13 +97,13 @@ def read_installed(root: Path) -> Toolkit | None:
 LOCK_TIMEOUT_S = 3600.0
 
 
-def cache_lock(cache_dir: Path, name: str) -> "filelock.FileLock":
+def cache_lock(cache_dir: Path, name: str) -> filelock.FileLock:
     d = cache_dir / "locks"
     d.mkdir(parents=True, exist_ok=True)
     return filelock.FileLock(str(d / f"{name}.lock"), timeout=LOCK_TIMEOUT_S)
 
 
-def root_lock(cache_dir: Path, root: Path) -> "filelock.FileLock":
+def root_lock(cache_dir: Path, root: Path) -> filelock.FileLock:
     return cache_lock(cache_dir, "toolkit-" + hashlib.sha256(str(root).encode()).hexdigest()[:16])
 
 

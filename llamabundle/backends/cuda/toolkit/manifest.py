@@ -27,7 +27,7 @@ from typing import Any
 from .... import data
 from ....errors import ToolchainError
 
-PLATFORMS = ("linux-x86_64", "windows-x86_64")
+PLATFORMS = ("linux-x86_64", "windows-x86_64")  # those NVIDIA ships toolkits for (a subset of platforms.NAMES)
 ARCHIVE_SUFFIXES = (".tar.xz", ".zip")
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
@@ -148,8 +148,8 @@ def _archive(component: str, platform: str, info: Mapping[str, Any], entry: Mapp
     if not isinstance(sha, str) or not _HEX64.match(sha):
         raise bad(f"sha256 {sha!r}")
     try:
-        size = int(entry.get("size"))  # NVIDIA writes sizes as strings
-    except (TypeError, ValueError):
+        size = int(entry["size"])  # NVIDIA writes sizes as strings
+    except (KeyError, TypeError, ValueError):  # KeyError: no size at all
         raise bad(f"size {entry.get('size')!r}") from None
     if size <= 0:
         raise bad(f"size {size}")

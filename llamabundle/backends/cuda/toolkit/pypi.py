@@ -26,12 +26,13 @@ from typing import Any
 
 from filelock import FileLock
 
-from .... import data, net, proc, pyindex
+from .... import data, net, platforms, proc, pyindex
 from ....archive import extract_zip
 from ....bundle import sha256_file
 from ....errors import ToolchainError, VerifyError
 from ....log import Log
-from ....recipe import Settings, canonical_json
+from ....recipe import canonical_json
+from ....settings import Settings
 from . import layout
 
 SOURCE = "pypi"
@@ -87,8 +88,10 @@ def plan_pypi(version: str, platform: str, components: Sequence[str]) -> list[Wh
             continue
         seen.add(comp)
         todo.extend(info["requires"].get(comp, ()))
-    unknown, missing, no_platform = [], [], []
-    records = []
+    unknown: list[str] = []
+    missing: list[str] = []
+    no_platform: list[str] = []
+    records: list[WheelRecord] = []
     for comp in sorted(seen):
         wheel = tk["wheels"].get(comp)
         if wheel is None:
@@ -199,8 +202,7 @@ def _fetch_wheels(records: Sequence[WheelRecord], *, settings: Settings, log: Lo
         total = sum(r.size for r in need)
         log.info(f"    downloading {len(need)} wheels ({total / 1e6:.1f} MB) from "
                  f"{settings.pip_index_url or pyindex.DEFAULT_INDEX}")
-        for r, path in _download_wheels(need, settings=settings, log=log).items():
-            found[r] = path
+        found.update(_download_wheels(need, settings=settings, log=log))
     return found
 
 
@@ -268,7 +270,7 @@ def _assemble(root: Path, records: Sequence[WheelRecord], wheels: dict[str, Path
         for p in sorted((root / d).glob("*")) if (root / d).is_dir() else ():
             if p.is_file() and not p.is_symlink() and _is_program(p):
                 p.chmod(0o755)
-    if not platform.startswith("windows"):
+    if platforms.get(platform).system != "windows":
         _link_sonames(root / "lib")
         if (root / "lib").is_dir() and not (root / "lib64").exists():
             os.symlink("lib", root / "lib64")

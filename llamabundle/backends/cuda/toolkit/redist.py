@@ -26,11 +26,11 @@ from typing import Any
 import requests
 
 from .... import archive as archive_mod
-from .... import net
+from .... import net, platforms
 from ....bundle import sha256_file
 from ....errors import ToolchainError, VerifyError
 from ....log import Log
-from ....recipe import Settings
+from ....settings import Settings
 from . import layout
 from .manifest import Archive, Manifest
 from .plan import ToolkitPlan, plan_toolkit
@@ -168,7 +168,7 @@ def assemble(plan: ToolkitPlan, archives: Mapping[str, Path], tree: Path, *, log
                     log.warn(f"{a.name} has no LICENSE file")
             _merge(top, tree, PurePosixPath("."), a.component, owners)
             shutil.rmtree(xdir)
-        if plan.platform.startswith("linux"):
+        if platforms.get(plan.platform).system == "linux":
             lib64 = tree / "lib64"
             if not lib64.exists() and not lib64.is_symlink():
                 (tree / "lib").mkdir(exist_ok=True)

@@ -1,17 +1,29 @@
-"""Pick the toolkit a CUDA recipe builds with, and check it before a long build starts."""
+"""Pick the toolkit a CUDA recipe builds with, and check it before a long build starts; plan and install a
+toolkit from a given source (`llamabundle toolkit plan|install`)."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .... import data, proc
 from ....errors import ToolchainError
 from ....log import Log
-from ....recipe import Recipe, Settings
+from ....recipe import Recipe
+from ....settings import Settings
 from .layout import Toolkit
+from .manifest import Manifest
+from .plan import ToolkitPlan, plan_toolkit
 from .system import DEFAULT_ROOTS, find_system_toolkit
+
+if TYPE_CHECKING:
+    from .installer import InstallerPlan
+    from .installer import InstallResult as InstallerResult
+    from .pypi import WheelRecord
+    from .redist import InstallResult as RedistResult
 
 
 def resolve_toolkit(recipe: Recipe, *, settings: Settings, log: Log, env: Mapping[str, str],
@@ -36,16 +48,66 @@ def resolve_toolkit(recipe: Recipe, *, settings: Settings, log: Log, env: Mappin
     if source == "installer":
         from .installer import install_from_installer
 
-        local = env.get("LLAMABUNDLE_CUDA_INSTALLER")  # a local copy of the .exe instead of the pinned URL
+        # settings.cuda_installer: a local copy of the .exe instead of the pinned URL
         return install_from_installer(version=version, platform=recipe.platform, components=components, settings=settings,
-                                      log=log, installer=Path(local) if local else None,
-                                      sha256=env.get("LLAMABUNDLE_CUDA_INSTALLER_SHA256") or None)
+                                      log=log, installer=settings.cuda_installer, sha256=settings.cuda_installer_sha256)
     if source == "redist":
         from .redist import install_redist
 
         return install_redist(version=version, platform=recipe.platform, components=components, settings=settings, log=log)
     raise ToolchainError(f"the CUDA toolkit source '{source}' is not available in this version",
                          fix="use cuda.source: redist, pypi or system")
+
+
+@dataclass(frozen=True, kw_only=True)
+class WheelPlan:
+    """A toolkit from PyPI wheels: the CUDA version, platform and components asked for, and their pinned wheels."""
+
+    version: str
+    platform: str
+    components: list[str]
+    wheels: list[WheelRecord]
+
+
+def plan_source(source: str, *, version: str, platform: str, components: Sequence[str],
+                manifest: Manifest | None = None, sha256: str | None = None) -> ToolkitPlan | InstallerPlan | WheelPlan:
+    """What installing `components` of CUDA `version` for `platform` from `source` takes: the local installer's
+    folders (`installer`; `sha256` for a version without a pinned one), the PyPI wheels (`pypi`), or the redist
+    archives (`redist`, from `manifest` or the pinned one; plan_toolkit refuses any other source)."""
+    if source == "installer":
+        from .installer import plan_installer
+
+        return plan_installer(version=version, components=components, platform=platform, sha256=sha256)
+    if source == "pypi":
+        from .pypi import plan_pypi
+
+        return WheelPlan(version=version, platform=platform, components=list(components),
+                         wheels=plan_pypi(version, platform, components))
+    return plan_toolkit(version=version, components=components, platform=platform, source=source, manifest=manifest)
+
+
+def install_planned(plan: ToolkitPlan | InstallerPlan | WheelPlan, *, settings: Settings, log: Log,
+                    dest: Path | None = None, installer: Path | None = None,
+                    ) -> RedistResult | InstallerResult | Toolkit:
+    """Install a plan_source plan into its content-addressed root under settings.cache_dir (or `dest`), reusing
+    a complete install; the local installer's .exe from `installer` instead of the pinned URL. The result of
+    redist.install or installer.install, or the Toolkit of PyPI wheels."""
+    if isinstance(plan, WheelPlan):
+        from .pypi import install_from_pypi
+
+        return install_from_pypi(version=plan.version, platform=plan.platform, components=plan.components,
+                                 settings=settings, log=log, dest=dest)
+    if isinstance(plan, ToolkitPlan):
+        from . import redist
+
+        with log.step(f"CUDA {plan.version} toolkit ({plan.platform}, {len(plan.archives)} components)"):
+            return redist.install(plan, cache_dir=settings.cache_dir, base_url=settings.cuda_redist_url, log=log,
+                                  dest=dest, connect_timeout=settings.connect_timeout)
+    from . import installer as installer_src
+
+    with log.step(f"CUDA {plan.version} toolkit from the local installer ({len(plan.components)} components)"):
+        return installer_src.install(plan, cache_dir=settings.cache_dir, log=log, installer=installer, dest=dest,
+                                     connect_timeout=settings.connect_timeout)
 
 
 def check_toolkit(tk: Toolkit, recipe: Recipe, *, env: Mapping[str, str]) -> dict[str, str]:
@@ -55,7 +117,7 @@ def check_toolkit(tk: Toolkit, recipe: Recipe, *, env: Mapping[str, str]) -> dic
     want = str(data.cuda_manifest(recipe.cuda.toolkit)["cuda_nvcc"]["version"])
     if not tk.nvcc.is_file():
         raise ToolchainError(f"the toolkit at {tk.root} has no nvcc", fix="add cuda_nvcc to cuda.components")
-    out = proc.capture([tk.nvcc, "--version"], env=env).stdout
+    out = proc.capture([str(tk.nvcc), "--version"], env=env).stdout
     m = re.search(r"release (\d+\.\d+), V(\d+\.\d+\.\d+)", out)
     got = m.group(2) if m else "unknown"
     if got != want:

@@ -41,7 +41,7 @@ def installed_version(root: Path, want: str | None = None) -> str | None:
             pass
     nvcc = root / "bin" / "nvcc"
     if nvcc.is_file():
-        out = proc.capture([nvcc, "--version"]).stdout
+        out = proc.capture([str(nvcc), "--version"]).stdout
         m = re.search(r"release (\d+\.\d+), V(\d+\.\d+\.\d+)", out)
         if m:  # no version.json (a distro or container install): nvcc's own version names the release
             for label in ([want] if want in data.cuda_toolkits() else []) + list(data.cuda_toolkits()):
@@ -54,7 +54,7 @@ def installed_version(root: Path, want: str | None = None) -> str | None:
 def find_system_toolkit(version: str, platform: str, env: Mapping[str, str],
                         defaults: Sequence[Path] = DEFAULT_ROOTS) -> tuple[Toolkit | None, list[str]]:
     """(toolkit, notes): the first installed toolkit whose version equals `version`, and what was seen."""
-    notes = []
+    notes: list[str] = []
     for root in candidates(env, defaults):
         if not root.is_dir():
             continue

@@ -1,0 +1,122 @@
+"""What every ggml backend answers: its CMake switch and definitions, its targets, the toolkit it needs
+(prepared before the build), what it adds to runtime collection, its section of bundle.json, its verify
+checks, and how the loader and `--list-devices` name it (what verify's gpu level and probe ask)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from ..bundle.manifest import Manifest
+    from ..log import Log
+    from ..platforms.base import Platform
+    from ..recipe import Recipe
+    from ..settings import Settings
+
+
+@dataclass(frozen=True, kw_only=True)
+class Prepared:
+    """What a backend's toolkit step gave the build: the toolkit's root and library directories, and the
+    versions bundle.json's `toolchain` records (e.g. {"nvcc": "13.0.88"})."""
+    backend: str
+    root: Path
+    lib_dirs: tuple[Path, ...] = ()
+    toolchain: Mapping[str, str] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """One ggml backend. Implementations are module-level singletons registered in `backends`."""
+
+    name: str  # as recipes and bundle.json name it: cpu, cuda
+    loader_name: str  # as ggml's loader and --list-devices name it: CPU, CUDA
+    gpu: bool  # a GPU backend: verify's gpu level and probe look for its device
+    cmake_switch: str | None  # GGML_CUDA: ON when a recipe has the backend, OFF otherwise (None: always built)
+    languages: tuple[str, ...]  # CMake languages it compiles besides C and C++ (compiler launchers, prefix maps)
+    manifest_key: str | None  # its section of bundle.json ("cuda"), or None
+    driver_name: str  # what must be installed for its device to work ("NVIDIA driver")
+    device_hint: str  # the machine a GPU check needs ("an NVIDIA GPU and driver")
+
+    def targets(self, recipe: Recipe) -> tuple[str, ...]:
+        """The CMake targets of its backend modules (loaded at run time, not linked)."""
+        ...
+
+    def prepare(self, recipe: Recipe, *, settings: Settings, log: Log, env: Mapping[str, str],
+                source: str | None) -> Prepared | None:
+        """Before the build: find or install the toolkit the backend needs and check it (None: it needs none)."""
+        ...
+
+    def cmake_definitions(self, recipe: Recipe, *, platform: Platform, toolkit_root: Path | None) -> dict[str, str]:
+        """Cache definitions for a recipe that has this backend."""
+        ...
+
+    def prefix_map_flags(self, defs: Mapping[str, str], maps: Sequence[str]) -> dict[str, str]:
+        """Flags of its languages that map the source and build paths (`maps`: -ffile-prefix-map=…)."""
+        ...
+
+    def project_include(self, recipe: Recipe) -> list[str]:
+        """Lines for the CMake project include (CMAKE_PROJECT_INCLUDE) a recipe with this backend needs."""
+        ...
+
+    def companions(self, bundled: Mapping[str, Path], lib_dirs: Sequence[Path]) -> list[Path]:
+        """Libraries loaded at run time by what is bundled, with no import entry naming them."""
+        ...
+
+    def licenses(self, bundled: Mapping[str, Path], prepared: Prepared | None, stage: Path) -> dict[str, str]:
+        """Copy the licence texts of what it redistributes into `stage`; returns their roles."""
+        ...
+
+    def manifest_section(self, recipe: Recipe, stage: Path, *, platform: Platform,
+                         prepared: Prepared | None) -> dict[str, Any] | None:
+        """Its section of bundle.json, read from the staged files (None: it has none)."""
+        ...
+
+    def check(self, root: Path, manifest: Manifest, *, platform: Platform) -> dict[str, str]:
+        """Its static checks of an unpacked bundle that has it: level name -> "passed (…)"; raises VerifyError."""
+        ...
+
+    def device_present(self) -> bool:
+        """A GPU backend: this machine has the device driver (so its backend should have loaded)."""
+        ...
+
+
+class NoExtras:
+    """The defaults of a backend that needs no toolkit, no extra runtime files and no checks of its own."""
+
+    cmake_switch: str | None = None
+    languages: tuple[str, ...] = ()
+    manifest_key: str | None = None
+    driver_name = "device driver"
+    device_hint = "a device and its driver"
+
+    def prepare(self, recipe: Recipe, *, settings: Settings, log: Log, env: Mapping[str, str],
+                source: str | None) -> Prepared | None:
+        return None
+
+    def cmake_definitions(self, recipe: Recipe, *, platform: Platform, toolkit_root: Path | None) -> dict[str, str]:
+        return {}
+
+    def prefix_map_flags(self, defs: Mapping[str, str], maps: Sequence[str]) -> dict[str, str]:
+        return {}
+
+    def project_include(self, recipe: Recipe) -> list[str]:
+        return []
+
+    def companions(self, bundled: Mapping[str, Path], lib_dirs: Sequence[Path]) -> list[Path]:
+        return []
+
+    def licenses(self, bundled: Mapping[str, Path], prepared: Prepared | None, stage: Path) -> dict[str, str]:
+        return {}
+
+    def manifest_section(self, recipe: Recipe, stage: Path, *, platform: Platform,
+                         prepared: Prepared | None) -> dict[str, Any] | None:
+        return None
+
+    def check(self, root: Path, manifest: Manifest, *, platform: Platform) -> dict[str, str]:
+        return {}
+
+    def device_present(self) -> bool:
+        return False

@@ -1,0 +1,109 @@
+"""Packaging a build: its programs and backends and the runtime libraries they need collected into a
+stage directory (asked of the platform and the backends), llama.cpp's licences, bundle.json assembled
+from what was staged, and the deterministic zip."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .. import backends, cache, platforms, scratch
+from ..backends import Prepared
+from ..build import BuildPlan, BuildResult, BuildTools
+from ..errors import VerifyError
+from ..log import Log
+from ..platforms import Collected, RuntimeSources
+from ..recipe import Recipe
+from ..source import SourceTree
+from . import built_at, file_entries, pack, write_manifest
+from .manifest import Manifest
+
+LICENSE_FILES = {"LICENSE": "LICENSE", "licenses/LICENSE-jsonhpp": "LICENSE-jsonhpp"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Made:
+    """What a build of one recipe was made with: enough to package it, or to build it again elsewhere."""
+    recipe: Recipe
+    key: str
+    src: SourceTree
+    tools: BuildTools
+    prepared: Mapping[str, Prepared]  # backend name -> its toolkit
+    sde: int | None  # SOURCE_DATE_EPOCH: the commit's date unless the environment sets it
+
+    @property
+    def toolkit_roots(self) -> dict[str, Path]:
+        return {name: p.root for name, p in self.prepared.items()}
+
+
+def package(made: Made, plan: BuildPlan, result: BuildResult, out_zip: Path, *, cache_dir: Path,
+            log: Log) -> tuple[Manifest, Collected]:
+    """Collect the build's products and their runtime libraries, write bundle.json, pack the zip."""
+    recipe = made.recipe
+    platform = platforms.get(recipe.platform)
+    have = backends.of(recipe)
+    tmp = scratch.make_dir(cache.tmp_dir(cache_dir), cache.STAGE_PREFIX)
+    try:
+        stage = tmp / "bundle"
+        stage.mkdir()
+        with log.step("collect runtime libraries"):
+            sources = RuntimeSources(
+                lib_dirs=(*(d for p in made.prepared.values() for d in p.lib_dirs), *platform.runtime_dirs(recipe)),
+                companions=lambda bundled, dirs: [c for b in have for c in b.companions(bundled, dirs)])
+            collected = platform.collect(plan, stage, log=log, sources=sources)
+            roles = dict(collected.roles) | copy_licenses(made.src.path, stage)
+            for b in have:
+                roles |= b.licenses(collected.bundled, made.prepared.get(b.name), stage)
+        fields: dict[str, Any] = {
+            "name": recipe.name,
+            "key": made.key,
+            "inputs": recipe.key_inputs(),
+            "llama_cpp": {"commit": recipe.llama_cpp.commit, "version": llama_version(plan.build_dir),
+                          "source": made.src.origin},
+            "platform": recipe.platform,
+            "backends": sorted(recipe.backends),
+            "toolchain": {"cmake": made.tools.cmake_version, "ninja": made.tools.ninja_version,
+                          "compiler": result.compiler,
+                          **{k: v for p in made.prepared.values() for k, v in p.toolchain.items()}},
+            "system_deps": collected.system_deps,
+            "glibc_floor": collected.glibc_floor,
+            "files": file_entries(stage, roles),
+            "built_at": built_at(made.sde),
+            "publish": {"tag": recipe.tag()},
+        }
+        for b in backends.REGISTRY.values():  # every backend's section: null when the bundle lacks it
+            if b.manifest_key:
+                fields[b.manifest_key] = b.manifest_section(recipe, stage, platform=platform,
+                                                            prepared=made.prepared.get(b.name)) if b in have else None
+        manifest = write_manifest(stage, fields)
+        with log.step("pack"):
+            pack(stage, out_zip, source_date_epoch=made.sde)
+            log.info(f"    {out_zip} ({out_zip.stat().st_size / 1e6:.1f} MB, {len(manifest.files)} files)")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return manifest, collected
+
+
+def copy_licenses(source_dir: Path, stage: Path) -> dict[str, str]:
+    """llama.cpp's own licence texts from the source tree (its LICENSE must be there)."""
+    roles: dict[str, str] = {}
+    for src_rel, name in LICENSE_FILES.items():
+        if (source_dir / src_rel).is_file():
+            shutil.copyfile(source_dir / src_rel, stage / name)
+            roles[name] = "license"
+    if "LICENSE" not in roles:
+        raise VerifyError("llama.cpp's LICENSE file is missing from the source tree", fix="check the source")
+    return roles
+
+
+def llama_version(build_dir: Path) -> str | None:
+    """'b<N>' from the build's generated build-info, when llama.cpp knew its build number."""
+    for f in build_dir.glob("common/build-info.cpp"):
+        m = re.search(r"LLAMA_BUILD_NUMBER\s*=\s*(\d+)", f.read_text())
+        if m and int(m.group(1)) > 0:
+            return f"b{m.group(1)}"
+    return None

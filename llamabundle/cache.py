@@ -1,0 +1,63 @@
+"""The cache directory's layout (LLAMABUNDLE_CACHE_DIR): where sources, build trees, built zips, fetched
+bundles, locks and scratch directories lie, and the sweep of what killed runs left there."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from . import scratch
+from .source import TMP_PREFIX as SOURCE_PREFIX
+
+if TYPE_CHECKING:
+    from .build import BuildTools
+    from .recipe import Recipe
+
+STAGE_PREFIX = "stage-"  # a bundle being collected and packed
+REPRO_PREFIX = "repro-"  # the second build of --check-reproducible
+UNPACK_PREFIX = "unpack-"  # a fetched bundle being checked
+VERIFY_PREFIX = "verify-"  # verify's copies of the bundles it runs
+TMP_PREFIXES = (STAGE_PREFIX, REPRO_PREFIX, UNPACK_PREFIX, VERIFY_PREFIX, SOURCE_PREFIX)  # what commands make in tmp/
+
+
+def tmp_dir(cache_dir: Path) -> Path:
+    """Scratch directories, each named by its owner (scratch.py), never bare /tmp."""
+    return cache_dir / "tmp"
+
+
+def sweep(cache_dir: Path) -> None:
+    """Remove what killed runs left in the cache: their scratch directories in <cache>/tmp (never a live
+    run's). Every command that uses the cache calls this first."""
+    scratch.sweep(tmp_dir(cache_dir), TMP_PREFIXES)
+
+
+def lock_dir(cache_dir: Path) -> Path:
+    return cache_dir / "locks"
+
+
+def source_dir(cache_dir: Path, recipe: Recipe) -> Path:
+    return cache_dir / "src" / recipe.llama_cpp.commit
+
+
+def build_dir(cache_dir: Path, recipe: Recipe, tools: BuildTools, toolkit_roots: Iterable[Path] = ()) -> Path:
+    """One incremental build tree per key and set of build tools (a venv's cmake and the system's, or two
+    toolkits of one version, each keep their own instead of wiping each other's)."""
+    roots = "|".join(str(r) for r in toolkit_roots) or "None"
+    tools_id = hashlib.sha256(f"{tools.cmake}|{tools.ninja}|{tools.ccache}|{roots}".encode()).hexdigest()[:8]
+    return cache_dir / "build" / f"{recipe.key()[:16]}-{tools_id}"
+
+
+def zip_name(recipe: Recipe) -> str:
+    return f"{recipe.name}-{recipe.key()[:12]}.zip"
+
+
+def out_zip(cache_dir: Path, recipe: Recipe) -> Path:
+    """Where a build leaves its zip."""
+    return cache_dir / "out" / zip_name(recipe)
+
+
+def fetched_dir(cache_dir: Path, key: str) -> Path:
+    """Where a bundle fetched from a store is kept."""
+    return cache_dir / "fetched" / key

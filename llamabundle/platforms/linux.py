@@ -1,0 +1,93 @@
+"""Linux x86-64: ELF files (`lib<target>.so`), the shared-library closure collected from the build and the
+system (never the driver's libraries), RUNPATH $ORIGIN, and llama-server run natively to load the bundle."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..deps import elf
+from ..deps.policy import LibClass, linux_policy
+from ..errors import VerifyError
+from . import base
+from .base import Collected, Loaded, RuntimeSources
+
+if TYPE_CHECKING:
+    from ..build import BuildPlan
+    from ..bundle.manifest import Manifest
+    from ..log import Log
+    from ..recipe import Recipe
+
+
+class Linux:
+    name = "linux-x86_64"
+    system = "linux"
+    compilers: tuple[str, ...] = ("gcc", "clang")
+
+    def program_file(self, target: str) -> str:
+        return target
+
+    def library_file(self, target: str) -> str:
+        return f"lib{target}.so"
+
+    def can_build_on(self, host: str, compiler: str) -> bool:
+        return host == self.name
+
+
+    def cmake_setup(self, recipe: Recipe, build_dir: Path) -> tuple[dict[str, str], list[tuple[str, str]], list[str]]:
+        return {}, [], []
+
+    def runtime_dirs(self, recipe: Recipe) -> list[Path]:
+        return []
+
+    def collect(self, plan: BuildPlan, stage: Path, *, log: Log, sources: RuntimeSources) -> Collected:
+        policy = linux_policy()
+        roots = [plan.output_dir / n for n in plan.programs + plan.backends]
+        lib_dirs = list(sources.lib_dirs) + elf.system_library_dirs(policy, ldconfig_output=elf.ldconfig_cache())
+        closure = elf.resolve_closure(roots, products=[plan.output_dir], policy=policy, system_dirs=lib_dirs)
+        companions = sources.companions(closure.bundled, lib_dirs)
+        if companions:  # libraries loaded at run time without a DT_NEEDED entry (e.g. nvrtc's builtins)
+            closure = elf.resolve_closure(roots + companions, products=[plan.output_dir], policy=policy,
+                                          system_dirs=lib_dirs)
+        products = {p.name for p in plan.output_dir.iterdir()}
+        copied_in = sorted(n for n, p in closure.bundled.items() if n not in products)
+        log.info(f"    bundled from the build: {len(closure.bundled) - len(copied_in)}; "
+                 f"copied from the system: {', '.join(copied_in) or 'none'}")
+        log.info(f"    system: {', '.join(closure.system) or 'none'}; driver: {', '.join(closure.driver) or 'none'}")
+        if closure.missing:
+            raise base.missing_error(closure.missing, what="libraries", verb="needed",
+                                     fix="install them on the build machine (they are then copied into the bundle)")
+        elf.apply_closure(closure, stage, log=log)
+        return Collected(bundled=closure.bundled, roles=base.roles_of(plan, closure.bundled),
+                         system_deps=closure.system_deps, glibc_floor=closure.glibc_floor)
+
+    def check_static(self, root: Path, manifest: Manifest) -> list[str]:
+        """Every DT_NEEDED of every ELF file is in the bundle or a system or driver library; RUNPATH is $ORIGIN."""
+        policy = linux_policy()
+        present = {f.path for f in manifest.files}
+        for entry in manifest.files:
+            f = root / entry.path
+            if not elf.is_elf(f):
+                continue
+            info = elf.read_elf(f)
+            for dep in info.needed:
+                if dep in present or policy.classify(dep) is not LibClass.OTHER:
+                    continue
+                raise VerifyError(f"{entry.path} needs {dep}, which is neither in the bundle nor a system or driver "
+                                  "library", why="the bundle would fail to load on a clean machine",
+                                  fix="rebuild the bundle")
+            bad = [p for p in info.runpath if p not in ("$ORIGIN", "${ORIGIN}")]
+            if bad:
+                raise VerifyError(f"{entry.path} has RUNPATH {':'.join(info.runpath)}",
+                                  why="only $ORIGIN keeps a bundle relocatable", fix="rebuild the bundle")
+        return list(manifest.system_deps)
+
+    def check_load(self, root: Path, manifest: Manifest, *, host: str, wine_prefix: Path | None) -> Loaded:
+        if host != self.name:
+            return Loaded(level=f"skipped: a {manifest.platform} bundle cannot run on {host}")
+        return base.run_list_devices(root, exe_name=self.program_file("llama-server"),
+                                env={"PATH": "/usr/bin:/bin", "HOME": str(root), "LANG": "C.UTF-8",
+                                     "TMPDIR": str(root.parent)})
+
+
+LINUX = Linux()

@@ -1,0 +1,80 @@
+"""Loading a Windows bundle on Linux: `wine llama-server.exe --verbose --list-devices` in a private
+prefix (never the user's ~/.wine). Wine 8 does not exit after the device list, so the run is stopped once
+the list is complete."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+from filelock import FileLock
+
+from ... import proc
+from ...errors import VerifyError
+from ..base import DEVICE, Loaded, read_list_devices
+
+TIMEOUT = 300  # a new Wine prefix boots first (20-60 s)
+QUIET = 2.0  # seconds without output after the device list: the list is complete
+STOPPED = "stopped after the device list: Wine 8 does not exit"
+
+
+def check_load(root: Path, *, prefix: Path) -> Loaded:
+    """The CPU backend must load from inside the bundle (Wine prints Z:\\… paths). Skipped with a reason
+    when wine is not installed."""
+    wine = shutil.which("wine")
+    if wine is None:
+        return Loaded(level="skipped: wine is not installed (a Windows bundle runs on Linux only under Wine)")
+    exe = root / "llama-server.exe"
+    if not exe.is_file():
+        raise VerifyError("the bundle has no llama-server.exe", fix="include llama-server in the recipe's targets")
+    prefix.mkdir(parents=True, exist_ok=True)
+    wine_dir = str(Path(wine).parent)
+    env = {"PATH": f"{wine_dir}:/usr/bin:/bin", "HOME": str(prefix), "LANG": "C.UTF-8", "WINEPREFIX": str(prefix),
+           "WINEDEBUG": "-all", "WINEDLLOVERRIDES": "mscoree,mshtml=", "TMPDIR": str(root.parent)}
+    wineserver = shutil.which("wineserver", path=env["PATH"])
+
+    def stop() -> None:
+        if wineserver:
+            proc.capture([wineserver, "-k"], env=env, timeout=60)
+
+    with FileLock(str(prefix) + ".lock"):  # one run per prefix: wineserver -k ends every process in it
+        res = run_until_device_list([wine, str(exe), "--verbose", "--list-devices"], env=env, cwd=root, stop=stop)
+    if not res.stopped and res.returncode != 0:
+        raise VerifyError(f"wine llama-server.exe --list-devices exited with {res.returncode}",
+                          why="the bundle does not load under Wine", details="\n".join(res.lines[-20:]))
+    loaded = Loaded(level="passed (under Wine; " + (STOPPED + ")" if res.stopped else "it exited 0)"))
+    read_list_devices(res.lines, root=root, loaded=loaded, exe="llama-server.exe", where=" under Wine",
+                      translate=wine_to_unix)
+    return loaded
+
+
+def run_until_device_list(argv: list[str], *, env: dict[str, str], cwd: Path, timeout: float | None = None,
+                          quiet: float | None = None, stop: Callable[[], None] | None = None) -> proc.Watched:
+    """Run argv until its device list is complete: 'Available devices:' was seen and either a line that is
+    not a device follows or the output goes quiet for `quiet` seconds. Then it is stopped (and `stop()` runs)."""
+    timeout = TIMEOUT if timeout is None else timeout
+    state = {"in_list": False}
+
+    def done(line: str) -> bool:
+        if line.startswith("Available devices"):
+            state["in_list"] = True
+            return False
+        return state["in_list"] and not DEVICE.match(line)
+
+    try:
+        return proc.run_until(argv, env=env, cwd=cwd, timeout=timeout, idle=QUIET if quiet is None else quiet,
+                              done=done, settling=lambda: state["in_list"], stop=stop)
+    except proc.Timeout as e:
+        seen = (e.output or "").splitlines()
+        raise VerifyError(f"{' '.join(Path(a).name for a in argv)} listed no devices in {timeout:.0f}s",
+                          details="\n".join(seen[-20:])) from None
+    except OSError as e:
+        raise VerifyError(f"{argv[0]} could not be started", why=str(e)) from None
+
+
+def wine_to_unix(path: str) -> str:
+    """Z:\\tmp\\b\\x.dll -> /tmp/b/x.dll (Wine maps Z: to /); other paths unchanged."""
+    m = re.match(r"^[Zz]:[\\/](.*)$", path)
+    return "/" + m.group(1).replace("\\", "/") if m else path

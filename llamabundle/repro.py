@@ -1,0 +1,43 @@
+"""The reproducibility check (`build --check-reproducible`): build again from a copy of the source at another
+path, in a new build directory, package it, and compare the two zips byte for byte."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from . import cache, scratch
+from .build import plan_build, run_build
+from .bundle import diff_zips, sha256_file
+from .bundle.package import Made, package
+from .errors import VerifyError
+from .log import Log
+
+
+def rebuild_elsewhere(made: Made, zip_a: Path, *, jobs: int | None, cache_dir: Path, build_timeout: float, log: Log,
+                      env: Mapping[str, str]) -> dict[str, Any]:
+    """Raises VerifyError naming each differing file and its first differing byte unless both zips are equal."""
+    work = scratch.make_dir(cache.tmp_dir(cache_dir), cache.REPRO_PREFIX)
+    try:
+        with log.step("second build elsewhere (reproducibility check)"):
+            src_b = work / "elsewhere" / "src" / "llama.cpp"
+            shutil.copytree(made.src.path, src_b, symlinks=True)
+            plan_b = plan_build(made.recipe, source_dir=src_b, build_dir=work / "b" / "build", tools=made.tools,
+                                jobs=jobs, toolkit_roots=made.toolkit_roots)
+            result_b = run_build(plan_b, log=log, env=env, clean=True, timeout=build_timeout)
+        zip_b = work / zip_a.name
+        package(replace(made, src=replace(made.src, path=src_b)), plan_b, result_b, zip_b, cache_dir=cache_dir, log=log)
+        diffs = diff_zips(zip_a, zip_b)
+        sha_a, sha_b = sha256_file(zip_a), sha256_file(zip_b)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    if diffs or sha_a != sha_b:
+        lines = "\n".join(f"    {d}" for d in diffs) or "    (same members; the zip containers differ)"
+        raise VerifyError("the bundle is not reproducible: a second build elsewhere gave other bytes",
+                          why=f"zip sha256 {sha_a[:16]}… vs {sha_b[:16]}…", details=lines,
+                          fix="look for paths, dates or build-order effects in the files listed")
+    log.info(f"    reproducible: both builds give zip sha256 {sha_a}")
+    return {"sha256": sha_a, "second_build": "other source path and build directory"}
