@@ -478,7 +478,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     outcomes = [Outcome(bench=b, reason=skipped[b.name], rows=not_run(b, skipped[b.name])) if b.name in skipped
                 else run_bench(b, quick=a.quick, log=log) for b in BENCHES]
     text = render_results(
-        outcomes, date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        outcomes, date=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         machine=machine_info(*(_read(p) for p in ("/proc/cpuinfo", "/proc/meminfo"))), commit=git_commit(),
         command=shlex.join(["python3", "-m", "bench", *argv]), quick=a.quick)
     print(text.partition("\n## Figures")[0].rstrip("\n"))

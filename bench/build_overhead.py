@@ -26,7 +26,8 @@ sys.path.insert(0, str(REPO))
 from bench import add_json_args, emit_json  # noqa: E402
 from llamabundle.build import plan_build, resolve_tools  # noqa: E402
 from llamabundle.log import Log  # noqa: E402
-from llamabundle.recipe import Settings, load_recipe  # noqa: E402
+from llamabundle.recipe import load_recipe  # noqa: E402
+from llamabundle.settings import Settings  # noqa: E402
 from llamabundle.source import fetch_source  # noqa: E402
 
 

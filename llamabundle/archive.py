@@ -124,7 +124,7 @@ def extract_tar(archive: Path, dest: Path, *, select: str | None = None) -> None
     tmp = _tmp_beside(dest)
     try:
         with tarfile.open(archive) as tf:
-            members = []
+            members: list[tarfile.TarInfo] = []
             total = 0
             for m in tf:
                 if select is not None and not (m.name == select.rstrip("/") or m.name.startswith(select.rstrip("/") + "/")):

@@ -358,7 +358,9 @@ class _Download:
                 h = {k: v for k, v in h.items() if k.lower() != "authorization"}
                 h["Authorization"] = None
             try:
-                r = self.http.get(cur, headers=h, stream=True, timeout=self.timeout, allow_redirects=False)
+                # requests drops a header whose value is None (merge_setting), but its annotations allow no None
+                r = self.http.get(cur, headers=h,  # type: ignore[arg-type]
+                                  stream=True, timeout=self.timeout, allow_redirects=False)
             except _HOPELESS as e:
                 raise NetworkError(f"cannot download {self.url}", why=_short(e), fix="check the URL") from None
             except _DROPPED as e:

@@ -28,7 +28,10 @@ LEGACY_AGE = 24 * 3600  # a leftover without an owner is removed once it is this
 def start_time(pid: int) -> int | None:
     """When process `pid` started (an opaque number, stable for the life of the process), or None when no
     such process runs. 0: it runs, but its start time cannot be read on this system."""
-    if sys.platform.startswith("linux"):
+    # one branch per platform, in an if/elif/else that mypy evaluates for the platform it checks
+    if sys.platform == "win32":
+        return _windows_start_time(pid)
+    elif sys.platform.startswith("linux"):
         try:
             stat = Path(f"/proc/{pid}/stat").read_text()
         except (FileNotFoundError, ProcessLookupError):
@@ -39,35 +42,37 @@ def start_time(pid: int) -> int | None:
         if fields and fields[0] in ("Z", "X"):  # a zombie is dead: only its exit status remains
             return None
         return int(fields[19]) if len(fields) > 19 and fields[19].isdigit() else 0
-    if sys.platform == "win32":
-        return _windows_start_time(pid)
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return None
-    except PermissionError:
-        return 0
-    return 0
-
-
-def _windows_start_time(pid: int) -> int | None:  # pragma: no cover - Windows only
-    import ctypes
-    from ctypes import wintypes
-
-    kernel32 = ctypes.WinDLL("kernel32", use_last_error=True)
-    handle = kernel32.OpenProcess(0x1000, False, pid)  # PROCESS_QUERY_LIMITED_INFORMATION
-    if not handle:
-        return 0 if ctypes.get_last_error() == 5 else None  # ERROR_ACCESS_DENIED: it exists
-    try:
-        code = wintypes.DWORD()
-        if kernel32.GetExitCodeProcess(handle, ctypes.byref(code)) and code.value != 259:  # STILL_ACTIVE
+    else:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
             return None
-        times = [wintypes.FILETIME() for _ in range(4)]
-        if not kernel32.GetProcessTimes(handle, *(ctypes.byref(t) for t in times)):
+        except PermissionError:
             return 0
-        return (times[0].dwHighDateTime << 32) | times[0].dwLowDateTime
-    finally:
-        kernel32.CloseHandle(handle)
+        return 0
+
+
+# defined on Windows only: ctypes.WinDLL and ctypes.get_last_error exist there alone, and mypy checks this
+# block only when it checks for win32 (start_time calls it from its win32 branch)
+if sys.platform == "win32":
+    def _windows_start_time(pid: int) -> int | None:  # pragma: no cover - Windows only
+        import ctypes
+        from ctypes import wintypes
+
+        kernel32 = ctypes.WinDLL("kernel32", use_last_error=True)
+        handle = kernel32.OpenProcess(0x1000, False, pid)  # PROCESS_QUERY_LIMITED_INFORMATION
+        if not handle:
+            return 0 if ctypes.get_last_error() == 5 else None  # ERROR_ACCESS_DENIED: it exists
+        try:
+            code = wintypes.DWORD()
+            if kernel32.GetExitCodeProcess(handle, ctypes.byref(code)) and code.value != 259:  # STILL_ACTIVE
+                return None
+            times = [wintypes.FILETIME() for _ in range(4)]
+            if not kernel32.GetProcessTimes(handle, *(ctypes.byref(t) for t in times)):
+                return 0
+            return (times[0].dwHighDateTime << 32) | times[0].dwLowDateTime
+        finally:
+            kernel32.CloseHandle(handle)
 
 
 @cache

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from elftools.common.exceptions import ELFError
-from elftools.elf.dynamic import DynamicSection
+from elftools.elf.dynamic import DynamicSection, DynamicTag
 from elftools.elf.elffile import ELFFile
 from elftools.elf.gnuversions import GNUVerNeedSection
 
@@ -43,25 +43,32 @@ def is_elf(path: Path) -> bool:
         return False
 
 
+def _tag_string(tag: DynamicTag, attr: str) -> str:
+    """The string of a DT_NEEDED/DT_SONAME/DT_RUNPATH/DT_RPATH tag. pyelftools sets it as an attribute named
+    after the tag (`.needed`, ...) with setattr, so its type hints do not declare it: read it with getattr."""
+    value: str = getattr(tag, attr)
+    return value
+
+
 def read_elf(path: Path) -> ElfInfo:
     try:
         with open(path, "rb") as f:
             elf = ELFFile(f)
             needed: list[str] = []
             runpath: list[str] = []
-            soname = None
+            soname: str | None = None
             glibc: set[str] = set()
             for section in elf.iter_sections():
                 if isinstance(section, DynamicSection):
                     for tag in section.iter_tags():
                         if tag.entry.d_tag == "DT_NEEDED":
-                            needed.append(tag.needed)
+                            needed.append(_tag_string(tag, "needed"))
                         elif tag.entry.d_tag == "DT_SONAME":
-                            soname = tag.soname
+                            soname = _tag_string(tag, "soname")
                         elif tag.entry.d_tag == "DT_RUNPATH":
-                            runpath += tag.runpath.split(":")
+                            runpath += _tag_string(tag, "runpath").split(":")
                         elif tag.entry.d_tag == "DT_RPATH":
-                            runpath += tag.rpath.split(":")
+                            runpath += _tag_string(tag, "rpath").split(":")
                 elif isinstance(section, GNUVerNeedSection):
                     for _verneed, auxs in section.iter_versions():
                         for aux in auxs:
@@ -168,9 +175,9 @@ def system_library_dirs(policy: Policy, *, ldconfig_output: str = "") -> list[Pa
             d = Path(m.group(1)).parent
             if d not in dirs:
                 dirs.append(d)
-    for d in policy.system_dirs:
-        if Path(d) not in dirs:
-            dirs.append(Path(d))
+    for name in policy.system_dirs:
+        if Path(name) not in dirs:
+            dirs.append(Path(name))
     return dirs
 
 

@@ -27,7 +27,8 @@ def hook(event, args):
     if event in ("subprocess.Popen", "os.posix_spawn", "os.exec", "os.spawn", "os.system", "os.fork"):
         spawned.append([event, repr(args)[:300]])
 from llamabundle.log import Log
-from llamabundle.recipe import Settings, load_recipe
+from llamabundle.recipe import load_recipe
+from llamabundle.settings import Settings
 from llamabundle.errors import LlamaBundleError
 import os
 recipe = load_recipe(sys.argv[1])  # (finds the host compiler's version for the key: before the hook)

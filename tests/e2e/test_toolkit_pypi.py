@@ -18,7 +18,8 @@ import pytest
 
 from llamabundle.backends.cuda.toolkit import layout, pypi
 from llamabundle.log import Log
-from llamabundle.recipe import Settings, load_recipe
+from llamabundle.recipe import load_recipe
+from llamabundle.settings import Settings
 
 pytestmark = pytest.mark.skipif(not (sys.platform.startswith("linux") and platform.machine() in ("x86_64", "AMD64")),
                                 reason="the PyPI toolkit e2e test runs on Linux x86_64")

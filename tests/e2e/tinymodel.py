@@ -46,7 +46,7 @@ def write_tiny_qwen2(source_dir: Path, out: Path, *, layers: int = 2, hidden: in
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
     rng = np.random.default_rng(0)
 
-    def rand(*shape: int) -> "np.ndarray":
+    def rand(*shape: int) -> np.ndarray:
         return (rng.standard_normal(shape, dtype=np.float32) * 0.02).astype(np.float16)
 
     kv = hidden // heads * kv_heads

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from llamabundle import proc
-from llamabundle.build import BuildTools, _NINJA_PROGRESS, backend_targets, plan_build
+from llamabundle.build import _NINJA_PROGRESS, BuildTools, backend_targets, plan_build
 from llamabundle.errors import BuildError
 from llamabundle.log import Log
 from llamabundle.recipe import load_recipe

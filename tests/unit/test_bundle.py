@@ -25,6 +25,7 @@ from llamabundle.bundle import (
 )
 from llamabundle.bundle import manifest as manifest_mod
 from llamabundle.errors import VerifyError
+from tests.bundles import inputs_for, key_of
 
 
 def check_contents(root: Path, m: manifest_mod.Manifest) -> manifest_mod.ContentCheck:
@@ -33,7 +34,6 @@ def check_contents(root: Path, m: manifest_mod.Manifest) -> manifest_mod.Content
     assert check is not None
     return check
 
-from tests.bundles import inputs_for, key_of
 
 INPUTS = inputs_for("bundle")
 KEY = key_of(INPUTS)

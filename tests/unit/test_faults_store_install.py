@@ -61,7 +61,7 @@ def finish(procs: list[subprocess.Popen[str]], timeout: float = 120) -> list[tup
             if p.poll() is None:
                 p.kill()
                 p.wait()
-    return [(p.returncode, out or "", err or "") for p, (out, err) in zip(procs, outs)]
+    return [(p.returncode, out or "", err or "") for p, (out, err) in zip(procs, outs, strict=True)]
 
 
 def clean(text: str) -> None:
@@ -147,7 +147,7 @@ def test_concurrent_install_and_uninstall_clis_never_lose_the_new_install(tmp_pa
                  ("uninstall", ka.key, "--dest", str(root)),
                  ("install", "--store", str(store), "--key", kb.key, "--dest", str(root))]
         procs = [start(*a, env=env) for a in (argvs if n % 3 else argvs[::-1])]
-        results = dict(zip((a[0] + str(i) for i, a in enumerate(argvs if n % 3 else argvs[::-1])), finish(procs)))
+        results = dict(zip((a[0] + str(i) for i, a in enumerate(argvs if n % 3 else argvs[::-1])), finish(procs), strict=True))
         for name, (rc, out, err) in results.items():
             clean(out + err)
             if name.startswith("install"):
@@ -208,7 +208,7 @@ def test_three_concurrent_cli_fetches_share_one_cache(tmp_path: Path, env: dict[
     procs = [start("fetch", m.key, "--store", str(store), "--out", str(tmp_path / f"out{i}"), env=env) for i in range(3)]
     results = finish(procs)
     assert [rc for rc, _, _ in results] == [0, 0, 0], results
-    for rc, out, err in results:
+    for _rc, out, err in results:
         clean(out + err)
     fetched = tmp_path / "cache" / "fetched" / m.key
     assert sorted(p.name for p in fetched.iterdir()) == [zip_path.name]

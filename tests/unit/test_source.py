@@ -22,9 +22,10 @@ from rich.console import Console
 
 from llamabundle.errors import SourceError, VerifyError
 from llamabundle.log import Log
-from llamabundle.recipe import Recipe, Settings, load_recipe
-from tests.fakeindex import FakeIndex
+from llamabundle.recipe import Recipe, load_recipe
+from llamabundle.settings import Settings
 from llamabundle.source import MARKER, SourceMismatch, archive_commit, cached_source, fetch_source
+from tests.fakeindex import FakeIndex
 
 COMMIT_TIME = 1704067200  # GIT_COMMITTER_DATE below, as unix time
 

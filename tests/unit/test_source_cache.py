@@ -21,7 +21,8 @@ from test_source import FILES, make_repo, quiet_log, settings_for, tree_files, w
 
 from llamabundle import scratch
 from llamabundle.errors import SourceError
-from llamabundle.recipe import Recipe, Settings
+from llamabundle.recipe import Recipe
+from llamabundle.settings import Settings
 from llamabundle.source import (
     MARKER,
     TMP_PREFIX,
@@ -286,7 +287,7 @@ def test_a_fetch_killed_midway_leaves_nothing_the_next_fetch_keeps(tmp_path: Pat
     (bindir / "git").chmod(0o755)
     settings = settings_for(tmp_path, "http://127.0.0.1:9")
     recipe = write_recipe(tmp_path / "r.yaml", sha, [f"path: {checkout}"])
-    code = ("from pathlib import Path; from llamabundle.log import Log; from llamabundle.recipe import Settings, load_recipe; "
+    code = ("from pathlib import Path; from llamabundle.log import Log; from llamabundle.recipe import load_recipe; from llamabundle.settings import Settings; "
             "from llamabundle.source import fetch_source; "
             f"fetch_source(load_recipe({str(tmp_path / 'r.yaml')!r}), Settings(cache_dir=Path({str(settings.cache_dir)!r})), "
             "Log(quiet=True))")

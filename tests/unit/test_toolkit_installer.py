@@ -22,7 +22,8 @@ from llamabundle.backends.cuda.toolkit import installer, layout
 from llamabundle.backends.cuda.toolkit.resolve import resolve_toolkit
 from llamabundle.errors import ToolchainError
 from llamabundle.log import Log
-from llamabundle.recipe import Settings, load_recipe
+from llamabundle.recipe import load_recipe
+from llamabundle.settings import Settings
 
 WIN = "windows-x86_64"
 NVI = """\ufeff<?xml version="1.0" encoding="utf-8"?>
@@ -393,13 +394,15 @@ cuda:
 targets: [llama-server]
 """)
     monkeypatch.setattr(installer, "installer_data", _const(info_for(exe, pinned=False)))
-    settings = Settings(cache_dir=tmp_path / "cache")
+    env = {"LLAMABUNDLE_CACHE_DIR": str(tmp_path / "cache")}  # the installer's path and sha256 come from Settings
     sha = hashlib.sha256(exe.read_bytes()).hexdigest()
     recipe = load_recipe(recipe_path)
     with pytest.raises(ToolchainError, match="no pinned sha256"):
-        resolve_toolkit(recipe, settings=settings, log=Log(quiet=True), env={"LLAMABUNDLE_CUDA_INSTALLER": str(exe)})
-    tk = resolve_toolkit(recipe, settings=settings, log=Log(quiet=True),
-                         env={"LLAMABUNDLE_CUDA_INSTALLER": str(exe), "LLAMABUNDLE_CUDA_INSTALLER_SHA256": sha})
+        resolve_toolkit(recipe, settings=Settings.from_env({**env, "LLAMABUNDLE_CUDA_INSTALLER": str(exe)}),
+                        log=Log(quiet=True), env={})
+    tk = resolve_toolkit(recipe, settings=Settings.from_env({**env, "LLAMABUNDLE_CUDA_INSTALLER": str(exe),
+                                                             "LLAMABUNDLE_CUDA_INSTALLER_SHA256": sha}),
+                         log=Log(quiet=True), env={})
     assert tk.source == "installer" and (tk.root / "bin" / "cudart64_12.dll").is_file()
 
 

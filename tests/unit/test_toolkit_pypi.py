@@ -22,7 +22,7 @@ from llamabundle import data
 from llamabundle.backends.cuda.toolkit import layout, pypi
 from llamabundle.errors import LlamaBundleError, ToolchainError, VerifyError
 from llamabundle.log import Log
-from llamabundle.recipe import Settings
+from llamabundle.settings import Settings
 from tests.fakeindex import FakeIndex
 
 LINUX = "linux-x86_64"

@@ -518,7 +518,7 @@ def test_stale_temp_tree_of_a_killed_install_is_cleaned(repo: Repo) -> None:
 
 
 def test_install_redist_is_what_resolve_toolkit_calls(repo: Repo) -> None:
-    from llamabundle.recipe import Settings
+    from llamabundle.settings import Settings
 
     settings = Settings(cache_dir=repo.cache, cuda_redist_url=repo.server.url)
     tk = redist.install_redist(version="13.0.2", platform="linux-x86_64", components=["cuda_nvcc", "cuda_cudart"],

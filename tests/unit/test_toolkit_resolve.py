@@ -18,7 +18,8 @@ from llamabundle.backends.cuda.toolkit.system import (
 )
 from llamabundle.errors import ToolchainError
 from llamabundle.log import Log
-from llamabundle.recipe import Settings, load_recipe
+from llamabundle.recipe import load_recipe
+from llamabundle.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
 CUDA13 = load_recipe(REPO / "recipes" / "linux-x86_64-cuda13.0.yaml")

@@ -21,14 +21,13 @@ from llamabundle.bundle import manifest as manifest_mod
 from llamabundle.bundle import zipstream
 from llamabundle.bundle.manifest import Manifest
 from llamabundle.errors import VerifyError
-from llamabundle.recipe import Settings
+from llamabundle.settings import Settings
 from llamabundle.verify import Level
 from tests.bundles import inputs_for, key_of
 from tests.bundles import make_zip as make_bundle_zip
+from tests.fakegithub import FakeGitHub
 
 KEY = key_of(inputs_for("zipstream"))
-
-from tests.fakegithub import FakeGitHub
 
 FILES = {"bundle.json": b'{"format": 1}\n', "llama-server": os.urandom(300_000),
          "libggml-base.so": b"\x7fELF" + bytes(range(256)) * 2000, "LICENSE": b"MIT License\n" * 50}
