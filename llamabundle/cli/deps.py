@@ -1,17 +1,15 @@
 """`llamabundle deps [--json] FILE...`: the runtime closure of PE or ELF binaries, each library with its
 class and where it was found.
 
-click only (DESIGN §8): parse, call deps.pe / deps.elf, print; `elf_closure` puts deps.elf's closure in the
-shape of deps.pe's JSON so that both formats print alike."""
+click only: parse, call deps.pe / deps.elf, print (`elf.closure_report` puts the ELF closure in the shape of
+deps.pe's JSON, so that both formats print alike)."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import click
 
-from ..deps.policy import linux_policy
 from ..errors import UsageError, VerifyError
 from ..lazy import lazy_import
 from .options import JSON_OPT
@@ -19,31 +17,6 @@ from .output import emit, with_report
 
 elf = lazy_import("llamabundle.deps.elf")
 pe = lazy_import("llamabundle.deps.pe")
-
-
-def elf_closure(files: list[Path], search: list[Path]) -> dict[str, Any]:
-    """deps.elf's closure in the shape of PeClosure.to_json()."""
-    policy = linux_policy()
-    dirs = [*search, *elf.system_library_dirs(policy, ldconfig_output=elf.ldconfig_cache())]
-    c = elf.resolve_closure(files, products=[files[0].parent], policy=policy, system_dirs=dirs)
-    roots = {f.name for f in files}
-    binaries = [p for n, p in c.bundled.items() if n in roots or n in c.needed_by]
-    deps = []
-    for name, by in c.needed_by.items():
-        cls = ("driver" if name in c.driver else "system" if name in c.system else "missing" if name in c.missing
-               else "bundled")
-        path = c.bundled.get(name) if cls == "bundled" else None
-        deps.append({"name": name, "class": cls, "kind": None, "path": str(path) if path else None,
-                     "imported_by": list(by), "delay_only": False})
-    return {"schema": 1, "format": "elf",
-            "binaries": [_elf_binary(p) for p in binaries],
-            "deps": deps, "companions": [], "missing": {k: list(v) for k, v in c.missing.items()},
-            "system_deps": c.system_deps, "glibc_floor": c.glibc_floor}
-
-
-def _elf_binary(path: Path) -> dict[str, Any]:
-    info = elf.read_elf(path)
-    return {"path": str(path), "machine": info.machine, "imports": list(info.needed)}
 
 
 @click.command("deps")
@@ -71,7 +44,7 @@ def deps_command(files: tuple[Path, ...], search: tuple[Path, ...], as_json: boo
     if kinds == {"pe"}:
         info = pe.resolve_closure(paths, bundle_dir=paths[0].parent, extra_dirs=list(search)).to_json()
     else:
-        info = elf_closure(paths, list(search))
+        info = elf.closure_report(paths, list(search))
     missing = ([VerifyError(f"{len(info['missing'])} of the libraries these binaries need were not found: "
                             + ", ".join(f"{name} (needed by {', '.join(by)})" for name, by in info["missing"].items()),
                             why="they are neither beside the binaries, in a --search directory, nor system or driver libraries",

@@ -10,6 +10,7 @@ import sysconfig
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from elftools.common.exceptions import ELFError
 from elftools.elf.dynamic import DynamicSection, DynamicTag
@@ -19,7 +20,7 @@ from elftools.elf.gnuversions import GNUVerNeedSection
 from .. import proc
 from ..errors import ToolchainError, VerifyError
 from ..log import Log
-from .policy import LibClass, Policy
+from .policy import LibClass, Policy, linux_policy
 
 ELF_MAGIC = b"\x7fELF"
 
@@ -209,3 +210,29 @@ def apply_closure(closure: Closure, dest: Path, *, log: Log) -> list[Path]:
         out.append(target)
     log.info(f"    RUNPATH=$ORIGIN set on {len(out)} files")
     return out
+
+
+def closure_report(files: list[Path], search: list[Path]) -> dict[str, Any]:
+    """The closure of ELF `files` (one directory), looked up beside them, in `search`, then in the system's
+    library directories, in the shape of deps.pe's PeClosure.to_json() (what `llamabundle deps` prints)."""
+    policy = linux_policy()
+    dirs = [*search, *system_library_dirs(policy, ldconfig_output=ldconfig_cache())]
+    c = resolve_closure(files, products=[files[0].parent], policy=policy, system_dirs=dirs)
+    roots = {f.name for f in files}
+    binaries = [p for n, p in c.bundled.items() if n in roots or n in c.needed_by]
+    deps = []
+    for name, by in c.needed_by.items():
+        cls = ("driver" if name in c.driver else "system" if name in c.system else "missing" if name in c.missing
+               else "bundled")
+        path = c.bundled.get(name) if cls == "bundled" else None
+        deps.append({"name": name, "class": cls, "kind": None, "path": str(path) if path else None,
+                     "imported_by": list(by), "delay_only": False})
+    return {"schema": 1, "format": "elf",
+            "binaries": [_elf_binary(p) for p in binaries],
+            "deps": deps, "companions": [], "missing": {k: list(v) for k, v in c.missing.items()},
+            "system_deps": c.system_deps, "glibc_floor": c.glibc_floor}
+
+
+def _elf_binary(path: Path) -> dict[str, Any]:
+    info = read_elf(path)
+    return {"path": str(path), "machine": info.machine, "imports": list(info.needed)}
