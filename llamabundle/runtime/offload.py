@@ -1,5 +1,5 @@
 """VRAM offload planner: read a GGUF's shapes, estimate what llama.cpp puts in GPU memory for an
--ngl / --n-cpu-moe / context choice, and pick the most-offloaded choice that fits (issue 6 part 4).
+-ngl / --n-cpu-moe / context choice, and pick the most-offloaded choice that fits.
 
 How llama.cpp is modelled (pinned commit 0c1e57098bba; file:line in data/offload.json):
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import re
 from pathlib import Path
 from typing import get_args
 
@@ -104,3 +105,18 @@ def test_only_proc_starts_processes() -> None:
                         (base == "os" and (attr == "system" or attr.startswith(("exec", "spawn", "popen")))):
                     offenders.append(f"{f.relative_to(PACKAGE)}:{node.lineno} {base}.{attr}")
     assert not offenders, "start processes through llamabundle.proc: " + ", ".join(offenders)
+
+
+def test_every_module_says_what_its_room_is_for() -> None:
+    """A module docstring in every module of the package, and none that points at an issue number (the
+    code explains itself; the tracker is history)."""
+    missing, pointing = [], []
+    for f in sorted(PACKAGE.rglob("*.py")):
+        doc = ast.get_docstring(ast.parse(f.read_text(encoding="utf-8")))
+        rel = str(f.relative_to(PACKAGE))
+        if not doc:
+            missing.append(rel)
+        elif re.search(r"\bissues?\s*#?\d+", doc, re.IGNORECASE):
+            pointing.append(rel)
+    assert not missing, "modules without a docstring: " + ", ".join(missing)
+    assert not pointing, "docstrings naming issue numbers: " + ", ".join(pointing)
