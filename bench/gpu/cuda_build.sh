@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Build and verify the linux-x86_64-cuda13.0 bundle on the GPU machine (device tool), with the
 # machine's own CUDA 13.0 toolkit (--toolkit-source system). Nothing can be fetched there, so the
-# proven llama.cpp tree travels as .devtree/llama-src.tar.xz (models/ and docs/ left out) and the
-# Python packages the image lacks as wheels in .whl/.
+# proven llama.cpp tree travels as .devtree/llama-src.tar.xz (models/ and docs/ left out; made by
+# `bash bench/gpu/cuda_build.sh pack` from this host's proven source cache, with its marker's proof
+# and commit date in .devtree/proof.json) and the Python packages the image lacks as wheels in .whl/.
 #
 #   bash bench/gpu/cuda_build.sh start   # set up, start the build (and a plain ggml-cuda build with
 #                                        # GGML_CUDA_COMPRESSION_MODE=none for the size comparison)
@@ -22,7 +23,17 @@ start() {
   gcc --version | head -1; cmake --version | head -1; nproc
   src=$LLAMABUNDLE_CACHE_DIR/src/$COMMIT
   mkdir -p $src && tar -C $src -xJf .devtree/llama-src.tar.xz
-  printf '{"commit": "%s", "origin": "pypi:llama-cpp-python==0.3.36 (proven on the build host; models/ and docs/ left out for transfer)"}' $COMMIT > $src/.llamabundle-source.json
+  # The marker the source cache re-proves (format 2): the build host's proof and commit date, this tree's listing.
+  python3 - "$src" <<'PY' || exit 1
+import json, sys
+from pathlib import Path
+from llamabundle import source
+src = Path(sys.argv[1]); carried = json.loads(Path(".devtree/proof.json").read_text())
+m = source.Marker(commit=src.name, origin=carried["origin"] + " (proven on the build host; models/ and docs/ left out for transfer)",
+                  commit_time=carried["commit_time"], proof=carried["proof"], tree=source.record_tree(src))
+(src / source.MARKER).write_text(json.dumps(m.to_json()), encoding="utf-8")
+print("source marker written:", m.tree.files, "files")
+PY
   date +%s > $W/t0
   setsid nohup bash -c "python3 -m llamabundle build $RECIPE --toolkit-source system --store $W/store --json > $W/build.json 2> $W/build.log; echo \$? > $W/build.rc; date +%s > $W/t1" > /dev/null 2>&1 &
   if [ "${NOCOMP:-1}" = 0 ]; then echo skipped > $W/nocomp.rc; sleep 5; tail -3 $W/build.log; wait_build; return; fi
@@ -46,7 +57,7 @@ finish() {
   echo "build rc=$(cat $W/build.rc) seconds=$(( $(cat $W/t1) - $(cat $W/t0) ))"
   tail -40 $W/build.log
   cp $W/build.log $OUT/build.log; cp $W/build.json $OUT/build.json
-  zip=$(python3 -c "import json; print(json.load(open('$W/build.json'))['published'])" 2>/dev/null) || { echo "no bundle"; return; }
+  zip=$(python3 -c "import json; print(json.load(open('$W/build.json'))['zip'])" 2>/dev/null) || { echo "no bundle"; return; }
   python3 -m llamabundle verify "$zip" --level gpu --require-gpu > $OUT/verify-gpu.txt 2>&1; echo "verify rc=$?" >> $OUT/verify-gpu.txt
   python3 -m llamabundle verify "$zip" --level gpu --json > $OUT/verify-gpu.json 2>/dev/null
   cat $OUT/verify-gpu.txt
@@ -64,4 +75,14 @@ finish() {
   } | tee $OUT/sizes.txt
 }
 
-case "${1:-}" in start) start ;; wait) wait_build ;; *) echo "usage: $0 start|wait"; exit 2 ;; esac
+pack() {  # on the build host: the proven source tree without models/ and docs/, and its marker's proof
+  local cache=${LLAMABUNDLE_HOST_CACHE:-$HOME/.cache/llamabundle} src
+  src=$cache/src/$COMMIT
+  [ -f $src/.llamabundle-source.json ] || { echo "no proven source in $src: run a build there first"; exit 1; }
+  mkdir -p .devtree && grep -qx '/.devtree/' .git/info/exclude 2>/dev/null || echo /.devtree/ >> .git/info/exclude
+  tar -C $src --exclude=./models --exclude=./docs --exclude=./.llamabundle-source.json -cJf .devtree/llama-src.tar.xz .
+  python3 -c "import json,sys; m=json.load(open(sys.argv[1])); json.dump({k: m[k] for k in ('origin','commit_time','proof')}, open('.devtree/proof.json','w'))" $src/.llamabundle-source.json
+  ls -l .devtree
+}
+
+case "${1:-}" in start) start ;; wait) wait_build ;; pack) pack ;; *) echo "usage: $0 pack|start|wait"; exit 2 ;; esac
