@@ -85,9 +85,7 @@ class Linux:
     def check_load(self, root: Path, manifest: Manifest, *, host: str, wine_prefix: Path | None) -> Loaded:
         if host != self.name:
             return Loaded(level=f"skipped: a {manifest.platform} bundle cannot run on {host}")
-        return base.run_list_devices(root, exe_name=self.program_file("llama-server"),
-                                env={"PATH": "/usr/bin:/bin", "HOME": str(root), "LANG": "C.UTF-8",
-                                     "TMPDIR": str(root.parent)})
+        return base.run_list_devices(root, exe_name=self.program_file("llama-server"))
 
 
 LINUX = Linux()
