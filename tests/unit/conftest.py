@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import socket
 import subprocess
 import sys
@@ -15,6 +16,11 @@ if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
 _BLOCKED_PROGRAMS = {"cmake", "ninja", "nvcc", "pip"}
+
+# Ctrl-C is tested for real (a KeyboardInterrupt here, SIGINT to a child llamabundle): a test run started in
+# the background of a shell (`cmd &`) inherits SIGINT ignored, and so would every child it starts.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(autouse=True)

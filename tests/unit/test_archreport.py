@@ -259,7 +259,7 @@ def test_cli_json_equals_the_report(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = run(capsys, "archs", WIN128, "--json")
     assert code == 0, err
     info = json.loads(out)
-    assert info.pop("ok") is True  # every --json report says whether the command succeeded (cli_json)
+    assert info.pop("ok") is True  # every --json report says whether the command succeeded (cli.output)
     assert info == json.loads(json.dumps(arch_report(load_recipe(WIN128)).to_json()))
     assert info["key"] == load_recipe(WIN128).key() and info["toolkit"] == "12.8.1"
     assert info["sass"] == ["86", "89", "120a"] and info["ptx"] == ["50", "61", "70", "75", "80"]
