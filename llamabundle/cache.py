@@ -33,6 +33,11 @@ def sweep(cache_dir: Path) -> None:
     scratch.sweep(tmp_dir(cache_dir), TMP_PREFIXES)
 
 
+def wine_prefix(cache_dir: Path) -> Path:
+    """The private Wine prefix a Windows bundle is loaded in on Linux (never the user's ~/.wine)."""
+    return cache_dir / "wine"
+
+
 def lock_dir(cache_dir: Path) -> Path:
     return cache_dir / "locks"
 

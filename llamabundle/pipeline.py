@@ -20,7 +20,6 @@ from .backends import Prepared
 from .build import (
     BuildPlan,
     BuildTools,
-    locate_tools,
     plan_build,
     resolve_tools,
     run_build,
@@ -74,9 +73,8 @@ def expect_for(recipe: Recipe) -> Expect:
                   toolkit=recipe.cuda.toolkit if recipe.cuda else None)
 
 
-def show_plan(recipe: Recipe, settings: Settings, tools: BuildTools | None = None) -> BuildPlan:
-    """The build plan `show` prints (tools located without running anything)."""
-    tools = tools or locate_tools(path=None)
+def show_plan(recipe: Recipe, settings: Settings, tools: BuildTools) -> BuildPlan:
+    """The build plan `show` prints (with the tools build.locate_tools finds without running anything)."""
     return plan_build(recipe, source_dir=cache.source_dir(settings.cache_dir, recipe),
                       build_dir=cache.build_dir(settings.cache_dir, recipe, tools), tools=tools)
 
@@ -217,7 +215,7 @@ def _from_store(entry: Entry, *, store: Store, settings: Settings, log: Log, out
                     raise VerifyError(f"the bundle.json inside {entry.zip_name} is not the one {store.url} lists",
                                       why="the store's manifest and the zip's disagree", fix="publish the bundle again")
                 report = naming.report(verify_unpacked(tmp, manifest, check, level=level, label=str(zip_path),
-                                                             wine_prefix=wine_prefix(settings)))
+                                                             wine_prefix=cache.wine_prefix(settings.cache_dir)))
             except LlamaBundleError as e:
                 naming.error(e)
                 raise
@@ -284,11 +282,6 @@ def _unpack_to(zip_path: Path, out: Path, expect: Expect) -> Path:
         out.rmdir()  # empty (checked before any work)
     bundle_mod.unpack(zip_path, out, expect)
     return out
-
-
-def wine_prefix(settings: Settings) -> Path:
-    """The private Wine prefix in the cache (never the user's ~/.wine)."""
-    return settings.cache_dir / "wine"
 
 
 def _log_report(report: VerifyReport, log: Log) -> None:

@@ -105,7 +105,7 @@ def verify_bundle(path: Path, *, level: Level, cache_dir: Path, require_gpu: boo
     _check_readable(path)
     base = cache.tmp_dir(cache_dir)
     sweep_scratch(cache_dir)
-    wine_prefix = wine_prefix or cache_dir / "wine"
+    wine_prefix = wine_prefix or cache.wine_prefix(cache_dir)
     try:
         tmp = scratch.make_dir(base, cache.VERIFY_PREFIX)
     except OSError as e:
@@ -165,7 +165,7 @@ def verify_unpacked(root: Path, manifest: Manifest, check: bundle_mod.ContentChe
     report = VerifyReport(path=label, key=manifest.key, platform=manifest.platform,
                           files=check.files, bytes=check.bytes)
     report.levels["manifest"] = "passed"
-    platform.check_static(root, manifest)
+    check_static(root, manifest)
     report.levels["static"] = "passed"
     for backend in backends.of(manifest.backends):
         report.levels.update(backend.check(root, manifest, platform=platform))

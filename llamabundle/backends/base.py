@@ -21,7 +21,6 @@ if TYPE_CHECKING:
 class Prepared:
     """What a backend's toolkit step gave the build: the toolkit's root and library directories, and the
     versions bundle.json's `toolchain` records (e.g. {"nvcc": "13.0.88"})."""
-    backend: str
     root: Path
     lib_dirs: tuple[Path, ...] = ()
     toolchain: Mapping[str, str] = field(default_factory=dict)

@@ -273,7 +273,8 @@ def probe(*, root: Path, env: Mapping[str, str], cache_dir: Path | None = None, 
             return replace(last, cached=True)
     token = take_token(cache_dir) if cache_dir is not None else 0
     result = _probe_now(target, context, env=env, nvidia_smi=nvidia_smi, proc_version=proc_version,
-                        smi_timeout=smi_timeout, token=token, started=int(time.time()))
+                        smi_timeout=smi_timeout, token=token, started=int(time.time()),
+                        wine_prefix=cache_dir / "wine" if cache_dir is not None else None)
     if cache_dir is not None:
         store_result(cache_dir, result)
     return result
@@ -281,7 +282,7 @@ def probe(*, root: Path, env: Mapping[str, str], cache_dir: Path | None = None, 
 
 def _probe_now(target: tuple[Path, Manifest] | None, context: dict[str, Any], *, env: Mapping[str, str],
                nvidia_smi: str | None, proc_version: Path | None, smi_timeout: float, token: int,
-               started: int) -> ProbeResult:
+               started: int, wine_prefix: Path | None) -> ProbeResult:
     scan = scan_gpus(env=env, nvidia_smi=nvidia_smi, proc_version=proc_version, timeout=smi_timeout)
     facts: dict[str, Any] = {**scan.to_json(), **context, "host": platforms.host_name()}
     facts["gpu"] = ", ".join(g.name for g in scan.gpus) or ("an NVIDIA GPU" if scan.present else None)
@@ -303,7 +304,7 @@ def _probe_now(target: tuple[Path, Manifest] | None, context: dict[str, Any], *,
         return done(Reason.DRIVER_TOO_OLD)
     report = VerifyReport(path=str(root), key=manifest.key, platform=manifest.platform, files=0, bytes=0)
     try:
-        check_load(root, manifest, report)  # verify's own run of llama-server --verbose --list-devices, clean env, timeout
+        check_load(root, manifest, report, wine_prefix=wine_prefix)  # verify's own run of llama-server --verbose --list-devices, clean env, timeout
     except VerifyError as e:
         return done(Reason.CUDA_STARTUP_FAILED, detail=e.what + (f" ({e.why})" if e.why else ""), output=e.details)
     facts.update(backends_loaded=report.backends_loaded, devices=report.devices)

@@ -60,7 +60,7 @@ def cuda_bundle(first_build: dict[str, Any], e2e_env: dict[str, str], tmp_path_f
                       tools=BuildTools(cmake="cmake", ninja="ninja"), toolkit_roots={"cuda": tk.root})
     stage = work / "stage"
     stage.mkdir()
-    prepared = Prepared(backend="cuda", root=tk.root, lib_dirs=tuple(tk.lib_dirs), toolchain={"nvcc": "13.0.88"})
+    prepared = Prepared(root=tk.root, lib_dirs=tuple(tk.lib_dirs), toolchain={"nvcc": "13.0.88"})
     closure = LINUX.collect(plan, stage, log=Log(quiet=True),
                             sources=RuntimeSources(lib_dirs=prepared.lib_dirs, companions=CUDA.companions))
     roles = dict(closure.roles) | copy_licenses(plan.source_dir, stage) | CUDA.licenses(closure.bundled, prepared, stage)

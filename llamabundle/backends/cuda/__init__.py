@@ -51,7 +51,7 @@ class Cuda(NoExtras):
             toolkit = resolve_toolkit(recipe, settings=settings, log=log, env=env, source=source)
             checked = check_toolkit(toolkit, recipe, env=env)
             log.info(f"    nvcc {checked['nvcc']} at {toolkit.nvcc}; host compiler {checked['host']}")
-        return Prepared(backend=self.name, root=toolkit.root, lib_dirs=tuple(toolkit.lib_dirs),
+        return Prepared(root=toolkit.root, lib_dirs=tuple(toolkit.lib_dirs),
                         toolchain={"nvcc": checked["nvcc"]})
 
     def cmake_definitions(self, recipe: Recipe, *, platform: Platform, toolkit_root: Path | None) -> dict[str, str]:

@@ -84,7 +84,7 @@ class Windows:
     def check_load(self, root: Path, manifest: Manifest, *, host: str, wine_prefix: Path | None) -> Loaded:
         if host == "linux-x86_64":
             if wine_prefix is None:
-                raise ValueError("a Wine prefix is needed to load a Windows bundle on Linux")
+                return Loaded(level="skipped: no Wine prefix was given to load a Windows bundle on Linux in")
             return wine.check_load(root, prefix=wine_prefix)
         if host != self.name:
             return Loaded(level=f"skipped: a {manifest.platform} bundle cannot run on {host}")
