@@ -45,10 +45,12 @@ class BuildPlan:
     backends: tuple[str, ...]  # file names of the backend modules (loaded at run time, not linked)
     output_dir: Path
     files: tuple[tuple[str, str], ...] = ()  # (path, text) the executor writes before configuring
+    env: tuple[tuple[str, str], ...] = ()  # laid over the environment configure and build run in (MSVC's vcvars)
 
     def to_json(self) -> dict[str, object]:
         d = asdict(self)
         d["files"] = dict(self.files)
+        d["env"] = dict(self.env)
         return {k: (str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v) for k, v in d.items()}
 
 
@@ -58,9 +60,10 @@ def backend_targets(recipe: Recipe) -> tuple[str, ...]:
 
 
 def plan_build(recipe: Recipe, *, source_dir: Path, build_dir: Path, tools: BuildTools, jobs: int | None = None,
-               toolkit_roots: Mapping[str, Path] | None = None) -> BuildPlan:
+               toolkit_roots: Mapping[str, Path] | None = None, env: Mapping[str, str] | None = None) -> BuildPlan:
     """Pure: the exact commands that build this recipe, asked of its platform and backends. Shown by
-    `llamabundle show`. `toolkit_roots`: backend name -> the root of the toolkit prepared for it."""
+    `llamabundle show`. `toolkit_roots`: backend name -> the root of the toolkit prepared for it; `env`: the
+    variables the platform's toolchain set up (laid over the build's environment)."""
     platform = platforms.get(recipe.platform)
     have = backends.of(recipe)
     roots = toolkit_roots or {}
@@ -96,6 +99,7 @@ def plan_build(recipe: Recipe, *, source_dir: Path, build_dir: Path, tools: Buil
         backends=tuple(platform.library_file(t) for t in modules),
         output_dir=build_dir / "bin",
         files=files,
+        env=tuple(sorted((env or {}).items())),
     )
 
 
@@ -208,7 +212,10 @@ def run_build(plan: BuildPlan, *, log: Log, env: Mapping[str, str], clean: bool 
     """Configure (when the stamp says so) and build; each step is stopped after `timeout` seconds."""
     bd = plan.build_dir
     stamp = bd / STAMP
-    wanted = list(plan.configure) if not plan.files else {"configure": list(plan.configure), "files": dict(plan.files)}
+    wanted: list[str] | dict[str, object] = list(plan.configure)
+    if plan.files or plan.env:
+        wanted = {"configure": list(plan.configure), "files": dict(plan.files), **({"env": dict(plan.env)} if plan.env else {})}
+    env = {**env, **dict(plan.env)}
     configured = stamp.is_file() and (bd / "build.ninja").is_file() and json.loads(stamp.read_text()) == wanted
     if clean or (bd.exists() and not configured):
         shutil.rmtree(bd, ignore_errors=True)

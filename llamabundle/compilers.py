@@ -48,8 +48,7 @@ def _detect(compiler: str, env_items: tuple[tuple[str, str], ...]) -> str | None
     try:
         if compiler == "msvc":
             res = proc.capture([exe], env=env, timeout=60)
-            m = re.search(r"Version (\d+\.\d+\.\d+)", res.stderr + res.stdout)
-            return m.group(1) if m else None
+            return cl_version(res.stderr + res.stdout)
         # The compiler's own macros, as CMake reads them (gcc -dumpfullversion says "12-posix" for some builds)
         res = proc.capture([exe, "-dM", "-E", "-x", "c++", os.devnull], env=env, timeout=60)
     except (OSError, proc.Timeout):
@@ -62,6 +61,13 @@ def _detect(compiler: str, env_items: tuple[tuple[str, str], ...]) -> str | None
     if not all(n in macros for n in names):
         return None
     return ".".join(macros[n] for n in names)
+
+
+def cl_version(banner: str) -> str | None:
+    """The version cl.exe's banner states, "… Compiler Version 19.44.35207.1 for x64" -> "19.44.35207"
+    (_MSC_VER is the first two parts: 1944). The one reader of that banner."""
+    m = re.search(r"Version (\d+\.\d+\.\d+)", banner)
+    return m.group(1) if m else None
 
 
 def _parts(v: str) -> tuple[int, ...]:

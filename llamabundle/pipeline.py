@@ -19,6 +19,7 @@ from .archive import _tmp_beside, extract_zip
 from .backends import Prepared
 from .build import (
     BuildPlan,
+    BuildResult,
     BuildTools,
     plan_build,
     resolve_tools,
@@ -28,9 +29,10 @@ from .bundle import manifest as manifest_mod
 from .bundle import zipstream
 from .bundle.manifest import Expect, Manifest
 from .bundle.package import Made, package
-from .compilers import check_host
 from .errors import LlamaBundleError, ToolchainError, UsageError, VerifyError
 from .log import Log
+from .platforms import Collected
+from .platforms.base import HostToolchain
 from .recipe import Recipe
 from .settings import Settings
 from .store.base import Entry, Published, Store
@@ -73,10 +75,11 @@ def expect_for(recipe: Recipe) -> Expect:
                   toolkit=recipe.cuda.toolkit if recipe.cuda else None)
 
 
-def show_plan(recipe: Recipe, settings: Settings, tools: BuildTools) -> BuildPlan:
-    """The build plan `show` prints (with the tools build.locate_tools finds without running anything)."""
+def show_plan(recipe: Recipe, settings: Settings, tools: BuildTools, toolchain: HostToolchain) -> BuildPlan:
+    """The build plan `show` prints (with the tools build.locate_tools finds without running anything, and
+    the environment the platform set the compiler up in)."""
     return plan_build(recipe, source_dir=cache.source_dir(settings.cache_dir, recipe),
-                      build_dir=cache.build_dir(settings.cache_dir, recipe, tools), tools=tools)
+                      build_dir=cache.build_dir(settings.cache_dir, recipe, tools), tools=tools, env=toolchain.env)
 
 
 def verify_level_for(platform: str) -> Level:
@@ -127,11 +130,9 @@ def build(recipe: Recipe, *, settings: Settings, store: Store, log: Log, env: Ma
 def _build_locked(recipe: Recipe, *, key: str, settings: Settings, store: Store, log: Log, env: Mapping[str, str],
                   publish: bool, out: Path | None, jobs: int | None, clean: bool,
                   toolkit_source: str | None, check_reproducible: bool = False) -> BuildOutcome:
-    compiler = None
-    if recipe.toolchain.compiler != "msvc":  # before anything starts: the compiler the key names
-        compiler = check_host(recipe.toolchain.compiler, pin=recipe.toolchain.version, keyed=recipe.host_compiler,
-                              env=env)
-        log.info(f"    compiler: {recipe.toolchain.compiler} {compiler} (key: {recipe.compiler_key()})")
+    platform = platforms.get(recipe.platform)
+    toolchain = platform.setup_toolchain(recipe, env=env, log=log)  # before anything starts: the compiler the key names
+    env = {**env, **toolchain.env}
     with log.step(f"source llama.cpp {recipe.llama_cpp.commit[:12]}"):
         src = source_mod.fetch_source(recipe, settings, log, env=env)
     tools = resolve_tools(path=env.get("PATH"))
@@ -148,22 +149,18 @@ def _build_locked(recipe: Recipe, *, key: str, settings: Settings, store: Store,
     made = Made(recipe=recipe, key=key, src=src, tools=tools, prepared=prepared, sde=sde)
     build_dir = cache.build_dir(settings.cache_dir, recipe, tools, made.toolkit_roots.values())
     plan = plan_build(recipe, source_dir=src.path, build_dir=build_dir, tools=tools, jobs=jobs,
-                      toolkit_roots=made.toolkit_roots)
+                      toolkit_roots=made.toolkit_roots, env=toolchain.env)
     result = run_build(plan, log=log, env=build_env, clean=clean, timeout=settings.build_timeout)
-    if compiler is not None and result.compiler.rsplit(" ", 1)[-1] != compiler:
-        raise ToolchainError(f"CMake built with {result.compiler}, not the {recipe.toolchain.compiler} {compiler} "
-                             "the cache key names", why=f"CMake's record in {plan.build_dir}",
+    if toolchain.compiler is not None and result.compiler.rsplit(" ", 1)[-1] != toolchain.compiler:
+        raise ToolchainError(f"CMake built with {result.compiler}, not the {recipe.toolchain.compiler} "
+                             f"{toolchain.compiler} the cache key names", why=f"CMake's record in {plan.build_dir}",
                              fix="rerun with --clean, with one compiler of that family on PATH")
     out_zip = cache.out_zip(settings.cache_dir, recipe)
-    manifest, collected = package(made, plan, result, out_zip, cache_dir=settings.cache_dir, log=log)
-    with log.step(f"verify ({verify_level_for(recipe.platform)})"):
-        report = verify_bundle(out_zip, level=verify_level_for(recipe.platform), expect=expect_for(recipe),
-                               cache_dir=settings.cache_dir)
-        _log_report(report, log)
+    manifest, collected, report = assemble(made, plan, result, out_zip, toolchain=toolchain, settings=settings, log=log)
     outcome = BuildOutcome(key=key, hit=False, zip_path=out_zip, manifest=manifest, verify=report, store=store.url,
                            bundled_libs={k: str(v) for k, v in collected.bundled.items()}, compiled=result.compiled)
     if check_reproducible:
-        outcome.reproducible = repro.rebuild_elsewhere(made, out_zip, jobs=jobs, cache_dir=settings.cache_dir,
+        outcome.reproducible = repro.rebuild_elsewhere(made, out_zip, toolchain=toolchain, jobs=jobs, cache_dir=settings.cache_dir,
                                                        build_timeout=settings.build_timeout, log=log, env=build_env)
     if publish:
         with log.step(f"store in {store.url}"):
@@ -175,6 +172,20 @@ def _build_locked(recipe: Recipe, *, key: str, settings: Settings, store: Store,
         outcome.out_dir = _unpack_to(out_zip, out, expect_for(recipe))
         log.info(f"bundle unpacked in {out}")
     return outcome
+
+
+def assemble(made: Made, plan: BuildPlan, result: BuildResult, out_zip: Path, *, toolchain: HostToolchain,
+             settings: Settings, log: Log) -> tuple[Manifest, Collected, VerifyReport]:
+    """Collect, write bundle.json, pack and verify: what `build` does after compiling, and all that `bundle`
+    does with a build made elsewhere."""
+    recipe = made.recipe
+    manifest, collected = package(made, plan, result, out_zip, toolchain=toolchain, cache_dir=settings.cache_dir,
+                                  log=log)
+    level = verify_level_for(recipe.platform)
+    with log.step(f"verify ({level})"):
+        report = verify_bundle(out_zip, level=level, expect=expect_for(recipe), cache_dir=settings.cache_dir)
+        _log_report(report, log)
+    return manifest, collected, report
 
 
 def _from_store(entry: Entry, *, store: Store, settings: Settings, log: Log, out: Path | None,

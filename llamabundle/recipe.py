@@ -37,6 +37,7 @@ Backend = Literal["cpu", "cuda"]  # each one a module in backends/
 Compiler = Literal["gcc", "clang", "msvc", "mingw"]
 CudaSourceKind = Literal["redist", "installer", "pypi", "system"]
 OpenMP = Literal["auto", "vcomp", "libomp", "none"]
+LatentCompanions = Literal["ship", "omit"]
 
 TEMPLATE_FIELDS = ("name", "key", "key12", "commit", "commit12", "platform")
 
@@ -118,6 +119,12 @@ class Cuda:
     components: tuple[str, ...] = _f("redist components to install", pattern=r"^[a-z][a-z0-9_]*$")
     archs: tuple[str, ...] = _f("GPU architectures: NN[a|f][-real|-virtual]", pattern=ARCH_PATTERN)
     driver_floor: DriverFloor | None = _f("minimum driver; derived from the toolkit when absent", default=None)
+    libraries: tuple[str, ...] = _f("toolkit libraries to ship although nothing imports or loads them, by file name "
+                                    "(nvJitLink_120_0.dll); each comes from the toolkit with its own imports",
+                                    default=(), pattern=r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
+    latent_companions: LatentCompanions = _f("ship the libraries a bundled CUDA library may load by name at run time "
+                                             "(cuBLASLt names NVRTC), or omit them (data/cuda_runtime.json says why "
+                                             "each is latent)", default="ship")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -190,6 +197,10 @@ class Recipe:
                 "archs": sorted(self.cuda.archs),
                 "driver_floor": self.driver_floor,
             }
+            if self.cuda.libraries:  # only when set: the keys of recipes without them stay as they were
+                cuda["libraries"] = sorted(self.cuda.libraries)
+            if self.cuda.latent_companions != "ship":
+                cuda["latent_companions"] = self.cuda.latent_companions
         toolchain: dict[str, Any] = {"compiler": self.toolchain.compiler}
         if self.compiler_key() is not None:
             toolchain["version"] = self.compiler_key()
@@ -250,8 +261,8 @@ class Recipe:
 # builds differently must never serve an old bundle as a hit. Bump DERIVATION with any change to that
 # code; the knowledge files' digest follows their data by itself. tests/unit/test_key.py records the
 # flags each version derives and fails when they change without a bump.
-DERIVATION = 2
-DERIVATION_DATA = ("build.json", "mingw.json")
+DERIVATION = 3
+DERIVATION_DATA = ("build.json", "mingw.json", "msvc.json", "cuda_runtime.json")
 
 
 def derivation() -> dict[str, Any]:
@@ -613,6 +624,8 @@ def _check_cuda(c: Cuda, ctx: _Ctx) -> None:
                            fix=f"did you mean '{hint[0]}'?" if hint else "see NVIDIA's redistrib manifest")
     if len(set(c.components)) != len(c.components):
         raise ctx.fail(None, "cuda.components", "a component is listed twice")
+    if len({n.lower() for n in c.libraries}) != len(c.libraries):
+        raise ctx.fail(None, "cuda.libraries", "a library is listed twice")
     from .backends.cuda.archs import (
         check_archs,  # local: archs imports this module's errors only
     )

@@ -15,9 +15,11 @@ from .bundle import diff_zips, sha256_file
 from .bundle.package import Made, package
 from .errors import VerifyError
 from .log import Log
+from .platforms.base import HostToolchain
 
 
-def rebuild_elsewhere(made: Made, zip_a: Path, *, jobs: int | None, cache_dir: Path, build_timeout: float, log: Log,
+def rebuild_elsewhere(made: Made, zip_a: Path, *, toolchain: HostToolchain, jobs: int | None, cache_dir: Path,
+                      build_timeout: float, log: Log,
                       env: Mapping[str, str]) -> dict[str, Any]:
     """Raises VerifyError naming each differing file and its first differing byte unless both zips are equal."""
     work = scratch.make_dir(cache.tmp_dir(cache_dir), cache.REPRO_PREFIX)
@@ -26,10 +28,11 @@ def rebuild_elsewhere(made: Made, zip_a: Path, *, jobs: int | None, cache_dir: P
             src_b = work / "elsewhere" / "src" / "llama.cpp"
             shutil.copytree(made.src.path, src_b, symlinks=True)
             plan_b = plan_build(made.recipe, source_dir=src_b, build_dir=work / "b" / "build", tools=made.tools,
-                                jobs=jobs, toolkit_roots=made.toolkit_roots)
+                                jobs=jobs, toolkit_roots=made.toolkit_roots, env=toolchain.env)
             result_b = run_build(plan_b, log=log, env=env, clean=True, timeout=build_timeout)
         zip_b = work / zip_a.name
-        package(replace(made, src=replace(made.src, path=src_b)), plan_b, result_b, zip_b, cache_dir=cache_dir, log=log)
+        package(replace(made, src=replace(made.src, path=src_b)), plan_b, result_b, zip_b, toolchain=toolchain,
+                cache_dir=cache_dir, log=log)
         diffs = diff_zips(zip_a, zip_b)
         sha_a, sha_b = sha256_file(zip_a), sha256_file(zip_b)
     finally:

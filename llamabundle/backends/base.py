@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 if TYPE_CHECKING:
     from ..bundle.manifest import Manifest
     from ..log import Log
-    from ..platforms.base import Platform
+    from ..platforms.base import Extra, Platform
     from ..recipe import Recipe
     from ..settings import Settings
 
@@ -60,12 +60,14 @@ class Backend(Protocol):
         """Lines for the CMake project include (CMAKE_PROJECT_INCLUDE) a recipe with this backend needs."""
         ...
 
-    def companions(self, bundled: Mapping[str, Path], lib_dirs: Sequence[Path]) -> list[Path]:
-        """Libraries loaded at run time by what is bundled, with no import entry naming them."""
+    def runtime_extras(self, recipe: Recipe, bundled: Mapping[str, Path], lib_dirs: Sequence[Path], *,
+                       platform: Platform) -> list[Extra]:
+        """Libraries to bundle that no import entry names (loaded at run time by what is bundled, or asked
+        for by the recipe), found in `lib_dirs`, each with why it is there."""
         ...
 
-    def licenses(self, bundled: Mapping[str, Path], prepared: Prepared | None, stage: Path) -> dict[str, str]:
-        """Copy the licence texts of what it redistributes into `stage`; returns their roles."""
+    def licenses(self, bundled: Mapping[str, Path], prepared: Prepared | None, stage: Path) -> dict[str, tuple[str, str]]:
+        """Copy the licence texts of what it redistributes into `stage`: name -> (origin, why)."""
         ...
 
     def manifest_section(self, recipe: Recipe, stage: Path, *, platform: Platform,
@@ -104,10 +106,11 @@ class NoExtras:
     def project_include(self, recipe: Recipe) -> list[str]:
         return []
 
-    def companions(self, bundled: Mapping[str, Path], lib_dirs: Sequence[Path]) -> list[Path]:
+    def runtime_extras(self, recipe: Recipe, bundled: Mapping[str, Path], lib_dirs: Sequence[Path], *,
+                       platform: Platform) -> list[Extra]:
         return []
 
-    def licenses(self, bundled: Mapping[str, Path], prepared: Prepared | None, stage: Path) -> dict[str, str]:
+    def licenses(self, bundled: Mapping[str, Path], prepared: Prepared | None, stage: Path) -> dict[str, tuple[str, str]]:
         return {}
 
     def manifest_section(self, recipe: Recipe, stage: Path, *, platform: Platform,

@@ -31,8 +31,10 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def file_entries(root: Path, roles: dict[str, str]) -> list[dict[str, Any]]:
-    """Every file under root except bundle.json, sorted, with sha256, size and role."""
+def file_entries(root: Path, roles: Mapping[str, str],
+                 about: Mapping[str, tuple[str, str]] | None = None) -> list[dict[str, Any]]:
+    """Every file under root except bundle.json, sorted, with sha256, size and role, and (from `about`:
+    name -> (origin, why)) where it came from and why it is there."""
     entries = []
     for path in sorted(walk(root)):
         if path == MANIFEST:
@@ -41,7 +43,10 @@ def file_entries(root: Path, roles: dict[str, str]) -> list[dict[str, Any]]:
         if role not in ROLES:
             raise ValueError(f"{path}: no role given (one of {ROLES})")
         f = root / path
-        entries.append({"path": path, "sha256": sha256_file(f), "size": f.stat().st_size, "role": role})
+        entry: dict[str, Any] = {"path": path, "sha256": sha256_file(f), "size": f.stat().st_size, "role": role}
+        if about and path in about:
+            entry["origin"], entry["why"] = about[path]
+        entries.append(entry)
     return entries
 
 

@@ -17,6 +17,7 @@ from ..build import BuildPlan, BuildResult, BuildTools
 from ..errors import VerifyError
 from ..log import Log
 from ..platforms import Collected, RuntimeSources
+from ..platforms.base import HostToolchain
 from ..recipe import Recipe
 from ..source import SourceTree
 from . import built_at, file_entries, pack, write_manifest
@@ -40,9 +41,10 @@ class Made:
         return {name: p.root for name, p in self.prepared.items()}
 
 
-def package(made: Made, plan: BuildPlan, result: BuildResult, out_zip: Path, *, cache_dir: Path,
-            log: Log) -> tuple[Manifest, Collected]:
-    """Collect the build's products and their runtime libraries, write bundle.json, pack the zip."""
+def package(made: Made, plan: BuildPlan, result: BuildResult, out_zip: Path, *, toolchain: HostToolchain,
+            cache_dir: Path, log: Log) -> tuple[Manifest, Collected]:
+    """Collect the build's products and their runtime libraries (from the build, the backends' toolkits and
+    the toolchain's runtime directories), write bundle.json with each file's origin and reason, pack the zip."""
     recipe = made.recipe
     platform = platforms.get(recipe.platform)
     have = backends.of(recipe)
@@ -52,12 +54,17 @@ def package(made: Made, plan: BuildPlan, result: BuildResult, out_zip: Path, *, 
         stage.mkdir()
         with log.step("collect runtime libraries"):
             sources = RuntimeSources(
-                lib_dirs=(*(d for p in made.prepared.values() for d in p.lib_dirs), *platform.runtime_dirs(recipe)),
-                companions=lambda bundled, dirs: [c for b in have for c in b.companions(bundled, dirs)])
+                lib_dirs=(*((d, "toolkit") for p in made.prepared.values() for d in p.lib_dirs), *toolchain.runtime_dirs),
+                extras=lambda bundled, dirs: [e for b in have
+                                              for e in b.runtime_extras(recipe, bundled, dirs, platform=platform)],
+                openmp=recipe.runtime.openmp)
             collected = platform.collect(plan, stage, log=log, sources=sources)
-            roles = dict(collected.roles) | copy_licenses(made.src.path, stage)
+            about = {n: (collected.origins.get(n, "build"), collected.why.get(n, "")) for n in collected.bundled}
+            about |= {n: ("source", "llama.cpp's licence") for n in copy_licenses(made.src.path, stage)}
+            about |= platform.licenses(collected, stage)
             for b in have:
-                roles |= b.licenses(collected.bundled, made.prepared.get(b.name), stage)
+                about |= b.licenses(collected.bundled, made.prepared.get(b.name), stage)
+            roles = dict(collected.roles) | {n: "license" for n in about if n not in collected.roles}
         fields: dict[str, Any] = {
             "name": recipe.name,
             "key": made.key,
@@ -71,7 +78,7 @@ def package(made: Made, plan: BuildPlan, result: BuildResult, out_zip: Path, *, 
                           **{k: v for p in made.prepared.values() for k, v in p.toolchain.items()}},
             "system_deps": collected.system_deps,
             "glibc_floor": collected.glibc_floor,
-            "files": file_entries(stage, roles),
+            "files": file_entries(stage, roles, about),
             "built_at": built_at(made.sde),
             "publish": {"tag": recipe.tag()},
         }

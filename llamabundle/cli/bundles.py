@@ -148,4 +148,30 @@ def publish(c: Ctx, path: Path, store_url: str | None, as_json: bool) -> None:
     click.echo(f"{state}: {report.key} -> {done.entry.location}")
 
 
-COMMANDS: tuple[click.Command, ...] = (check, build, fetch, verify, publish)
+@click.command("bundle")
+@RECIPE_ARG
+@click.argument("build_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--out", required=True, type=click.Path(path_type=Path),
+              help="A new or empty directory (the bundle unpacked there), or a path ending in .zip.")
+@click.option("--toolkit-root", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="The CUDA toolkit the build used (its bin/ and lib/): where the CUDA DLLs and libraries come from.")
+@click.option("--msvc-redist", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="Visual Studio's VC\\Redist\\MSVC\\<version> directory: where the CRT and OpenMP DLLs come from.")
+@JSON_OPT
+@pass_ctx
+def bundle_command(c: Ctx, recipe_path: Path, build_dir: Path, out: Path, toolkit_root: Path | None,
+                   msvc_redist: Path | None, as_json: bool) -> None:
+    """Turn the output of an existing llama.cpp build into a verified bundle of the recipe: collect the
+    runtime libraries, write bundle.json, pack and verify (what `build` does after compiling), on any OS."""
+    from .. import repair
+
+    r = load_recipe(recipe_path, env=c.env)
+    outcome = repair.bundle_build(r, build_dir, out=out, toolkit_root=toolkit_root, msvc_redist=msvc_redist,
+                                  settings=c.settings, log=c.log, env=c.env)
+    if as_json:
+        emit(outcome.to_json())
+        return
+    click.echo(f"bundled and verified: {outcome.out_dir or outcome.zip_path} (key {outcome.key[:12]})")
+
+
+COMMANDS: tuple[click.Command, ...] = (check, build, fetch, verify, publish, bundle_command)

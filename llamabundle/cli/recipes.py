@@ -85,14 +85,26 @@ def recipe_schema() -> None:
 @JSON_OPT
 @pass_ctx
 def show(c: Ctx, recipe_path: Path, as_json: bool) -> None:
-    """Show a recipe, its key and its build plan (nothing is run)."""
+    """Show a recipe, its key, its toolchain and its build plan (nothing is built; for MSVC, vswhere and
+    vcvars64.bat run to show the environment the build would use)."""
     r = load_recipe(recipe_path, env=c.env)
+    from .. import platforms
     from ..build import locate_tools
+    from ..errors import LlamaBundleError
+    from ..log import Log
+    from ..platforms.base import HostToolchain
 
-    plan = pipeline.show_plan(r, c.settings, locate_tools(path=c.env.get("PATH")))
+    try:
+        toolchain = platforms.get(r.platform).setup_toolchain(r, env=c.env, log=Log(quiet=True))
+        unavailable = None
+    except LlamaBundleError as e:  # shown, not fatal: show also runs where the recipe cannot be built
+        toolchain, unavailable = HostToolchain(), f"{e.what}" + (f" ({e.why})" if e.why else "")
+    plan = pipeline.show_plan(r, c.settings, locate_tools(path=c.env.get("PATH")), toolchain)
     data: dict[str, Any] = {"schema": 1, "name": r.name, "key": r.key(), "tag": r.tag(), "platform": r.platform,
                             "commit": r.llama_cpp.commit, "backends": list(r.backends), "driver_floor": r.driver_floor,
                             "sources": [source_mod.describe(s) for s in r.llama_cpp.sources],
+                            "toolchain": {"summary": list(toolchain.summary), "unavailable": unavailable,
+                                          "runtime_dirs": {str(d): o for d, o in toolchain.runtime_dirs}},
                             "plan": plan.to_json()}
     if as_json:
         emit(data)
@@ -104,6 +116,12 @@ def show(c: Ctx, recipe_path: Path, as_json: bool) -> None:
         click.echo(f"cuda      {r.cuda.toolkit} ({r.cuda.source}); archs {' '.join(r.cuda.archs)}; driver >= {r.driver_floor}")
     click.echo(f"key       {data['key']}")
     click.echo(f"tag       {data['tag']}")
+    for line in toolchain.summary:
+        click.echo(f"toolchain {line}")
+    if unavailable:
+        click.echo(f"toolchain not set up here: {unavailable}")
+    for name, value in plan.env:
+        click.echo(f"env       {name}={value}")
     for path, _text in plan.files:
         click.echo(f"writes    {path}")
     click.echo("configure " + shlex.join(plan.configure))

@@ -9,7 +9,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, TypeVar, runtime_checkable
 
 from .. import proc
 from ..errors import VerifyError
@@ -25,17 +25,49 @@ LOADED = re.compile(r"load_backend: loaded (\S+) backend from (.+?)\s*$")
 DEVICE = re.compile(r"^\s+(\S+): (.+)$")
 
 
-def no_companions(bundled: Mapping[str, Path], lib_dirs: Sequence[Path]) -> list[Path]:
+@dataclass(frozen=True, kw_only=True)
+class Extra:
+    """A library to bundle that no import entry of the bundle names (a run-time companion, a library the
+    recipe asks for), and why it is there."""
+    path: Path
+    why: str
+
+
+def no_extras(bundled: Mapping[str, Path], lib_dirs: Sequence[Path]) -> list[Extra]:
     return []
 
 
 @dataclass(frozen=True, kw_only=True)
 class RuntimeSources:
     """Where a build's runtime libraries may be taken from beyond its own output directory (the backends'
-    toolkits, searched before the system's), and the libraries loaded at run time without an import entry
-    naming them that must come along with what is bundled (asked of the backends)."""
-    lib_dirs: tuple[Path, ...] = ()
-    companions: Callable[[Mapping[str, Path], Sequence[Path]], list[Path]] = no_companions
+    toolkits, the toolchain's runtime directories: each with the origin bundle.json records for what comes
+    from it), searched before the system's, and the extra libraries that must come along with what is
+    bundled (asked of the backends, given what is bundled so far and the directories)."""
+    lib_dirs: tuple[tuple[Path, str], ...] = ()
+    extras: Callable[[Mapping[str, Path], Sequence[Path]], list[Extra]] = no_extras
+    openmp: str = "auto"  # the recipe's runtime.openmp: the OpenMP runtime the bundle may carry
+
+    @property
+    def dirs(self) -> tuple[Path, ...]:
+        return tuple(d for d, _ in self.lib_dirs)
+
+    def origin_of(self, path: Path, *, output_dir: Path) -> str:
+        """build (the build's own output), the origin of the runtime directory it lies in, else system."""
+        if path.parent == output_dir:
+            return "build"
+        return next((origin for d, origin in self.lib_dirs if path.parent == d or path.is_relative_to(d)), "system")
+
+
+@dataclass(frozen=True, kw_only=True)
+class HostToolchain:
+    """What the platform set up for the recipe's compiler before a build (or, for `bundle`, what it was
+    told): the compiler version found (checked against the key), the variables laid over the build's
+    environment (MSVC: what vcvars64.bat sets), the toolchain's runtime directories with their origin,
+    and the lines `show` and the log print."""
+    compiler: str | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    runtime_dirs: tuple[tuple[Path, str], ...] = ()
+    summary: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,6 +77,8 @@ class Collected:
     roles: Mapping[str, str]  # file name -> exe | backend | runtime | license
     system_deps: list[str]  # the system (and driver) libraries the bundle's binaries import
     glibc_floor: str | None = None
+    why: Mapping[str, str] = field(default_factory=dict)  # file name -> why it is in the bundle
+    origins: Mapping[str, str] = field(default_factory=dict)  # file name -> build | toolkit | msvc-redist | ...
 
 
 @dataclass(kw_only=True)
@@ -75,19 +109,29 @@ class Platform(Protocol):
         """Whether this version can build bundles for this platform on `host` with `compiler`."""
         ...
 
-
     def cmake_setup(self, recipe: Recipe, build_dir: Path) -> tuple[dict[str, str], list[tuple[str, str]], list[str]]:
         """Cache definitions, files to write into the build tree, and lines for the project include
         (CMAKE_PROJECT_INCLUDE) that building with the recipe's toolchain for this platform needs."""
         ...
 
-    def runtime_dirs(self, recipe: Recipe) -> list[Path]:
-        """Directories of the toolchain's runtime libraries a build for this platform may copy in."""
+    def setup_toolchain(self, recipe: Recipe, *, env: Mapping[str, str], log: Log) -> HostToolchain:
+        """Before a build: find the recipe's compiler, check it against the key (and, for CUDA, against the
+        host compilers the toolkit accepts), and say which environment and runtime directories it uses.
+        Raises ToolchainError with the fix before anything is built."""
+        ...
+
+    def given_toolchain(self, recipe: Recipe, *, redist: Path | None) -> HostToolchain:
+        """For `bundle` (a build made elsewhere): the toolchain's runtime directories, from `redist` where
+        the platform needs them named (the MSVC redist), else found here."""
         ...
 
     def collect(self, plan: BuildPlan, stage: Path, *, log: Log, sources: RuntimeSources) -> Collected:
         """Copy the build's programs and backends into `stage` with the import closure of runtime libraries
         they need (never the system's or the driver's), and say what each file is."""
+        ...
+
+    def licenses(self, collected: Collected, stage: Path) -> dict[str, tuple[str, str]]:
+        """Copy the licence texts of the toolchain runtimes the bundle carries into `stage`: name -> (origin, why)."""
         ...
 
     def check_static(self, root: Path, manifest: Manifest) -> list[str]:
@@ -98,6 +142,53 @@ class Platform(Protocol):
     def check_load(self, root: Path, manifest: Manifest, *, host: str, wine_prefix: Path | None) -> Loaded:
         """Run the bundle's llama-server --verbose --list-devices from `root` (a copy) on this host."""
         ...
+
+
+C = TypeVar("C")
+
+
+def closure_with_extras(resolve: Callable[[list[Path]], C], bundled_of: Callable[[C], Mapping[str, Path]],
+                        roots: Sequence[Path], sources: RuntimeSources,
+                        dirs: Sequence[Path]) -> tuple[C, dict[str, str]]:
+    """The import closure of the roots and of every extra library the backends ask for given what is
+    bundled so far (a companion's own companions too), until nothing new is asked for. Returns the last
+    closure and, for each extra, why it is there."""
+    extras: dict[str, Extra] = {}
+    while True:
+        closure = resolve([*roots, *(e.path for e in extras.values())])
+        new = [e for e in sources.extras(bundled_of(closure), dirs) if e.path.name not in extras]
+        if not new:
+            return closure, {name: e.why for name, e in extras.items()}
+        extras.update({e.path.name: e for e in new})
+
+
+def reasons(plan: BuildPlan, bundled: Iterable[str], *, extras: Mapping[str, str],
+            importers: Mapping[str, Sequence[str]]) -> dict[str, str]:
+    """Why each collected file is in the bundle: a program or backend of the recipe, an extra (its own
+    reason), or imported by the files that import it."""
+    lower = {k.lower(): v for k, v in importers.items()}
+    out: dict[str, str] = {}
+    for name in bundled:
+        if name in plan.programs:
+            out[name] = "program: a target of the recipe"
+        elif name in plan.backends:
+            out[name] = "backend module: loaded by ggml at run time"
+        elif name in extras:
+            out[name] = extras[name]
+        else:
+            by = lower.get(name.lower(), ())
+            out[name] = f"imported by {', '.join(by)}" if by else "imported"
+    return out
+
+
+def host_compiler(recipe: Recipe, *, env: Mapping[str, str], log: Log) -> HostToolchain:
+    """A compiler found on PATH (gcc, clang, mingw): the one the key names (compilers.check_host)."""
+    from ..compilers import check_host
+
+    found = check_host(recipe.toolchain.compiler, pin=recipe.toolchain.version, keyed=recipe.host_compiler, env=env)
+    line = f"compiler: {recipe.toolchain.compiler} {found} (key: {recipe.compiler_key()})"
+    log.info(f"    {line}")
+    return HostToolchain(compiler=found, summary=(line,))
 
 
 def roles_of(plan: BuildPlan, bundled: Iterable[str]) -> dict[str, str]:

@@ -3,6 +3,7 @@ system (never the driver's libraries), RUNPATH $ORIGIN, and llama-server run nat
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -10,7 +11,7 @@ from ..deps import elf
 from ..deps.policy import LibClass, linux_policy
 from ..errors import VerifyError
 from . import base
-from .base import Collected, Loaded, RuntimeSources
+from .base import Collected, HostToolchain, Loaded, RuntimeSources
 
 if TYPE_CHECKING:
     from ..build import BuildPlan
@@ -37,18 +38,20 @@ class Linux:
     def cmake_setup(self, recipe: Recipe, build_dir: Path) -> tuple[dict[str, str], list[tuple[str, str]], list[str]]:
         return {}, [], []
 
-    def runtime_dirs(self, recipe: Recipe) -> list[Path]:
-        return []
+    def setup_toolchain(self, recipe: Recipe, *, env: Mapping[str, str], log: Log) -> HostToolchain:
+        return base.host_compiler(recipe, env=env, log=log)
+
+    def given_toolchain(self, recipe: Recipe, *, redist: Path | None) -> HostToolchain:
+        return HostToolchain()
 
     def collect(self, plan: BuildPlan, stage: Path, *, log: Log, sources: RuntimeSources) -> Collected:
         policy = linux_policy()
         roots = [plan.output_dir / n for n in plan.programs + plan.backends]
-        lib_dirs = list(sources.lib_dirs) + elf.system_library_dirs(policy, ldconfig_output=elf.ldconfig_cache())
-        closure = elf.resolve_closure(roots, products=[plan.output_dir], policy=policy, system_dirs=lib_dirs)
-        companions = sources.companions(closure.bundled, lib_dirs)
-        if companions:  # libraries loaded at run time without a DT_NEEDED entry (e.g. nvrtc's builtins)
-            closure = elf.resolve_closure(roots + companions, products=[plan.output_dir], policy=policy,
-                                          system_dirs=lib_dirs)
+        lib_dirs = [*sources.dirs, *elf.system_library_dirs(policy, ldconfig_output=elf.ldconfig_cache())]
+        # with the libraries loaded at run time without a DT_NEEDED entry (cuBLASLt's NVRTC, NVRTC's builtins)
+        closure, extras = base.closure_with_extras(
+            lambda files: elf.resolve_closure(files, products=[plan.output_dir], policy=policy, system_dirs=lib_dirs),
+            lambda c: c.bundled, roots, sources, lib_dirs)
         products = {p.name for p in plan.output_dir.iterdir()}
         copied_in = sorted(n for n, p in closure.bundled.items() if n not in products)
         log.info(f"    bundled from the build: {len(closure.bundled) - len(copied_in)}; "
@@ -59,7 +62,12 @@ class Linux:
                                      fix="install them on the build machine (they are then copied into the bundle)")
         elf.apply_closure(closure, stage, log=log)
         return Collected(bundled=closure.bundled, roles=base.roles_of(plan, closure.bundled),
-                         system_deps=closure.system_deps, glibc_floor=closure.glibc_floor)
+                         system_deps=closure.system_deps, glibc_floor=closure.glibc_floor,
+                         why=base.reasons(plan, closure.bundled, extras=extras, importers=closure.needed_by),
+                         origins={n: sources.origin_of(p, output_dir=plan.output_dir) for n, p in closure.bundled.items()})
+
+    def licenses(self, collected: Collected, stage: Path) -> dict[str, tuple[str, str]]:
+        return {}
 
     def check_static(self, root: Path, manifest: Manifest) -> list[str]:
         """Every DT_NEEDED of every ELF file is in the bundle or a system or driver library; RUNPATH is $ORIGIN."""

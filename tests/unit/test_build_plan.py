@@ -72,7 +72,9 @@ def test_windows_cuda_plan_is_made_on_linux() -> None:
 def test_cuda_host_compiler_gets_the_prefix_maps_too() -> None:
     cuda = load_recipe(REPO / "recipes" / "linux-x86_64-cuda13.0.yaml")
     defs = _defs(_plan(cuda))
-    assert defs["CMAKE_CUDA_FLAGS"] == "-Xcompiler=-ffile-prefix-map=/src=/llama.cpp -Xcompiler=-ffile-prefix-map=/b=/build"
+    # and nvcc's own path- and pid-dependent names fixed (backends/cuda: measured with nvcc 13.0.88)
+    assert defs["CMAKE_CUDA_FLAGS"] == ("-Xcompiler=-ffile-prefix-map=/src=/llama.cpp -Xcompiler=-ffile-prefix-map=/b=/build "
+                                        "-objtemp -Xcudafe=--orig_src_path_name=/llama.cpp")
 
 
 def test_ccache_is_used_when_present() -> None:

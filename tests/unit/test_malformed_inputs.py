@@ -137,7 +137,7 @@ RECIPE_INPUTS = [("missing", "no such recipe file"), ("dir", ""), ("fifo", ""), 
 RECIPE_COMMANDS = [["show", "{p}"], ["key", "{p}"], ["check", "{p}", "--store", "{store}"], ["archs", "{p}"],
                    ["build", "{p}", "--store", "{store}"], ["fetch", "{p}", "--store", "{store}", "--out", "{out}"],
                    ["install", "--recipe", "{p}", "--store", "{store}", "--dest", "{dest}"], ["recipe", "lint", "{p}"],
-                   ["toolkit", "plan", "{p}"], ["toolkit", "install", "{p}"]]
+                   ["toolkit", "plan", "{p}"], ["toolkit", "install", "{p}"], ["bundle", "{p}", "{dir}", "--out", "{out}"]]
 BUNDLE_INPUTS = [("missing", 2, "does not exist"), ("empty", 5, ""), ("notzip", 5, ""), ("truncated-zip", 5, ""),
                  ("symlink-zip", 5, "symbolic link"), ("binary", 5, ""), ("fifo", 2, "")]
 BUNDLE_INPUTS += [(f"manifest:{k}", 5, FIELD[k]) for k in MANIFESTS]
@@ -178,6 +178,9 @@ OTHER: list[tuple[list[str], int, str]] = [
     (["toolkit", "plan", "--manifest", "{binary}", "--version", "12.8.1", "--components", "cudart"], 3, ""),
     (["recipe", "schema", "extra-arg"], 2, ""),
     (["recipe", "list", "--frob"], 2, ""),
+    (["bundle", str(LINUX), "{dir}", "--out", "{out}"], 2, "is not a CMake build directory"),
+    (["bundle", str(LINUX), "{missing}", "--out", "{out}"], 2, "does not exist"),
+    (["bundle", str(LINUX), "{file}", "--out", "{out}"], 2, "is a file"),
 ]
 
 

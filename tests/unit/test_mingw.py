@@ -253,11 +253,14 @@ def test_collect_windows_bundles_the_mingw_runtime_and_never_system_dlls(build_t
     (src / "LICENSE").write_text("MIT\n")
     stage = tmp_path / "stage"
     stage.mkdir()
-    dirs = WINDOWS.runtime_dirs(load_recipe(MINGW_RECIPE))
-    assert dirs and all(d.is_dir() for d in dirs)
+    labelled = WINDOWS.given_toolchain(load_recipe(MINGW_RECIPE), redist=None).runtime_dirs
+    dirs = [d for d, _ in labelled]
+    assert dirs and all(d.is_dir() for d in dirs) and {o for _, o in labelled} == {"mingw"}
     plan = plan_of(build_tree)
-    collected = WINDOWS.collect(plan, stage, log=Log(), sources=RuntimeSources(lib_dirs=tuple(dirs)))
-    roles = dict(collected.roles) | copy_licenses(src, stage)
+    collected = WINDOWS.collect(plan, stage, log=Log(), sources=RuntimeSources(lib_dirs=labelled))
+    licences = WINDOWS.licenses(collected, stage)
+    assert licences and all(o == "mingw" for o, _ in licences.values())
+    roles = dict(collected.roles) | copy_licenses(src, stage) | dict.fromkeys(licences, "license")
     closure = pe.resolve_closure([plan.output_dir / n for n in plan.programs + plan.backends],
                                  bundle_dir=plan.output_dir, extra_dirs=dirs)
     runtime = {"libgomp-1.dll", "libstdc++-6.dll", "libgcc_s_seh-1.dll", "libwinpthread-1.dll"}
@@ -273,6 +276,9 @@ def test_collect_windows_bundles_the_mingw_runtime_and_never_system_dlls(build_t
     for name in runtime:  # the very files of the toolchain, found from the compiler's own answer
         assert (stage / name).read_bytes() == collected.bundled[name].read_bytes()
         assert collected.bundled[name].parent in dirs
+        assert collected.origins[name] == "mingw" and collected.why[name].startswith("imported by ")
+    assert collected.origins["llama-server.exe"] == "build" and collected.why["llama-server.exe"].startswith("program")
+    assert collected.why["ggml-cpu-x64.dll"].startswith("backend module")
 
 
 def test_collect_windows_names_a_runtime_dll_it_cannot_find(build_tree: Path, tmp_path: Path) -> None:

@@ -183,7 +183,7 @@ def test_find_instance_runs_vswhere_with_the_range(tmp_path: Path) -> None:
 def test_locate_the_default_toolset_and_redist(tmp_path: Path) -> None:
     ts = _toolset(tmp_path, tools=("14.38.33130", "14.44.35207"), default="14.44.35207")
     vs = tmp_path / "vs"
-    assert (ts.version, ts.msc_ver, ts.pinned) == ("14.44.35207", 1944, None)
+    assert (ts.version, ts.msc_ver, ts.pinned) == ("14.44.35207", 1944, "14.44.35207")  # vcvars gets it, never its own pick
     assert ts.installed == ("14.38.33130", "14.44.35207")
     assert ts.vcvars == vs / "VC" / "Auxiliary" / "Build" / "vcvars64.bat"
     assert (ts.redist_version, ts.redist_dir) == ("14.44.35112", vs / "VC" / "Redist" / "MSVC" / "14.44.35112")
@@ -193,7 +193,7 @@ def test_locate_a_pinned_toolset(tmp_path: Path) -> None:
     make_vs(tmp_path / "vs", tools=("14.38.33130", "14.44.35207", "14.50.35717"))
     inst = msvc.parse_vswhere(recorded("windows-2022-runner.json", {"8f3e5ef8": tmp_path / "vs"}))[0]
     ts = msvc.locate_toolset(inst, toolset="14.44")
-    assert (ts.version, ts.msc_ver, ts.pinned) == ("14.44.35207", 1944, "14.44")
+    assert (ts.version, ts.msc_ver, ts.pinned) == ("14.44.35207", 1944, "14.44.35207")
     assert msvc.locate_toolset(inst).version == "14.50.35717"
     with pytest.raises(ToolchainError) as e:
         msvc.locate_toolset(inst, toolset="14.29")
@@ -276,7 +276,7 @@ def test_vcvars_argv_needs_no_quotes_inside_arguments(tmp_path: Path) -> None:
     assert not any('"' in a for a in argv)
     # What CreateProcess gets: cmd runs `call "<path>" >nul && set`, the path quoted once.
     assert subprocess.list2cmdline(argv) == ('cmd.exe /d /c call "C:\\Program Files\\Microsoft Visual Studio\\2022\\'
-                                             'Enterprise\\VC\\Auxiliary\\Build\\vcvars64.bat" >nul && set')
+                                             'Enterprise\\VC\\Auxiliary\\Build\\vcvars64.bat" -vcvars_ver=14.44.35207 >nul && set')
     assert msvc.vcvars_argv(dataclasses.replace(ts, pinned="14.44"))[5] == "-vcvars_ver=14.44"
 
 
@@ -288,7 +288,10 @@ def test_capture_vcvars_returns_what_it_changed(tmp_path: Path) -> None:
                "VCToolsVersion": "14.44.35207", "VCINSTALLDIR": "C:\\VS\\VC\\", "VSCMD_ARG_TGT_ARCH": "x64"}
     runner = FakeRunner(cmd=set_output({**base, "SystemRoot": base.pop("SYSTEMROOT")}, changes) + "\r\n")
     got = msvc.capture_vcvars(ts, base_env={**base, "SYSTEMROOT": r"C:\Windows"}, runner=runner)
-    assert got == dict(sorted(changes.items()))  # SystemRoot and TEMP did not change, whatever their case
+    # SystemRoot and TEMP did not change, whatever their case; Path is spelled as the base spells it, so that
+    # laying it over the base replaces PATH instead of adding a second one
+    want = {("PATH" if k == "Path" else k): v for k, v in changes.items()}
+    assert got == dict(sorted(want.items()))
     assert runner.calls[0][0] == msvc.vcvars_argv(ts)
 
 
@@ -312,7 +315,7 @@ def test_setup_checks_msc_ver_before_running_vcvars(tmp_path: Path) -> None:
     done = msvc.setup(env=env, version_range=None, runner=runner, cuda="12.8.1", toolset="14.44")
     assert done.toolset.instance.name == "Visual Studio Community 2026"
     assert done.env == {"INCLUDE": "x", "VCToolsVersion": "14.44.35207"}
-    assert runner.calls[-1][0][5] == "-vcvars_ver=14.44"
+    assert runner.calls[-1][0][5] == "-vcvars_ver=14.44.35207"
     ok = msvc.setup(env=env, version_range="[17.0,18.0)", runner=FakeRunner(
         vswhere=recorded("buildtools-and-vs2026.json", trees), cmd="VCToolsVersion=14.42.34433\r\n"), cuda="12.8.1")
     assert (ok.toolset.version, ok.toolset.msc_ver) == ("14.42.34433", 1942)
@@ -340,40 +343,29 @@ def test_runtime_dirs_per_openmp_choice_never_onecore(tmp_path: Path) -> None:
     assert msvc.runtime_dirs(ts, openmp="none") == (crt,)
 
 
-def test_runtime_dlls_follow_the_imports(tmp_path: Path) -> None:
-    ts = _toolset(tmp_path)
-    crt, omp = ts.redist_dir / "x64" / "Microsoft.VC143.CRT", ts.redist_dir / "x64" / "Microsoft.VC143.OpenMP"
-    got = msvc.runtime_dlls(ts, imports=["KERNEL32.dll", "MSVCP140.dll", "VCRUNTIME140.dll", "VCRUNTIME140_1.dll",
-                                         "vcomp140.dll", "ggml-base.dll"], openmp="auto")
-    assert got == {"msvcp140.dll": crt / "msvcp140.dll", "vcomp140.dll": omp / "vcomp140.dll",
-                   "vcruntime140.dll": crt / "vcruntime140.dll", "vcruntime140_1.dll": crt / "vcruntime140_1.dll"}
-    llvm = msvc.runtime_dlls(ts, imports=["libomp140.x86_64.dll"], openmp="libomp")
-    assert llvm == {"libomp140.x86_64.dll": ts.redist_dir / "debug_nonredist" / "x64" / "Microsoft.VC143.OpenMP.LLVM"
-                    / "libomp140.x86_64.dll"}
-
-
 @pytest.mark.parametrize(("imports", "openmp", "what"), [
     (["vcomp140.dll"], "libomp", "the binaries import vcomp140.dll but runtime.openmp is libomp"),
     (["libomp140.x86_64.dll"], "vcomp", "the binaries import libomp140.x86_64.dll but runtime.openmp is vcomp"),
     (["VCOMP140.DLL"], "none", "the binaries import VCOMP140.DLL but runtime.openmp is none"),
 ])
-def test_an_openmp_mismatch_is_an_error(tmp_path: Path, imports: list[str], openmp: str, what: str) -> None:
+def test_an_openmp_mismatch_is_an_error(imports: list[str], openmp: str, what: str) -> None:
     with pytest.raises(ToolchainError) as e:
-        msvc.runtime_dlls(_toolset(tmp_path), imports=imports, openmp=openmp)  # type: ignore[arg-type]
+        msvc.check_openmp(imports, openmp=openmp)
     assert e.value.what == what
+    for fine in ("auto", {"vcomp140.dll": "vcomp"}.get(imports[0].lower(), "libomp")):
+        if not (openmp == fine):
+            msvc.check_openmp(imports, openmp=fine)  # what was imported is what is shipped: no error
 
 
-def test_a_crt_dll_missing_from_the_redist_is_an_error(tmp_path: Path) -> None:
-    ts = _toolset(tmp_path)
-    (ts.redist_dir / "x64" / "Microsoft.VC143.CRT" / "msvcp140_2.dll").unlink()
-    with pytest.raises(ToolchainError, match="msvcp140_2.dll is not in the MSVC redist"):
-        msvc.runtime_dlls(ts, imports=["msvcp140_2.dll"], openmp="auto")
+def test_a_directory_without_the_crt_is_not_a_redist(tmp_path: Path) -> None:
+    with pytest.raises(ToolchainError, match="holds no MSVC CRT"):
+        msvc.redist_dirs(tmp_path, openmp="auto")
 
 
 def test_vs2026_redist_folders_are_found_too(tmp_path: Path) -> None:
     ts = _toolset(tmp_path, tools=("14.50.35717",), redist="14.50.35710", crt_dir="Microsoft.VC145.CRT")
-    assert msvc.runtime_dlls(ts, imports=["vcruntime140.dll"], openmp="auto") == {
-        "vcruntime140.dll": ts.redist_dir / "x64" / "Microsoft.VC145.CRT" / "vcruntime140.dll"}
+    assert msvc.runtime_dirs(ts, openmp="vcomp") == (ts.redist_dir / "x64" / "Microsoft.VC145.CRT",
+                                                     ts.redist_dir / "x64" / "Microsoft.VC145.OpenMP")
 
 
 @pytest.mark.skipif(shutil.which(CC) is None, reason=f"{CC} (mingw-w64) is needed to build real PE files")
@@ -393,4 +385,4 @@ def test_the_pe_closure_finds_the_msvc_runtime_in_the_redist(built: Built, tmp_p
                    "vcomp140.dll": (DllClass.OPENMP, omp / "vcomp140.dll"),
                    "vcruntime140.dll": (DllClass.MSVC_RUNTIME, crt / "vcruntime140.dll")}
     assert c.missing == {}
-    assert msvc.runtime_dlls(ts, imports=[d.name for d in c.deps], openmp="vcomp") == {n: p for n, (_, p) in got.items()}
+    msvc.check_openmp([d.name for d in c.deps], openmp="vcomp")

@@ -1,5 +1,7 @@
-"""The GitHub Actions workflows: actionlint finds nothing, and release.yml builds exactly the shipped recipes,
-only on a store miss."""
+"""The GitHub Actions workflows: actionlint and zizmor find nothing, every action is pinned by commit SHA, and
+release.yml builds exactly the shipped recipes, only on a store miss, on runners that can build them (bare
+windows-2022 for MSVC, ubuntu-24.04 for mingw-w64), with the CUDA archives and the compiler cache kept across
+runs and the build log kept when a build fails."""
 
 from __future__ import annotations
 
@@ -19,18 +21,36 @@ ROOT = Path(__file__).resolve().parents[2]
 WORKFLOWS = ROOT / ".github" / "workflows"
 RELEASE = WORKFLOWS / "release.yml"
 ON_MISS = "steps.check.outputs.hit != 'true'"
+ON_BUILD_FAILURE = "failure() && steps.build.outcome == 'failure'"
+# where release.yml puts llamabundle's cache (LLAMABUNDLE_CACHE_DIR) and ccache's (CCACHE_DIR)
+CACHE_DIR = "llamabundle"
+CCACHE_DIR = "ccache"
+# a step `uses: owner/repo[/path]@<40 hex> # vX.Y.Z`
+PINNED = re.compile(r"[A-Za-z0-9_.-]+/[A-Za-z0-9_./-]+@[0-9a-f]{40}")
+USES_LINE = re.compile(r"^\s*(?:-\s+)?uses:\s*(\S+)(.*)$")
+VERSION_COMMENT = re.compile(r"#\s*v\d+\.\d+\.\d+\b")
 
 
-def find_actionlint() -> str | None:
-    """actionlint on PATH, else in this interpreter's scripts directory (a venv that was not activated)."""
-    exe = "actionlint.exe" if os.name == "nt" else "actionlint"
-    found = shutil.which("actionlint")
+def find_tool(name: str) -> str | None:
+    """`name` on PATH, else in this interpreter's scripts directory (a venv that was not activated)."""
+    exe = f"{name}.exe" if os.name == "nt" else name
+    found = shutil.which(name)
     if found:
         return found
     for d in (sysconfig.get_path("scripts"), str(Path(sys.executable).parent)):
         if d and (Path(d) / exe).is_file():
             return str(Path(d) / exe)
     return None
+
+
+def find_actionlint() -> str | None:
+    return find_tool("actionlint")
+
+
+def workflow_files() -> list[Path]:
+    files = sorted(WORKFLOWS.glob("*.yml"))
+    assert files, f"no workflows in {WORKFLOWS}"
+    return files
 
 
 def load(path: Path) -> dict[str, Any]:
@@ -47,9 +67,49 @@ def condition(step: dict[str, Any]) -> str:
     return " ".join((m.group(1) if m else cond).split())
 
 
-def release_steps() -> list[dict[str, Any]]:
+def conjuncts(cond: str) -> list[str]:
+    """The top-level `&&` terms of a condition (one without `||`, which every condition here is)."""
+    assert "||" not in cond, f"condition {cond!r} has an `||`"
+    return [c.strip() for c in cond.split("&&")]
+
+
+def release_job() -> dict[str, Any]:
     job = load(RELEASE)["jobs"]["bundle"]
-    return job["steps"]
+    assert isinstance(job, dict)
+    return job
+
+
+def release_steps() -> list[dict[str, Any]]:
+    steps: list[dict[str, Any]] = release_job()["steps"]
+    return steps
+
+
+def release_matrix() -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = release_job()["strategy"]["matrix"]["include"]
+    return rows
+
+
+def recipe_of(row: dict[str, Any]) -> dict[str, Any]:
+    recipe = yaml.safe_load((ROOT / "recipes" / f"{row['recipe']}.yaml").read_text(encoding="utf-8"))
+    assert isinstance(recipe, dict)
+    return recipe
+
+
+def is_native_windows(recipe: dict[str, Any]) -> bool:
+    return str(recipe["platform"]).startswith("windows-") and recipe["toolchain"]["compiler"] != "mingw"
+
+
+def uses_steps(steps: list[dict[str, Any]], action: str) -> list[dict[str, Any]]:
+    return [s for s in steps if str(s.get("uses", "")).startswith(f"{action}@")]
+
+
+def size_bytes(size: str) -> float:
+    """A ccache size (`5G`, `500M`, `2Gi`, a plain number of bytes) in bytes."""
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([KMGT]?)(i?)B?", size.strip(), re.I)
+    assert m, f"{size!r} is not a ccache size"
+    power = " KMGT".index(m.group(2).upper() or " ")
+    base = 1024.0 if m.group(3) else 1000.0  # ccache: k, M, G, T are powers of 1000; Ki, Mi, Gi, Ti of 1024
+    return float(m.group(1)) * base**power
 
 
 def step_running(steps: list[dict[str, Any]], needle: str) -> dict[str, Any]:
@@ -58,7 +118,7 @@ def step_running(steps: list[dict[str, Any]], needle: str) -> dict[str, Any]:
     return found[0]
 
 
-# ---------------------------------------------------------------------------------------- actionlint
+# ------------------------------------------------------------------------------- linters and pins
 
 
 def test_actionlint_finds_nothing() -> None:
@@ -66,12 +126,52 @@ def test_actionlint_finds_nothing() -> None:
     if actionlint is None:
         pytest.fail("actionlint is not installed: install the test extra (python3 -m pip install -e '.[test]'), "
                     "which provides the actionlint binary", pytrace=False)
-    files = sorted(WORKFLOWS.glob("*.yml"))
-    assert files, f"no workflows in {WORKFLOWS}"
-    proc = subprocess.run([actionlint, "-no-color", *map(str, files)], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300, check=False)
+    proc = subprocess.run([actionlint, "-no-color", *map(str, workflow_files())], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300, check=False)
     out = (proc.stdout + proc.stderr).strip()
     assert proc.returncode == 0 and out == "", f"actionlint exited {proc.returncode}:\n{out}"
+
+
+def test_zizmor_finds_nothing() -> None:
+    """zizmor's offline audits (template injection, credential persistence, unpinned actions, excessive
+    permissions, cache poisoning, ...): no finding, besides the ones release.yml ignores with a reason."""
+    zizmor = find_tool("zizmor")
+    if zizmor is None:
+        pytest.fail("zizmor is not installed: install the test extra (python3 -m pip install -e '.[test]'), "
+                    "which provides the zizmor binary", pytrace=False)
+    env = {k: v for k, v in os.environ.items() if k not in {"GH_TOKEN", "GITHUB_TOKEN", "ZIZMOR_GITHUB_TOKEN"}}
+    # --strict-collection: a workflow zizmor cannot read is a failure, never silently left out
+    cmd = [zizmor, "--offline", "--strict-collection", "--no-progress", "--color=never", *map(str, workflow_files())]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, check=False, env=env)
+    out = (proc.stdout + proc.stderr).strip()
+    assert proc.returncode == 0, f"zizmor exited {proc.returncode}:\n{out}"
+    # ignored sparingly: only the cache-poisoning finding of release.yml's caches, each with its reason above it
+    ignores = [(path.name, line.strip()) for path in workflow_files()
+               for line in path.read_text(encoding="utf-8").splitlines() if "zizmor: ignore" in line]
+    assert len(ignores) == len(uses_steps(release_steps(), "actions/cache")), ignores
+    for name, line in ignores:
+        assert name == RELEASE.name and line.startswith("uses: actions/cache@"), line
+        assert line.endswith("# zizmor: ignore[cache-poisoning]"), line
+
+
+def test_every_action_is_pinned_by_commit_sha() -> None:
+    """A tag can be moved; a commit cannot. The tag it was stays beside it, as `# vX.Y.Z`."""
+    seen = 0
+    for path in workflow_files():
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            m = USES_LINE.match(line)
+            if not m:
+                continue
+            seen += 1
+            ref, rest = m.group(1).strip("'\""), m.group(2)
+            assert PINNED.fullmatch(ref), f"{path.name}:{n}: {ref} is not pinned to a 40-hex commit SHA"
+            assert VERSION_COMMENT.search(rest), f"{path.name}:{n}: {ref} has no `# vX.Y.Z` comment"
+        # every `uses:` of the parsed workflow was one of those lines (none hides in a flow mapping)
+        jobs = load(path)["jobs"].values()
+        parsed = [s["uses"] for j in jobs for s in j.get("steps", []) if "uses" in s] + \
+                 [j["uses"] for j in jobs if "uses" in j]
+        assert all(PINNED.fullmatch(u) for u in parsed), f"{path.name}: {parsed}"
+    assert seen, "no `uses:` in the workflows"
 
 
 def test_the_replaced_workflows_are_gone() -> None:
@@ -85,21 +185,27 @@ def test_release_triggers_and_permissions() -> None:
     wf = load(RELEASE)
     assert wf["on"]["release"]["types"] == ["published"]
     assert "workflow_dispatch" in wf["on"]
-    assert wf["permissions"] == {"contents": "write", "id-token": "write", "attestations": "write"}
+    # nothing for the workflow as a whole; the writes only where the publishing job needs them
+    assert wf["permissions"] == {}
+    assert release_job()["permissions"] == {"contents": "write", "id-token": "write", "attestations": "write"}
 
 
 def test_release_matrix_is_exactly_the_shipped_recipes() -> None:
-    job = load(RELEASE)["jobs"]["bundle"]
-    include = job["strategy"]["matrix"]["include"]
+    job = release_job()
+    include = release_matrix()
     names = [row["recipe"] for row in include]
     shipped = sorted(p.stem for p in (ROOT / "recipes").glob("*.yaml"))
     assert shipped, "no recipes/*.yaml"
     assert sorted(names) == shipped and len(names) == len(set(names))
     for row in include:
-        recipe = yaml.safe_load((ROOT / "recipes" / f"{row['recipe']}.yaml").read_text(encoding="utf-8"))
+        recipe = recipe_of(row)
         assert recipe["name"] == row["recipe"]
-        native_windows = recipe["platform"].startswith("windows-") and recipe["toolchain"]["compiler"] != "mingw"
-        runner = "windows-2022" if native_windows else "ubuntu-22.04"  # mingw cross-builds on Linux
+        if is_native_windows(recipe):
+            runner = "windows-2022"
+        elif recipe["toolchain"]["compiler"] == "mingw":
+            runner = "ubuntu-24.04"  # cross-built on Linux, with a mingw-w64 gcc new enough (see below)
+        else:
+            runner = "ubuntu-22.04"
         assert row["os"] == runner, f"{row['recipe']} ({recipe['platform']}) must run on {runner}"
     assert job["runs-on"] == "${{ matrix.os }}"
     assert job["env"]["RECIPE"] == "recipes/${{ matrix.recipe }}.yaml"
@@ -122,18 +228,154 @@ def test_release_checks_then_builds_only_on_a_miss() -> None:
     assert build["env"]["GITHUB_TOKEN"] == "${{ secrets.GITHUB_TOKEN }}"
     assert build.get("id") == "build" and 'echo "zip=' in build["run"]
 
-    attest = next(s for s in steps if str(s.get("uses", "")).startswith("actions/attest-build-provenance@"))
-    assert attest["uses"] == "actions/attest-build-provenance@v2"
+    [attest] = uses_steps(steps, "actions/attest-build-provenance")
+    assert PINNED.fullmatch(attest["uses"])
     assert condition(attest) == ON_MISS
     assert attest["with"]["subject-path"] == "${{ steps.build.outputs.zip }}"
     assert steps.index(build) < steps.index(attest)
 
-    cache = next(s for s in steps if str(s.get("uses", "")).startswith("actions/cache@"))
-    assert condition(cache) == ON_MISS and steps.index(cache) < steps.index(build)
-    assert "matrix.recipe" in cache["with"]["key"]
-    # every step after the check that costs anything is skipped on a hit
+    restores = uses_steps(steps, "actions/cache") + uses_steps(steps, "actions/cache/restore")
+    assert restores
+    for cache_step in restores:
+        assert ON_MISS in conjuncts(condition(cache_step)) and steps.index(cache_step) < steps.index(build)
+    # every step after the check that costs anything is skipped on a hit; the log upload runs only when the
+    # build step (itself skipped on a hit) failed
     for s in steps[steps.index(check) + 1:]:
-        assert condition(s) == ON_MISS, f"step {s.get('name') or s.get('uses')} also runs on a hit"
+        if s.get("uses", "").startswith("actions/upload-artifact@"):
+            assert condition(s) == ON_BUILD_FAILURE
+            continue
+        assert ON_MISS in conjuncts(condition(s)), f"step {s.get('name') or s.get('uses')} also runs on a hit"
+
+
+def test_the_compiler_cache_is_saved_even_when_the_build_fails() -> None:
+    """A cold CUDA build takes hours: what it compiled is kept when it fails or runs out of time (the build step
+    stops before the job's limit), so that a re-run of the job resumes from it."""
+    steps = release_steps()
+    ccache_path = f"${{{{ runner.temp }}}}/{CCACHE_DIR}"
+    [restore] = uses_steps(steps, "actions/cache/restore")
+    [save] = uses_steps(steps, "actions/cache/save")
+    assert restore["with"]["path"] == save["with"]["path"] == ccache_path
+    assert restore["uses"].split("@")[1] == save["uses"].split("@")[1]
+    assert condition(restore) == ON_MISS and restore.get("id") == "ccache"
+    # a key of its own for every attempt (a cache key is written once), restored by the newest of the recipe's
+    key = restore["with"]["key"]
+    assert "matrix.recipe" in key and "${{ github.run_id }}-${{ github.run_attempt }}" in key
+    assert restore["with"]["restore-keys"].splitlines() == ["ccache-${{ matrix.recipe }}-${{ hashFiles(env.RECIPE) }}-",
+                                                       "ccache-${{ matrix.recipe }}-"]
+    assert save["with"]["key"] == "${{ steps.ccache.outputs.cache-primary-key }}"
+    assert conjuncts(condition(save)) == ["always()", ON_MISS, "steps.ccache.outcome == 'success'"]
+    build = step_running(steps, "llamabundle build")
+    assert steps.index(restore) < steps.index(build) < steps.index(save) == len(steps) - 1
+    assert build["timeout-minutes"] + 20 <= release_job()["timeout-minutes"] <= 360
+
+
+def test_release_sets_the_cache_directories_before_anything_uses_them() -> None:
+    """LLAMABUNDLE_CACHE_DIR and CCACHE_DIR are set explicitly, under the runner's temp directory (outside the
+    checkout), so that the cache steps' paths name the directories llamabundle and ccache really use."""
+    steps = release_steps()
+    job_env = release_job()["env"]
+    assert "LLAMABUNDLE_CACHE_DIR" not in job_env and "CCACHE_DIR" not in job_env  # runner.temp: steps only
+    [setter] = [s for s in steps if "LLAMABUNDLE_CACHE_DIR=" in str(s.get("run", ""))]
+    assert f'echo "LLAMABUNDLE_CACHE_DIR=$RUNNER_TEMP/{CACHE_DIR}" >> "$GITHUB_ENV"' in setter["run"]
+    assert f'echo "CCACHE_DIR=$RUNNER_TEMP/{CCACHE_DIR}" >> "$GITHUB_ENV"' in setter["run"]
+    assert "if" not in setter
+    first_user = min(steps.index(step_running(steps, "llamabundle check")),
+                     steps.index(step_running(steps, "pip install")))
+    assert steps.index(setter) < first_user
+
+
+def test_windows_legs_run_on_a_bare_windows_2022_and_no_step_opens_a_developer_prompt() -> None:
+    """llamabundle sets MSVC up itself (vswhere, then the toolset's environment script, inside the tool): the
+    workflow must work on a runner where no developer prompt was opened, so it opens none either."""
+    windows = {row["recipe"]: row for row in release_matrix() if is_native_windows(recipe_of(row))}
+    assert {"windows-x86_64-cuda12.8", "windows-x86_64-cpu"} <= set(windows)
+    for name, row in windows.items():
+        assert row["os"] == "windows-2022", name
+        assert recipe_of(row)["toolchain"]["compiler"] == "msvc", name
+    text = RELEASE.read_text(encoding="utf-8").lower()
+    for needle in ("msvc-dev-cmd", "ilammy", "vcvars", "vsdevcmd", "vsdevshell", "developer command prompt"):
+        assert needle not in text, f"release.yml mentions {needle!r}: the workflow must not set MSVC up itself"
+    for s in release_steps():
+        assert "msvc" not in str(s.get("uses", "")).lower(), s["uses"]
+
+
+def test_the_mingw_leg_runs_on_ubuntu_24_04() -> None:
+    """Ubuntu 22.04's mingw-w64 gcc is 10; the alderlake CPU variant's -mavxvnni needs gcc 11+ (24.04: 13)."""
+    mingw = [row for row in release_matrix() if recipe_of(row)["toolchain"]["compiler"] == "mingw"]
+    assert [row["recipe"] for row in mingw] == ["windows-x86_64-cpu-mingw"]
+    assert mingw[0]["os"] == "ubuntu-24.04"
+    text = RELEASE.read_text(encoding="utf-8")
+    assert "-mavxvnni" in text and "gcc 11" in text  # the comment that says why
+    install = step_running(release_steps(), "g++-mingw-w64-x86-64-posix")
+    assert "apt-get install" in install["run"]
+
+
+def test_ccache_is_large_enough_for_each_leg() -> None:
+    """ccache's default of 500 MB does not hold ggml-cuda: each leg sets CCACHE_MAXSIZE, CUDA legs at least 2G."""
+    assert release_job()["env"]["CCACHE_MAXSIZE"] == "${{ matrix.ccache-maxsize }}"
+    for row in release_matrix():
+        size = size_bytes(str(row["ccache-maxsize"]))
+        wanted = 2e9 if "cuda" in recipe_of(row)["backends"] else 5e8
+        assert size >= wanted, f"{row['recipe']}: CCACHE_MAXSIZE {row['ccache-maxsize']} is under {wanted:.0e} bytes"
+
+
+def test_cuda_legs_cache_the_toolkit_archives_keyed_by_the_manifest() -> None:
+    """The CUDA archives (redist zips and tarballs, or PyPI wheels) that llamabundle downloads into
+    <LLAMABUNDLE_CACHE_DIR>/downloads are kept across runs, only for recipes with CUDA, keyed by the manifest
+    that pins them and by the recipe (its components)."""
+    from llamabundle.backends.cuda.toolkit import pypi, redist
+    from llamabundle.backends.cuda.toolkit.manifest import Archive
+    from llamabundle.settings import Settings
+
+    root = Path("cache-root")
+    archive = Archive(component="cuda_nvcc", version="1", platform="linux-x86_64", relative_path="a/b.tar.xz",
+                      sha256="0" * 64, size=1)
+    wheel = pypi.WheelRecord(component="cuda_nvcc", project="p", version="1", filename="p.whl", sha256="0" * 64,
+                             size=1)
+    # where llamabundle keeps them: both kinds under <cache>/downloads
+    assert redist.download_path(root, archive).parent.parent == root / "downloads"
+    assert pypi.download_dir(Settings(cache_dir=root), wheel).parent == root / "downloads"
+
+    for row in release_matrix():
+        recipe = recipe_of(row)
+        if "cuda" not in recipe["backends"]:
+            assert "cuda-manifest" not in row, row["recipe"]
+            continue
+        cuda = recipe["cuda"]
+        source = cuda.get("source", "redist")
+        manifest = {"redist": f"llamabundle/data/cuda/redistrib_{cuda['toolkit']}.json",
+                    "pypi": "llamabundle/data/cuda_pypi.json"}[source]
+        assert row.get("cuda-manifest") == manifest, f"{row['recipe']} (cuda.source: {source})"
+        assert (ROOT / manifest).is_file()
+
+    steps = release_steps()
+    [redist_cache] = [s for s in uses_steps(steps, "actions/cache")
+                      if s["with"]["path"] == f"${{{{ runner.temp }}}}/{CACHE_DIR}/downloads"]
+    assert conjuncts(condition(redist_cache)) == [ON_MISS, "matrix.cuda-manifest != ''"]
+    key = redist_cache["with"]["key"]
+    assert key.startswith("cuda-redist-${{ runner.os }}-")
+    assert "${{ hashFiles(matrix.cuda-manifest) }}" in key
+    assert "${{ hashFiles(env.RECIPE) }}" in key  # env.RECIPE: recipes/<matrix.recipe>.yaml
+    assert steps.index(redist_cache) < steps.index(step_running(steps, "llamabundle build"))
+
+
+def test_the_build_log_is_uploaded_when_the_build_fails() -> None:
+    from llamabundle import build, cache
+    from llamabundle.recipe import load_recipe
+
+    # where llamabundle writes the log: <cache>/build/<one directory>/llamabundle-build.log
+    root = Path("cache-root")
+    tree = cache.build_dir(root, load_recipe(ROOT / "recipes" / "linux-x86_64-cpu.yaml"),
+                           build.BuildTools(cmake="cmake", ninja="ninja"))
+    assert tree.parent == root / "build"
+
+    steps = release_steps()
+    [upload] = uses_steps(steps, "actions/upload-artifact")
+    assert condition(upload) == ON_BUILD_FAILURE
+    assert steps.index(upload) > steps.index(step_running(steps, "llamabundle build"))
+    paths = [p.strip() for p in str(upload["with"]["path"]).splitlines()]
+    assert f"${{{{ runner.temp }}}}/{CACHE_DIR}/build/*/{build.LOG_NAME}" in paths
+    assert "matrix.recipe" in upload["with"]["name"]  # one artifact per leg: names must not collide
 
 
 def test_ci_runs_the_ci_script() -> None:

@@ -13,8 +13,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ... import data
-from ...errors import VerifyError
+from ...errors import ToolchainError, VerifyError
+from ...platforms.base import Extra
 from ..base import NoExtras, Prepared
+from . import companions
 from .archs import split_archs
 from .fatbin import binary_archs
 
@@ -25,6 +27,7 @@ if TYPE_CHECKING:
     from ...recipe import Recipe
     from ...settings import Settings
 
+REPRODUCIBLE_NVCC = ("-objtemp", "-Xcudafe=--orig_src_path_name=/llama.cpp")
 DRIVER_LIBS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/local/nvidia/lib64")
 
 
@@ -66,45 +69,66 @@ class Cuda(NoExtras):
         return defs
 
     def prefix_map_flags(self, defs: Mapping[str, str], maps: Sequence[str]) -> dict[str, str]:
-        """nvcc passes the maps to its host compiler."""
-        cuda = " ".join(f"-Xcompiler={m}" for m in maps)
+        """nvcc passes the maps to its host compiler, and two things of its own stop depending on where and
+        when it runs: `-objtemp` writes its intermediate files beside the object, named after it (by default
+        they are /tmp/tmpxft_<pid>_…, a name the host compiler records in every object); cudafe++ names the
+        anonymous namespaces of CCCL's headers after a CRC of the source file's full path, which
+        `--orig_src_path_name` fixes (the names stay per file through the file's base name, and without
+        -rdc each file is its own device module). Measured with nvcc 13.0.88: the objects and
+        libggml-cuda.so of two builds in different directories were byte-identical only with both."""
+        cuda = " ".join([*(f"-Xcompiler={m}" for m in maps), *REPRODUCIBLE_NVCC])
         return {"CMAKE_CUDA_FLAGS": f"{defs.get('CMAKE_CUDA_FLAGS', '')} {cuda}".strip()}
 
-    def companions(self, bundled: Mapping[str, Path], lib_dirs: Sequence[Path]) -> list[Path]:
-        """Libraries CUDA's own libraries load at run time (nvrtc's builtins), from data/cuda_runtime.json."""
-        table = data.cuda_runtime()["companions"]
-        found: list[Path] = []
-        for name in bundled:
-            for pattern, wanted in table.items():
-                if fnmatch.fnmatchcase(name, pattern):
-                    for w in wanted:
-                        for d in lib_dirs:
-                            hits = sorted(p for p in d.glob(w) if p.is_file())
-                            if hits:
-                                found.append(hits[-1])
-                                break
-        return found
+    def runtime_extras(self, recipe: Recipe, bundled: Mapping[str, Path], lib_dirs: Sequence[Path], *,
+                       platform: Platform) -> list[Extra]:
+        """The libraries the bundled CUDA libraries load by name at run time (companions: cuBLASLt's NVRTC,
+        NVRTC's builtins; latent ones unless the recipe omits them), and the toolkit libraries the recipe
+        names in cuda.libraries. Each must be in the toolkit: else the fix names the component to add."""
+        assert recipe.cuda is not None
+        wide = platform.system == "windows"
+        out: list[Extra] = []
+        for named in companions.named_by(dict(bundled), latent=recipe.cuda.latent_companions == "ship"):
+            if named.name.lower() in (n.lower() for n in bundled):
+                continue
+            found = companions.find(named.name, lib_dirs, case_insensitive=wide)
+            if found is None:
+                omit = " or set cuda.latent_companions: omit" if named.rule.kind == "latent" else ""
+                raise ToolchainError(f"{named.name} ({named.why}) is not in the toolkit",
+                                     why=f"looked in {', '.join(map(str, lib_dirs)) or 'no toolkit directory'}; "
+                                         f"evidence: {named.rule.evidence}",
+                                     fix=f"add {named.rule.component} to cuda.components{omit}")
+            out.append(Extra(path=found, why=named.why))
+        for name in recipe.cuda.libraries:
+            found = companions.find(name, lib_dirs, case_insensitive=wide)
+            if found is None:
+                raise ToolchainError(f"{name} (cuda.libraries) is not in the toolkit",
+                                     why=f"looked in {', '.join(map(str, lib_dirs)) or 'no toolkit directory'}",
+                                     fix="add the component that provides it to cuda.components, or correct the name")
+            out.append(Extra(path=found, why="asked for by the recipe (cuda.libraries)"))
+        return out
 
-    def licenses(self, bundled: Mapping[str, Path], prepared: Prepared | None, stage: Path) -> dict[str, str]:
-        """The license text of every CUDA component whose libraries the bundle redistributes."""
+    def licenses(self, bundled: Mapping[str, Path], prepared: Prepared | None, stage: Path) -> dict[str, tuple[str, str]]:
+        """The licence text of every CUDA component whose libraries the bundle redistributes: name -> (origin, why)."""
         if prepared is None:
             return {}
         root = prepared.root
         table = data.cuda_runtime()["components"]
-        comps = sorted({c for name in bundled for pattern, c in table.items() if fnmatch.fnmatchcase(name, pattern)})
-        roles: dict[str, str] = {}
+        comps = sorted({c for name in bundled for pattern, c in table.items()
+                        if fnmatch.fnmatchcase(name.lower(), pattern.lower())})
+        out: dict[str, tuple[str, str]] = {}
         for comp in comps:
             for cand in (root / f"LICENSE.{comp}", root / "EULA.txt", root / "DOCS" / "EULA.txt", root / "LICENSE"):
                 if cand.is_file():
                     name = f"LICENSE-CUDA-{comp}.txt" if cand.name.startswith("LICENSE.") else "LICENSE-CUDA.txt"
                     shutil.copyfile(cand, stage / name)
-                    roles[name] = "license"
+                    out[name] = ("toolkit", f"licence of the CUDA libraries it redistributes ({comp})")
                     break
             else:  # a system toolkit without its license files (some container images strip them)
                 notice = resources.files(data.__name__).joinpath("CUDA-EULA-NOTICE.txt").read_text(encoding="utf-8")
                 (stage / "LICENSE-CUDA.txt").write_text(notice, encoding="utf-8")
-                roles["LICENSE-CUDA.txt"] = "license"
-        return roles
+                out["LICENSE-CUDA.txt"] = ("llamabundle", "terms of the CUDA libraries it redistributes "
+                                                          "(the toolkit carried no licence file)")
+        return out
 
     def manifest_section(self, recipe: Recipe, stage: Path, *, platform: Platform,
                          prepared: Prepared | None) -> dict[str, Any] | None:
@@ -135,7 +159,24 @@ class Cuda(NoExtras):
             said = f"SASS {recorded['sass']} and PTX {recorded['ptx']}"
             raise VerifyError(f"bundle.json records {said}, {lib} carries SASS {found['sass']} and PTX {found['ptx']}",
                               fix="rebuild the bundle")
-        return {"archs": f"passed (SASS {' '.join(found['sass']) or '-'}; PTX {' '.join(found['ptx']) or '-'})"}
+        out = {"archs": f"passed (SASS {' '.join(found['sass']) or '-'}; PTX {' '.join(found['ptx']) or '-'})"}
+        return out | self.check_companions(root, manifest)
+
+    def check_companions(self, root: Path, manifest: Manifest) -> dict[str, str]:
+        """Every library a bundled CUDA library loads at run time is in the bundle (latent ones unless the
+        recipe omitted them)."""
+        present = [f.path for f in manifest.files]
+        cuda_inputs = manifest.inputs.get("cuda")
+        omit = isinstance(cuda_inputs, Mapping) and cuda_inputs.get("latent_companions") == "omit"
+        named = companions.named_by({p: root / p for p in present}, latent=not omit)
+        missing = companions.missing_in(present, named)
+        if missing:
+            lines = "; ".join(f"{n.name} ({n.why})" for n in missing)
+            raise VerifyError(f"{missing[0].name} is not in the bundle", why=f"missing: {lines}",
+                              fix="rebuild the bundle (collect ships every run-time companion)")
+        if not named:
+            return {}
+        return {"companions": "passed (" + "; ".join(f"{n.by} -> {n.name}" for n in named) + ")"}
 
     def device_present(self) -> bool:
         """The NVIDIA kernel driver's device node, or its user-space library in a usual place."""

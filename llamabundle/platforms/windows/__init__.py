@@ -5,13 +5,14 @@ Wine on Linux. The toolchains live beside it: `mingw` (cross-builds on Linux) an
 from __future__ import annotations
 
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ...deps import elf, pe
-from ...errors import VerifyError
+from ...errors import UsageError, VerifyError
 from .. import base
-from ..base import Collected, Loaded, RuntimeSources
+from ..base import Collected, HostToolchain, Loaded, RuntimeSources
 from . import mingw, wine
 
 if TYPE_CHECKING:
@@ -41,31 +42,79 @@ class Windows:
             return mingw.cmake_setup(build_dir)
         return {}, [], []
 
-    def runtime_dirs(self, recipe: Recipe) -> list[Path]:
-        return mingw.runtime_dirs() if recipe.toolchain.compiler == "mingw" else []
+    def setup_toolchain(self, recipe: Recipe, *, env: Mapping[str, str], log: Log) -> HostToolchain:
+        """mingw: the cross compiler on PATH and its runtime directories. MSVC: Visual Studio found through
+        vswhere in the recipe's msvc_version range, its toolset's _MSC_VER checked against the CUDA host
+        range, and the vcvars64.bat environment captured (no developer prompt needed)."""
+        if recipe.toolchain.compiler == "msvc":
+            from . import msvc
+
+            return msvc.host_toolchain(recipe, env=env, log=log)
+        found = base.host_compiler(recipe, env=env, log=log)
+        if recipe.toolchain.compiler != "mingw":
+            return found
+        return HostToolchain(compiler=found.compiler, summary=found.summary,
+                             runtime_dirs=tuple((d, "mingw") for d in mingw.runtime_dirs()))
+
+    def given_toolchain(self, recipe: Recipe, *, redist: Path | None) -> HostToolchain:
+        if recipe.toolchain.compiler == "mingw":
+            return HostToolchain(runtime_dirs=tuple((d, "mingw") for d in mingw.runtime_dirs()))
+        if recipe.toolchain.compiler != "msvc":
+            return HostToolchain()
+        from . import msvc
+
+        if redist is None:
+            raise UsageError("--msvc-redist is needed for an MSVC bundle",
+                             why="the MSVC CRT and OpenMP DLLs a clean Windows lacks come from Visual Studio's "
+                                 "VC\\Redist\\MSVC\\<version> directory",
+                             fix="pass --msvc-redist \"<Visual Studio>\\VC\\Redist\\MSVC\\<version>\"")
+        dirs = msvc.redist_dirs(redist, openmp=recipe.runtime.openmp)
+        return HostToolchain(runtime_dirs=tuple((d, "msvc-redist") for d in dirs),
+                             summary=(f"MSVC redist: {redist}",))
 
     def collect(self, plan: BuildPlan, stage: Path, *, log: Log, sources: RuntimeSources) -> Collected:
-        """The programs and backends with every DLL of their PE import closure found in the build's output or
-        in the runtime directories; system and driver DLLs are never looked up or copied."""
+        """The programs and backends with every DLL of their PE import closure, and the extras the backends
+        ask for, found in the build's output or in the runtime directories (the CUDA toolkit's bin, the MSVC
+        redist, the mingw sysroot); system and driver DLLs are never looked up or copied."""
         roots = [plan.output_dir / n for n in plan.programs + plan.backends]
-        closure = pe.resolve_closure(roots, bundle_dir=plan.output_dir, extra_dirs=sources.lib_dirs)
+        dirs = list(sources.dirs)
+        closure, extras = base.closure_with_extras(
+            lambda files: pe.resolve_closure(files, bundle_dir=plan.output_dir, extra_dirs=dirs),
+            _bundled, roots, sources, dirs)
         if closure.missing:
             raise base.missing_error(closure.missing, what="DLLs", verb="imported",
-                                     fix="install the runtime that provides them on the build machine (for mingw: "
-                                         "the gcc-mingw-w64-x86-64-posix-runtime and mingw-w64-x86-64-dev packages)")
-        bundled = {p.name: p for p in roots} | {d.path.name: d.path for d in closure.deps
-                                                if d.cls not in pe.NOT_BUNDLED and d.path is not None}
+                                     fix="install the runtime that provides them on the build machine (MSVC: the "
+                                         "C++ x64 build tools' redist; CUDA: the component in cuda.components; "
+                                         "mingw: the gcc-mingw-w64-x86-64-posix-runtime and mingw-w64-x86-64-dev "
+                                         "packages)")
+        imported = [d.name for d in closure.deps]
+        if any(pe.pe_policy().classify(n) is pe.DllClass.MSVC_RUNTIME for n in imported):
+            from .msvc import check_openmp
+
+            check_openmp(imported, openmp=sources.openmp)
+        bundled = _bundled(closure)
         for name, path in bundled.items():
             shutil.copyfile(path, stage / name)
-        copied_in = sorted(f"{d.path.name} ({d.cls})" for d in closure.deps
-                           if d.path is not None and d.path.parent != plan.output_dir)
-        log.info(f"    bundled from the build: {len(bundled) - len(copied_in)}; copied from the toolchain: "
-                 f"{', '.join(copied_in) or 'none'}")
+        origins = {n: sources.origin_of(p, output_dir=plan.output_dir) for n, p in bundled.items()}
+        copied_in = sorted(f"{n} ({o})" for n, o in origins.items() if o != "build")
+        log.info(f"    bundled from the build: {len(bundled) - len(copied_in)}; copied in: {', '.join(copied_in) or 'none'}")
         log.info(f"    system: {', '.join(closure.system_deps) or 'none'}")
         roles = base.roles_of(plan, bundled)
-        if any(d.cls is pe.DllClass.MINGW_RUNTIME for d in closure.deps):
-            roles |= mingw.copy_licenses(stage)
-        return Collected(bundled=bundled, roles=roles, system_deps=closure.system_deps)
+        importers = {d.name: d.imported_by for d in closure.deps}
+        return Collected(bundled=bundled, roles=roles, system_deps=closure.system_deps,
+                         why=base.reasons(plan, bundled, extras=extras, importers=importers), origins=origins)
+
+    def licenses(self, collected: Collected, stage: Path) -> dict[str, tuple[str, str]]:
+        """The licence texts of the toolchain runtimes the bundle carries: name -> (origin, why)."""
+        out: dict[str, tuple[str, str]] = {}
+        kinds = {pe.pe_policy().classify(n) for n in collected.bundled}
+        if pe.DllClass.MINGW_RUNTIME in kinds:
+            out |= {n: ("mingw", "licence of the mingw-w64 runtime DLLs") for n in mingw.copy_licenses(stage)}
+        if kinds & {pe.DllClass.MSVC_RUNTIME, pe.DllClass.OPENMP}:
+            from .msvc import copy_notice
+
+            out |= {n: ("llamabundle", "terms of the MSVC redistributable DLLs") for n in copy_notice(stage)}
+        return out
 
     def check_static(self, root: Path, manifest: Manifest) -> list[str]:
         """The PE import closure of every .exe/.dll (imports and delay-imports, x64 only) stays inside the bundle."""
@@ -89,6 +138,12 @@ class Windows:
         if host != self.name:
             return Loaded(level=f"skipped: a {manifest.platform} bundle cannot run on {host}")
         return base.run_list_devices(root, exe_name=self.program_file("llama-server"))
+
+
+def _bundled(closure: pe.PeClosure) -> dict[str, Path]:
+    """What a PE closure puts into the bundle: the roots and every DLL found (never system or driver)."""
+    roots = {b.path.name: b.path for b in closure.binaries}
+    return roots | {d.path.name: d.path for d in closure.deps if d.cls not in pe.NOT_BUNDLED and d.path is not None}
 
 
 WINDOWS = Windows()

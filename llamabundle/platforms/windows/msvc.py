@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import shutil
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -17,10 +18,12 @@ from typing import Any
 from packaging.version import InvalidVersion, Version
 
 from ... import data, proc
+from ...compilers import cl_version
 from ...deps.pe import DllClass, pe_policy
 from ...errors import RecipeError, ToolchainError
 from ...log import Log
-from ...recipe import OpenMP
+from ...recipe import OpenMP, Recipe
+from ..base import HostToolchain
 
 Runner = Callable[[Sequence[str], Mapping[str, str]], str]  # (argv, env) -> output; raises on failure
 INSTALL_FIX = ("install Visual Studio 2022 or its Build Tools with the \"Desktop development with C++\" workload "
@@ -141,7 +144,7 @@ class Toolset:
     instance: VsInstance
     vcvars: Path
     version: str  # VC\Tools\MSVC\<version>, e.g. 14.44.35207
-    pinned: str | None  # the -vcvars_ver asked for, None for the default toolset
+    pinned: str  # what vcvars64.bat is given as -vcvars_ver: the toolset found, so vcvars cannot pick another
     msc_ver: int  # e.g. 1944
     installed: tuple[str, ...]  # every toolset version under VC\Tools\MSVC
     redist_version: str
@@ -158,10 +161,11 @@ def msc_ver(toolset_version: str) -> int:
 
 def msc_ver_from_banner(text: str) -> int:
     """_MSC_VER from cl.exe's banner, "... Compiler Version 19.44.35207.1 for x64" -> 1944."""
-    m = re.search(r"Version (\d+)\.(\d+)\.\d+", text)
-    if not m:
+    version = cl_version(text)
+    if version is None:
         raise ToolchainError("cl.exe printed no version banner", details=text[:500])
-    return int(m.group(1)) * 100 + int(m.group(2))
+    major, minor = version.split(".")[:2]
+    return int(major) * 100 + int(minor)
 
 
 def _read_version(path: Path) -> str:
@@ -197,7 +201,7 @@ def locate_toolset(instance: VsInstance, *, toolset: str | None = None) -> Tools
     redist_dir = instance.path / "VC" / "Redist" / "MSVC" / redist_version
     if not redist_dir.is_dir():
         raise ToolchainError(f"the MSVC redist directory {redist_dir} is missing", fix="repair Visual Studio")
-    return Toolset(instance=instance, vcvars=vcvars, version=version, pinned=toolset, msc_ver=msc_ver(version),
+    return Toolset(instance=instance, vcvars=vcvars, version=version, pinned=version, msc_ver=msc_ver(version),
                    installed=installed, redist_version=redist_version, redist_dir=redist_dir)
 
 
@@ -242,10 +246,7 @@ def vcvars_argv(toolset: Toolset) -> list[str]:
     """cmd runs vcvars64.bat, then `set` prints the resulting environment. No argument carries a quote
     character (subprocess would escape it as \\", which cmd does not understand); the path is quoted by
     subprocess as one argument, and cmd, with the line not starting with a quote, leaves it as is."""
-    argv = ["cmd.exe", "/d", "/c", "call", str(toolset.vcvars)]
-    if toolset.pinned:
-        argv.append(f"-vcvars_ver={toolset.pinned}")
-    return argv + [">nul", "&&", "set"]
+    return ["cmd.exe", "/d", "/c", "call", str(toolset.vcvars), f"-vcvars_ver={toolset.pinned}", ">nul", "&&", "set"]
 
 
 def parse_set_output(text: str) -> dict[str, str]:
@@ -258,9 +259,11 @@ def parse_set_output(text: str) -> dict[str, str]:
 
 
 def env_diff(base: Mapping[str, str], new: Mapping[str, str]) -> dict[str, str]:
-    """What vcvars added or changed (names compared case-insensitively, as Windows does)."""
+    """What vcvars added or changed (names compared case-insensitively, as Windows does), each spelled as
+    `base` spells it, so that laying the result over `base` replaces a variable instead of doubling it."""
+    spelled = {k.upper(): k for k in base}
     upper = {k.upper(): v for k, v in base.items()}
-    return {k: v for k, v in sorted(new.items()) if upper.get(k.upper()) != v}
+    return {spelled.get(k.upper(), k): v for k, v in sorted(new.items()) if upper.get(k.upper()) != v}
 
 
 def capture_vcvars(toolset: Toolset, *, base_env: Mapping[str, str], runner: Runner) -> dict[str, str]:
@@ -299,20 +302,30 @@ def _dirs(base: Path, globs: Iterable[str]) -> list[Path]:
     return [d for d in out if "onecore" not in (p.lower() for p in d.relative_to(base).parts)]
 
 
-def runtime_dirs(toolset: Toolset, *, openmp: OpenMP) -> tuple[Path, ...]:
-    """Where the CRT and the chosen OpenMP runtime live (extra dirs for deps.pe.resolve_closure); never onecore."""
+def redist_dirs(redist: Path, *, openmp: OpenMP, instance: Path | None = None) -> tuple[Path, ...]:
+    """Where the CRT and the chosen OpenMP runtime live under VC\\Redist\\MSVC\\<version> (and, for libomp,
+    the instance's LLVM tools): the extra dirs of the PE closure; never onecore. Raises when the CRT is not
+    there (not a redist directory)."""
     r = knowledge()["redist"]
-    out = _dirs(toolset.redist_dir, r["crt"])
+    out = _dirs(redist, r["crt"])
+    if not out:
+        raise ToolchainError(f"{redist} holds no MSVC CRT", why=f"no {' or '.join(r['crt'])} under it",
+                             fix="pass the VC\\Redist\\MSVC\\<version> directory of a Visual Studio with the C++ x64 tools")
     if openmp in ("vcomp", "auto"):
-        out += _dirs(toolset.redist_dir, r["vcomp"])
+        out += _dirs(redist, r["vcomp"])
     if openmp in ("libomp", "auto"):
-        out += _dirs(toolset.redist_dir, r["libomp"]) + _dirs(toolset.instance.path, r["libomp_tools"])
+        out += _dirs(redist, r["libomp"]) + (_dirs(instance, r["libomp_tools"]) if instance else [])
     return tuple(out)
 
 
-def runtime_dlls(toolset: Toolset, *, imports: Iterable[str], openmp: OpenMP) -> dict[str, Path]:
-    """The MSVC runtime and OpenMP DLLs the binaries import -> the redist file to bundle. OpenMP follows
-    runtime.openmp and what is imported: a mismatch (e.g. vcomp asked, libomp imported) is an error."""
+def runtime_dirs(toolset: Toolset, *, openmp: OpenMP) -> tuple[Path, ...]:
+    """The redist directories of a located toolset."""
+    return redist_dirs(toolset.redist_dir, openmp=openmp, instance=toolset.instance.path)
+
+
+def check_openmp(imports: Iterable[str], *, openmp: str) -> None:
+    """The OpenMP runtime the binaries import is the one runtime.openmp ships: a mismatch (vcomp asked,
+    libomp imported; none asked, one imported) is an error before anything is packed."""
     policy = pe_policy()
     names = {n.lower(): n for n in imports}
     omp = sorted(n for n in names if policy.classify(n) is DllClass.OPENMP)
@@ -322,14 +335,38 @@ def runtime_dlls(toolset: Toolset, *, imports: Iterable[str], openmp: OpenMP) ->
         raise ToolchainError(f"the binaries import {', '.join(stray)} but runtime.openmp is {openmp}",
                              why="the OpenMP runtime shipped must be the one the compiler linked",
                              fix="set runtime.openmp to auto (or to match the compiler's /openmp flag), or build with GGML_OPENMP=OFF")
-    dirs = runtime_dirs(toolset, openmp=openmp)
-    out: dict[str, Path] = {}
-    for low in sorted(names):
-        if policy.classify(low) not in (DllClass.MSVC_RUNTIME, DllClass.OPENMP):
-            continue
-        hit = next((f for d in dirs for f in sorted(d.iterdir()) if f.name.lower() == low), None)
-        if hit is None:
-            raise ToolchainError(f"{names[low]} is not in the MSVC redist", why=f"looked in {', '.join(map(str, dirs)) or toolset.redist_dir}",
-                                 fix="repair Visual Studio (the C++ x64/x86 build tools include the redist)")
-        out[hit.name] = hit
-    return out
+
+
+NOTICE = "LICENSE-MSVC-REDIST.txt"
+
+
+def copy_notice(stage: Path) -> list[str]:
+    """The terms under which the MSVC CRT and OpenMP DLLs are redistributed (the redist directory carries
+    no licence file of its own)."""
+    from importlib import resources
+
+    text = resources.files(data.__name__).joinpath("MSVC-REDIST-NOTICE.txt").read_text(encoding="utf-8")
+    (stage / NOTICE).write_text(text, encoding="utf-8")
+    return [NOTICE]
+
+
+# ------------------------------------------------------------------------------------------------ the build's
+
+
+def host_toolchain(recipe: Recipe, *, env: Mapping[str, str], log: Log, runner: Runner | None = None) -> HostToolchain:
+    """Visual Studio in the recipe's msvc_version range, its toolset pinned and checked against the CUDA
+    host range (before the build), and the vcvars64.bat environment the configure and build run in."""
+    run = runner or process_runner(log)
+    cuda = recipe.cuda.toolkit if recipe.cuda else None
+    with log.step("MSVC (vswhere, vcvars64.bat)"):
+        got = setup(env=env, version_range=recipe.toolchain.msvc_version, runner=run, cuda=cuda)
+    ts = got.toolset
+    dirs = runtime_dirs(ts, openmp=recipe.runtime.openmp)
+    summary = (f"Visual Studio: {ts.instance.name} {ts.instance.display_version} at {ts.instance.path} "
+               f"(msvc_version {recipe.toolchain.msvc_version or 'any'})",
+               f"toolset: MSVC {ts.version} (_MSC_VER {ts.msc_ver}{', accepted by CUDA ' + cuda if cuda else ''})",
+               "environment: " + shlex.join(vcvars_argv(ts)),
+               f"redist: {ts.redist_dir}")
+    for line in summary:
+        log.info(f"    {line}")
+    return HostToolchain(env=got.env, runtime_dirs=tuple((d, "msvc-redist") for d in dirs), summary=summary)

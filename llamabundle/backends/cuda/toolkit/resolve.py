@@ -4,6 +4,7 @@ toolkit from a given source (`llamabundle toolkit plan|install`)."""
 from __future__ import annotations
 
 import re
+import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -129,10 +130,9 @@ def check_toolkit(tk: Toolkit, recipe: Recipe, *, env: Mapping[str, str]) -> dic
 
 def check_host_compiler(recipe: Recipe, *, env: Mapping[str, str]) -> str:
     assert recipe.cuda is not None
-    ranges = data.cuda_toolkits()[recipe.cuda.toolkit]["host_compilers"]
     if recipe.toolchain.compiler == "msvc":
-        return _check_msvc(recipe.cuda.toolkit, ranges["msvc"], env=env)
-    lo, hi = ranges["gcc"]
+        return _check_msvc(recipe.cuda.toolkit, env=env)
+    lo, hi = data.cuda_toolkits()[recipe.cuda.toolkit]["host_compilers"]["gcc"]
     if recipe.toolchain.compiler != "gcc":
         return recipe.toolchain.compiler
     res = proc.capture(["gcc", "-dumpversion"], env=env)
@@ -144,20 +144,18 @@ def check_host_compiler(recipe: Recipe, *, env: Mapping[str, str]) -> str:
     return f"gcc {major}"
 
 
-def _check_msvc(toolkit: str, msc_range: list[int], *, env: Mapping[str, str]) -> str:
-    """_MSC_VER from cl.exe's banner ("… Compiler Version 19.44.35207 for x64" is 1944), in the range this CUDA accepts."""
-    try:
-        res = proc.capture(["cl"], env=env)
-    except OSError:
-        raise ToolchainError("cl.exe (MSVC) was not found", why="the CUDA host compiler on Windows is MSVC",
-                             fix="run from a Visual Studio developer prompt (vcvars64.bat)") from None
-    m = re.search(r"Version (\d+)\.(\d+)\.\d+", res.stderr + res.stdout)
-    if not m:
-        raise ToolchainError("cannot read MSVC's version from cl.exe", details=(res.stderr + res.stdout)[-500:])
-    msc_ver = int(m.group(1)) * 100 + int(m.group(2))
-    lo, hi = msc_range
-    if not lo <= msc_ver <= hi:
-        raise ToolchainError(f"MSVC _MSC_VER {msc_ver} is not a host compiler CUDA {toolkit} accepts",
-                             why=f"nvcc of CUDA {toolkit} supports _MSC_VER {lo} to {hi}",
-                             fix="install a supported Visual Studio toolset, or pin toolchain.msvc_version to one")
-    return f"msvc {msc_ver}"
+def _check_msvc(toolkit: str, *, env: Mapping[str, str]) -> str:
+    """The cl.exe the build's environment (vcvars64.bat's) puts first on PATH: its _MSC_VER in the range
+    this CUDA accepts (msvc.check_cuda_host: the one table)."""
+    from ....platforms.windows import msvc
+
+    path = next((v for k, v in env.items() if k.upper() == "PATH"), None)
+    exe = shutil.which("cl", path=path)
+    if exe is None:
+        raise ToolchainError("cl.exe (MSVC) was not found on the build's PATH",
+                             why="the CUDA host compiler on Windows is MSVC, and vcvars64.bat did not put it on PATH",
+                             fix="install Visual Studio 2022 or its Build Tools with the C++ x64 tools")
+    res = proc.capture([exe], env=env)
+    msc = msvc.msc_ver_from_banner(res.stderr + res.stdout)
+    msvc.check_cuda_host(msc, toolkit)
+    return f"msvc {msc}"

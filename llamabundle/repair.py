@@ -1,0 +1,140 @@
+"""`llamabundle bundle`: a verified bundle from the output of a llama.cpp build made elsewhere (as auditwheel
+and delvewheel repair wheels). The build directory is read, never written: CMake's cache names the source
+tree and the compilers, llama.cpp's build-info names the commit; then the same collect, bundle.json, pack
+and verify as `build` runs after compiling (pipeline.assemble)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import shutil
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import cache, platforms
+from .backends import Prepared
+from .backends.cuda.toolkit.layout import Toolkit
+from .build import BuildResult, BuildTools, compiler_of, plan_build
+from .bundle.package import Made
+from .compilers import version_matches
+from .errors import ToolchainError, UsageError
+from .log import Log
+from .pipeline import BuildOutcome, _check_out, _unpack_to, assemble, expect_for, sweep_cache
+from .recipe import Recipe
+from .settings import Settings
+from .source import SourceTree
+
+CMAKE_CACHE = "CMakeCache.txt"
+
+
+@dataclass(frozen=True, kw_only=True)
+class BuildTree:
+    """What CMake's cache and llama.cpp's build-info say about a build directory."""
+    build_dir: Path
+    source_dir: Path
+    cmake: str
+    commit: str | None  # the short commit llama.cpp's build-info records
+    compiler: str  # "GNU 12.2.0", "MSVC 19.44.35207.1"
+    cuda_compiler: str | None  # nvcc's version, when the build compiled CUDA
+
+
+def read_build_tree(build_dir: Path) -> BuildTree:
+    cache_file = build_dir / CMAKE_CACHE
+    if not cache_file.is_file():
+        raise UsageError(f"{build_dir} is not a CMake build directory", why=f"it has no {CMAKE_CACHE}",
+                         fix="pass the directory you ran `cmake -B` with")
+    entries = dict(re.findall(r"^([A-Za-z_][A-Za-z0-9_]*):[A-Z]+=(.*)$", cache_file.read_text(errors="replace"), re.M))
+    source = entries.get("CMAKE_HOME_DIRECTORY") or entries.get("llama.cpp_SOURCE_DIR")
+    if not source or not Path(source).is_dir():
+        raise UsageError(f"the source tree of {build_dir} is not here",
+                         why=f"CMakeCache.txt names {source or 'no source directory'}",
+                         fix="run `llamabundle bundle` where the build's source tree is (its licences go into the bundle)")
+    commit = None
+    for f in sorted(build_dir.glob("common/build-info.cpp")):
+        m = re.search(r'LLAMA_COMMIT\s*=\s*"([0-9a-f]+)"', f.read_text(errors="replace"))
+        commit = m.group(1) if m else None
+    cuda = None
+    for f in sorted(build_dir.glob("CMakeFiles/*/CMakeCUDACompiler.cmake")):
+        m = re.search(r'set\(CMAKE_CUDA_COMPILER_VERSION "([^"]*)"\)', f.read_text(errors="replace"))
+        cuda = m.group(1) if m else cuda
+    return BuildTree(build_dir=build_dir, source_dir=Path(source), cmake=entries.get("CMAKE_COMMAND", "cmake"),
+                     commit=commit, compiler=compiler_of(build_dir), cuda_compiler=cuda)
+
+
+def _keyed(recipe: Recipe, tree: BuildTree) -> Recipe:
+    """The recipe keyed with the compiler that made the build (not one found here), checked against its pin."""
+    if recipe.toolchain.compiler == "msvc":
+        return recipe
+    found = tree.compiler.rsplit(" ", 1)[-1]
+    if not re.fullmatch(r"[0-9]+(\.[0-9]+)*", found):
+        raise UsageError(f"CMake's record in {tree.build_dir} names no compiler version", why=f"found {tree.compiler!r}",
+                         fix="pass a configured and built directory")
+    if recipe.toolchain.version and not version_matches(recipe.toolchain.version, found):
+        raise ToolchainError(f"the build was made with {tree.compiler}, outside the recipe's toolchain.version "
+                             f"{recipe.toolchain.version}", fix="bundle it with a recipe that pins that compiler")
+    return dataclasses.replace(recipe, host_compiler=found)
+
+
+def bundle_build(recipe: Recipe, build_dir: Path, *, out: Path, toolkit_root: Path | None, msvc_redist: Path | None,
+                 settings: Settings, log: Log, env: Mapping[str, str]) -> BuildOutcome:
+    """Collect, describe, pack and verify the build in `build_dir` as the recipe's bundle; `out` is a
+    directory (new or empty: the bundle unpacked) or a .zip path. Nothing is written unless all passed."""
+    as_zip = out.suffix.lower() == ".zip"
+    if as_zip:
+        if out.exists():
+            raise UsageError(f"--out {out} exists", fix="pass a new file name, or remove it")
+        if not out.parent.is_dir():
+            raise UsageError(f"--out {out}: {out.parent} is not a directory", fix="create it first")
+    else:
+        _check_out(out)
+    sweep_cache(settings)
+    tree = read_build_tree(build_dir)
+    if tree.commit and not recipe.llama_cpp.commit.startswith(tree.commit):
+        raise UsageError(f"{build_dir} is a build of llama.cpp {tree.commit}, the recipe pins {recipe.llama_cpp.commit[:12]}",
+                         why="common/build-info.cpp records the commit the build was configured from",
+                         fix="bundle it with a recipe of that commit, or build the pinned commit")
+    recipe = _keyed(recipe, tree)
+    platform = platforms.get(recipe.platform)
+    prepared: dict[str, Prepared] = {}
+    if recipe.cuda is not None:
+        if toolkit_root is None:
+            raise UsageError("--toolkit-root is needed for a CUDA bundle",
+                             why="the CUDA runtime libraries the bundle carries come from the toolkit the build used",
+                             fix="pass the CUDA toolkit's root directory (the one with bin/ and lib/)")
+        tk = Toolkit(root=toolkit_root, version=recipe.cuda.toolkit, source="given", platform=recipe.platform)
+        dirs = tuple(d for d in tk.lib_dirs if d.is_dir())
+        if not dirs:
+            raise UsageError(f"--toolkit-root {toolkit_root} has none of {', '.join(str(d) for d in tk.lib_dirs)}",
+                             fix="pass the CUDA toolkit's root directory (the one with bin/ and lib/)")
+        prepared["cuda"] = Prepared(root=toolkit_root, lib_dirs=dirs,
+                                    toolchain={"nvcc": tree.cuda_compiler} if tree.cuda_compiler else {})
+    toolchain = platform.given_toolchain(recipe, redist=msvc_redist)
+    src = SourceTree(path=tree.source_dir, commit=recipe.llama_cpp.commit, origin=f"build directory {build_dir}")
+    tools = BuildTools(cmake=tree.cmake, ninja="")
+    made = Made(recipe=recipe, key=recipe.key(), src=src, tools=tools, prepared=prepared,
+                sde=settings.source_date_epoch)
+    plan = plan_build(recipe, source_dir=tree.source_dir, build_dir=build_dir, tools=tools,
+                      toolkit_roots=made.toolkit_roots)
+    absent = [n for n in plan.programs + plan.backends if not (plan.output_dir / n).is_file()]
+    if absent:
+        raise UsageError(f"{build_dir} lacks {', '.join(absent)}", why=f"the recipe's programs and backends are "
+                         f"looked for in {plan.output_dir}", fix="build the recipe's targets there first")
+    result = BuildResult(plan=plan, log_path=build_dir / CMAKE_CACHE, compiler=tree.compiler, compiled=0)
+    zip_path = cache.out_zip(settings.cache_dir, recipe)
+    with log.step(f"bundle {build_dir} as {recipe.name} ({made.key[:12]})"):
+        manifest, collected, report = assemble(made, plan, result, zip_path, toolchain=toolchain, settings=settings,
+                                               log=log)
+    outcome = BuildOutcome(key=made.key, hit=False, zip_path=zip_path, manifest=manifest, verify=report,
+                           bundled_libs={k: str(v) for k, v in collected.bundled.items()})
+    if as_zip:
+        tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+        shutil.copyfile(zip_path, tmp)
+        os.replace(tmp, out)
+        outcome.zip_path = out
+        log.info(f"bundle written to {out}")
+    else:
+        outcome.out_dir = _unpack_to(zip_path, out, expect_for(recipe))
+        log.info(f"bundle unpacked in {out}")
+    return outcome
