@@ -7,6 +7,7 @@
 #
 #   bash bench/gpu/cuda_build.sh start   # set up, start the build (and a plain ggml-cuda build with
 #                                        # GGML_CUDA_COMPRESSION_MODE=none for the size comparison)
+#   BUILD_ARGS=--check-reproducible bash bench/gpu/cuda_build.sh start   # build twice, compare the zips
 #   bash bench/gpu/cuda_build.sh wait    # wait (at most ~9 min per call); when done, verify and
 #                                        # copy bundle.json, verify output and logs to $OUT
 set -uo pipefail
@@ -35,7 +36,7 @@ m = source.Marker(commit=src.name, origin=carried["origin"] + " (proven on the b
 print("source marker written:", m.tree.files, "files")
 PY
   date +%s > $W/t0
-  setsid nohup bash -c "python3 -m llamabundle build $RECIPE --toolkit-source system --store $W/store --json > $W/build.json 2> $W/build.log; echo \$? > $W/build.rc; date +%s > $W/t1" > /dev/null 2>&1 &
+  setsid nohup bash -c "python3 -m llamabundle build $RECIPE --toolkit-source system --store $W/store ${BUILD_ARGS:-} --json > $W/build.json 2> $W/build.log; echo \$? > $W/build.rc; date +%s > $W/t1" > /dev/null 2>&1 &
   if [ "${NOCOMP:-1}" = 0 ]; then echo skipped > $W/nocomp.rc; sleep 5; tail -3 $W/build.log; wait_build; return; fi
   # Same source, same archs, compression off: only the ggml-cuda target, at lower priority.
   setsid nohup bash -c "nice -n 10 cmake -S $src -B $W/nocomp -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DGGML_BACKEND_DL=ON -DGGML_NATIVE=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DCMAKE_CUDA_ARCHITECTURES='75-virtual;90-real' -DGGML_CUDA_COMPRESSION_MODE=none > $W/nocomp.log 2>&1 && nice -n 10 cmake --build $W/nocomp --target ggml-cuda >> $W/nocomp.log 2>&1; echo \$? > $W/nocomp.rc" > /dev/null 2>&1 &

@@ -61,8 +61,6 @@ def deps_command(files: tuple[Path, ...], search: tuple[Path, ...], as_json: boo
         kind = f" ({d['kind']})" if d["kind"] and d["kind"] != d["class"] else ""
         delay = "  [delay-load]" if d["delay_only"] else ""
         click.echo(f"{d['name']:<{width}}  {d['class']:<13}  {d['path'] or '-'}{kind}{delay}  <- {', '.join(d['imported_by'])}")
-    for c in info["companions"]:
-        click.echo(f"{c['needs']:<{width}}  {'companion':<13}  {c['found'] or 'MISSING'}  <- {c['dll']} ({c['why']})")
     click.echo(f"system deps: {', '.join(info['system_deps']) or '-'}")
     for name, by in info["missing"].items():
         click.echo(f"missing: {name} (needed by {', '.join(by)})")

@@ -99,7 +99,8 @@ def show(c: Ctx, recipe_path: Path, as_json: bool) -> None:
         unavailable = None
     except LlamaBundleError as e:  # shown, not fatal: show also runs where the recipe cannot be built
         toolchain, unavailable = HostToolchain(), f"{e.what}" + (f" ({e.why})" if e.why else "")
-    plan = pipeline.show_plan(r, c.settings, locate_tools(path=c.env.get("PATH")), toolchain)
+    # the tools the build would find: on the PATH the toolchain's environment sets (vcvars adds VS's cmake)
+    plan = pipeline.show_plan(r, c.settings, locate_tools(path={**c.env, **toolchain.env}.get("PATH")), toolchain)
     data: dict[str, Any] = {"schema": 1, "name": r.name, "key": r.key(), "tag": r.tag(), "platform": r.platform,
                             "commit": r.llama_cpp.commit, "backends": list(r.backends), "driver_floor": r.driver_floor,
                             "sources": [source_mod.describe(s) for s in r.llama_cpp.sources],

@@ -229,7 +229,7 @@ def closure_report(files: list[Path], search: list[Path]) -> dict[str, Any]:
                      "imported_by": list(by), "delay_only": False})
     return {"schema": 1, "format": "elf",
             "binaries": [_elf_binary(p) for p in binaries],
-            "deps": deps, "companions": [], "missing": {k: list(v) for k, v in c.missing.items()},
+            "deps": deps, "missing": {k: list(v) for k, v in c.missing.items()},
             "system_deps": c.system_deps, "glibc_floor": c.glibc_floor}
 
 

@@ -39,19 +39,8 @@ _NAMED = (DllClass.DRIVER, DllClass.SYSTEM, DllClass.MSVC_RUNTIME, DllClass.OPEN
 
 
 @dataclass(frozen=True, kw_only=True)
-class Companion:
-    """A DLL that `dll` loads by name at run time, which no import table lists."""
-
-    dll: str
-    needs: str  # fnmatch pattern, e.g. nvrtc-builtins64_12?.dll
-    example: str
-    why: str
-
-
-@dataclass(frozen=True, kw_only=True)
 class PePolicy:
     patterns: tuple[tuple[DllClass, tuple[str, ...]], ...]  # lower-case fnmatch patterns per class
-    companions: tuple[Companion, ...]
 
     def classify(self, name: str) -> DllClass | None:
         """The class a DLL name alone decides, or None for a library the project itself provides."""
@@ -66,7 +55,7 @@ class PePolicy:
 def pe_policy() -> PePolicy:
     raw = data.load("pe_policy.json")
     patterns = tuple((cls, tuple(p.lower() for p in raw[cls.value])) for cls in _NAMED)
-    policy = PePolicy(patterns=patterns, companions=tuple(Companion(**c) for c in raw["companions"]))
+    policy = PePolicy(patterns=patterns)
     for driver in raw["driver"]:  # a driver DLL must never be mistaken for a system one
         assert policy.classify(driver) is DllClass.DRIVER, driver
         assert not any(fnmatch.fnmatchcase(driver.lower(), p) for p in dict(patterns)[DllClass.SYSTEM]), driver
@@ -133,31 +122,17 @@ class Dep:
 
 
 @dataclass(frozen=True, kw_only=True)
-class CompanionCheck:
-    companion: Companion
-    found: Path | None
-
-    def to_json(self) -> dict[str, Any]:
-        c = self.companion
-        return {"dll": c.dll, "needs": c.needs, "example": c.example, "why": c.why,
-                "found": str(self.found) if self.found else None}
-
-
-@dataclass(frozen=True, kw_only=True)
 class PeClosure:
     binaries: tuple[PeInfo, ...]  # every PE file read: the roots, then what they pulled in
     deps: tuple[Dep, ...]  # sorted by lower-case name
-    companions: tuple[CompanionCheck, ...]
 
     def of_class(self, cls: DllClass) -> tuple[Dep, ...]:
         return tuple(d for d in self.deps if d.cls is cls)
 
     @property
     def missing(self) -> dict[str, tuple[str, ...]]:
-        """Each DLL found nowhere (or companion pattern) -> the binaries that import (or load) it."""
-        out = {d.name: d.imported_by for d in self.of_class(DllClass.MISSING)}
-        out.update({c.companion.needs: (c.companion.dll,) for c in self.companions if c.found is None})
-        return out
+        """Each DLL found nowhere -> the binaries that import it."""
+        return {d.name: d.imported_by for d in self.of_class(DllClass.MISSING)}
 
     @property
     def system_deps(self) -> list[str]:
@@ -168,7 +143,7 @@ class PeClosure:
         return {"schema": 1, "format": "pe",
                 "binaries": [{"path": str(b.path), "machine": b.machine, "dll": b.dll, "imports": list(b.imports),
                               "delay_imports": list(b.delay_imports)} for b in self.binaries],
-                "deps": [d.to_json() for d in self.deps], "companions": [c.to_json() for c in self.companions],
+                "deps": [d.to_json() for d in self.deps],
                 "missing": {k: list(v) for k, v in self.missing.items()}, "system_deps": self.system_deps}
 
 
@@ -216,10 +191,7 @@ def resolve_closure(roots: Sequence[Path], *, bundle_dir: Path, extra_dirs: Sequ
                 where[low] = (DllClass.MISSING, kind, None)
     deps = tuple(Dep(name=spelled[low], cls=cls, kind=kind, path=p, imported_by=tuple(sorted(importers[low], key=str.lower)),
                      delay_only=low not in eager) for low, (cls, kind, p) in sorted(where.items()))
-    present = set(infos)
-    checks = tuple(CompanionCheck(companion=c, found=_match(c.needs, [in_bundle, *extras]))
-                   for c in policy.companions if c.dll.lower() in present)
-    return PeClosure(binaries=tuple(infos.values()), deps=deps, companions=checks)
+    return PeClosure(binaries=tuple(infos.values()), deps=deps)
 
 
 def _first_x64(low: str, listings: Sequence[dict[str, Path]]) -> Path | None:
@@ -231,12 +203,4 @@ def _first_x64(low: str, listings: Sequence[dict[str, Path]]) -> Path | None:
                     return f
             except VerifyError:
                 continue
-    return None
-
-
-def _match(pattern: str, listings: Sequence[dict[str, Path]]) -> Path | None:
-    for listing in listings:
-        hits = sorted(n for n in listing if fnmatch.fnmatchcase(n, pattern.lower()))
-        if hits:
-            return listing[hits[-1]]
     return None

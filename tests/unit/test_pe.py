@@ -1,5 +1,5 @@
 """PE import closure (DESIGN §7 static, Windows) on real PE files compiled with mingw-w64: imports and
-delay-imports, each class (missing, bundled, system, driver, runtimes), the x64 check, companions, and
+delay-imports, each class (missing, bundled, system, driver, runtimes), the x64 check, and
 `verify --level static` of a Windows bundle that lost a DLL."""
 
 from __future__ import annotations
@@ -247,18 +247,6 @@ def test_a_32_bit_dll_inside_the_bundle_is_refused(built: Built, tmp_path: Path)
     as_i386(built / "cudart64_12.dll", d / "cudart64_12.dll")
     with pytest.raises(VerifyError, match="cudart64_12.dll is a I386 PE file"):
         resolve_closure([d / "app.exe"], bundle_dir=d)
-
-
-def test_nvrtc_needs_its_builtins_companion(built: Built, tmp_path: Path) -> None:
-    d = make_dir(tmp_path, built, "kernels.dll", "nvrtc64_120_0.dll")
-    c = resolve_closure([d / "kernels.dll"], bundle_dir=d)
-    assert c.missing == {"nvrtc-builtins64_12?.dll": ("nvrtc64_120_0.dll",)}
-    assert c.companions[0].found is None and c.companions[0].companion.example == "nvrtc-builtins64_128.dll"
-    shutil.copy(built / "nvrtc-builtins64_128.dll", d / "nvrtc-builtins64_128.dll")
-    c = resolve_closure([d / "kernels.dll"], bundle_dir=d)
-    assert c.missing == {}
-    assert c.companions[0].found == d / "nvrtc-builtins64_128.dll"
-    assert c.to_json()["companions"][0]["found"] == str(d / "nvrtc-builtins64_128.dll")
 
 
 def test_to_json_round_trips_the_closure(built: Built, tmp_path: Path) -> None:

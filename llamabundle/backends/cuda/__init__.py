@@ -87,9 +87,8 @@ class Cuda(NoExtras):
         assert recipe.cuda is not None
         wide = platform.system == "windows"
         out: list[Extra] = []
-        for named in companions.named_by(dict(bundled), latent=recipe.cuda.latent_companions == "ship"):
-            if named.name.lower() in (n.lower() for n in bundled):
-                continue
+        loaded = companions.named_by(dict(bundled), latent=recipe.cuda.latent_companions == "ship")
+        for named in companions.missing_in(list(bundled), loaded, case_insensitive=wide):
             found = companions.find(named.name, lib_dirs, case_insensitive=wide)
             if found is None:
                 omit = " or set cuda.latent_companions: omit" if named.rule.kind == "latent" else ""
@@ -160,16 +159,23 @@ class Cuda(NoExtras):
             raise VerifyError(f"bundle.json records {said}, {lib} carries SASS {found['sass']} and PTX {found['ptx']}",
                               fix="rebuild the bundle")
         out = {"archs": f"passed (SASS {' '.join(found['sass']) or '-'}; PTX {' '.join(found['ptx']) or '-'})"}
-        return out | self.check_companions(root, manifest)
+        return out | self.check_companions(root, manifest, platform=platform)
 
-    def check_companions(self, root: Path, manifest: Manifest) -> dict[str, str]:
+    def check_companions(self, root: Path, manifest: Manifest, *, platform: Platform) -> dict[str, str]:
         """Every library a bundled CUDA library loads at run time is in the bundle (latent ones unless the
         recipe omitted them)."""
         present = [f.path for f in manifest.files]
         cuda_inputs = manifest.inputs.get("cuda")
         omit = isinstance(cuda_inputs, Mapping) and cuda_inputs.get("latent_companions") == "omit"
+        wide = platform.system == "windows"
+        fold = str.lower if wide else str
+        asked = cuda_inputs.get("libraries", ()) if isinstance(cuda_inputs, Mapping) else ()
+        absent = [str(n) for n in asked if fold(str(n)) not in {fold(p) for p in present}]
+        if absent:
+            raise VerifyError(f"{absent[0]} is not in the bundle", why=f"the recipe asks for {', '.join(absent)} "
+                              "(cuda.libraries)", fix="rebuild the bundle")
         named = companions.named_by({p: root / p for p in present}, latent=not omit)
-        missing = companions.missing_in(present, named)
+        missing = companions.missing_in(present, named, case_insensitive=wide)
         if missing:
             lines = "; ".join(f"{n.name} ({n.why})" for n in missing)
             raise VerifyError(f"{missing[0].name} is not in the bundle", why=f"missing: {lines}",

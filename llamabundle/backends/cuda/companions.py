@@ -70,11 +70,17 @@ def _compiled(names: str) -> tuple[re.Pattern[bytes], re.Pattern[bytes]]:
 
 
 def _starts_name(m: mmap.mmap, start: int, width: int) -> bool:
-    """The match is not the tail of a longer name (the character before it is not part of a file name)."""
+    """The match is not the tail of a longer name: the character before it (one byte, or a UTF-16LE unit)
+    is not one of the ASCII characters a file name is made of."""
     if start < width:
         return True
     before = m[start - width:start]
-    return not (chr(before[0]).isalnum() or before[:1] in (b"_", b".", b"+", b"-")) or (width == 2 and before[1:] != b"\x00")
+    if width == 2 and before[1] != 0:
+        return True
+    return bytes(before[:1]) not in _NAME_CHARS
+
+
+_NAME_CHARS = {bytes([c]) for c in b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.+-"}
 
 
 def rules_for(file_name: str) -> list[Rule]:
@@ -122,6 +128,8 @@ def find(name: str, dirs: Iterable[Path], *, case_insensitive: bool) -> Path | N
     return None
 
 
-def missing_in(present: Sequence[str], named: Iterable[Named]) -> list[Named]:
-    have = {p.lower() for p in present}
-    return [n for n in named if n.name.lower() not in have]
+def missing_in(present: Sequence[str], named: Iterable[Named], *, case_insensitive: bool) -> list[Named]:
+    """What is named but not present (Windows compares names without case; Linux's dlopen does not)."""
+    fold = str.lower if case_insensitive else str
+    have = {fold(p) for p in present}
+    return [n for n in named if fold(n.name) not in have]

@@ -73,8 +73,23 @@ def parse_fatbin(data: bytes) -> FatbinArchs:
     return FatbinArchs(sass=tuple(sorted(sass, key=_order)), ptx=tuple(sorted(ptx, key=_order)), entries=entries)
 
 
+PE_SECTION = ".nv_fatb"  # a PE section name has at most 8 characters: nvcc's .nv_fatbin, cut short
+
+
 def binary_archs(path: Path) -> FatbinArchs:
-    """The SASS and PTX architectures embedded in an ELF binary (shared library, executable, object)."""
+    """The SASS and PTX architectures embedded in an ELF binary (shared library, executable, object) or a
+    PE one (ggml-cuda.dll)."""
+    from ...deps.pe import is_pe
+
+    if is_pe(path):
+        import pefile
+
+        try:
+            with pefile.PE(str(path), fast_load=True) as pe:
+                found = [sec for sec in pe.sections if sec.Name.rstrip(b"\0").decode("ascii", "replace") == PE_SECTION]
+                return parse_fatbin(found[0].get_data()) if found else FatbinArchs(sass=(), ptx=(), entries=0)
+        except (pefile.PEFormatError, OSError, struct.error) as e:
+            raise VerifyError(f"cannot read the GPU code of {path.name}", why=str(e)) from None
     try:
         with open(path, "rb") as f:
             elf = ELFFile(f)
