@@ -35,6 +35,7 @@ class BuildTree:
     build_dir: Path
     source_dir: Path
     cmake: str
+    cmake_version: str  # the CMakeFiles/<version> directory CMake wrote its compiler records in
     commit: str | None  # the short commit llama.cpp's build-info records
     compiler: str  # "GNU 12.2.0", "MSVC 19.44.35207.1"
     cuda_compiler: str | None  # nvcc's version, when the build compiled CUDA
@@ -59,8 +60,10 @@ def read_build_tree(build_dir: Path) -> BuildTree:
     for f in sorted(build_dir.glob("CMakeFiles/*/CMakeCUDACompiler.cmake")):
         m = re.search(r'set\(CMAKE_CUDA_COMPILER_VERSION "([^"]*)"\)', f.read_text(errors="replace"))
         cuda = m.group(1) if m else cuda
+    versions = sorted(f.parent.name for f in build_dir.glob("CMakeFiles/*/CMakeCXXCompiler.cmake"))
     return BuildTree(build_dir=build_dir, source_dir=Path(source), cmake=entries.get("CMAKE_COMMAND", "cmake"),
-                     commit=commit, compiler=compiler_of(build_dir), cuda_compiler=cuda)
+                     cmake_version=versions[-1] if versions else "", commit=commit, compiler=compiler_of(build_dir),
+                     cuda_compiler=cuda)
 
 
 def _keyed(recipe: Recipe, tree: BuildTree) -> Recipe:
@@ -112,7 +115,7 @@ def bundle_build(recipe: Recipe, build_dir: Path, *, out: Path, toolkit_root: Pa
                                     toolchain={"nvcc": tree.cuda_compiler} if tree.cuda_compiler else {})
     toolchain = platform.given_toolchain(recipe, redist=msvc_redist)
     src = SourceTree(path=tree.source_dir, commit=recipe.llama_cpp.commit, origin=f"build directory {build_dir}")
-    tools = BuildTools(cmake=tree.cmake, ninja="")
+    tools = BuildTools(cmake=tree.cmake, ninja="", cmake_version=tree.cmake_version)
     made = Made(recipe=recipe, key=recipe.key(), src=src, tools=tools, prepared=prepared,
                 sde=settings.source_date_epoch)
     plan = plan_build(recipe, source_dir=tree.source_dir, build_dir=build_dir, tools=tools,

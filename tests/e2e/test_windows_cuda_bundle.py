@@ -202,6 +202,8 @@ def test_the_bundle_holds_exactly_the_dlls_a_clean_windows_needs(made: dict[str,
     licences = {n for n, f in files.items() if f["role"] == "license"}
     assert {"LICENSE", "LICENSE-CUDA.txt", "LICENSE-MSVC-REDIST.txt"} <= licences
     assert all(files[n]["origin"] and files[n]["why"] for n in licences)
+    toolchain = made["manifest"]["toolchain"]  # what the build directory's CMake records say
+    assert (toolchain["compiler"], toolchain["cmake"], toolchain["nvcc"]) == ("MSVC 19.44.35207.1", "3.31.6", "12.8.93")
 
 
 def test_the_dlls_are_nvidias_and_the_redists_never_onecore(made: dict[str, Any], windows_tree: dict[str, Path]) -> None:
