@@ -6,6 +6,7 @@ and verify as `build` runs after compiling (pipeline.assemble)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import shutil
@@ -13,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import cache, platforms
+from . import cache, data, platforms
 from .backends import Prepared
 from .backends.cuda.toolkit.layout import Toolkit
 from .build import BuildResult, BuildTools, compiler_of, plan_build
@@ -66,11 +67,21 @@ def read_build_tree(build_dir: Path) -> BuildTree:
                      cuda_compiler=cuda)
 
 
+CMAKE_IDS = {"gcc": "GNU", "mingw": "GNU", "clang": "Clang", "msvc": "MSVC"}  # toolchain.compiler -> CMake's id
+
+
 def _keyed(recipe: Recipe, tree: BuildTree) -> Recipe:
-    """The recipe keyed with the compiler that made the build (not one found here), checked against its pin."""
+    """The recipe keyed with the compiler that made the build (not one found here): of the recipe's
+    family, and inside its pin."""
+    family, _, found = tree.compiler.rpartition(" ")
+    want = CMAKE_IDS[recipe.toolchain.compiler]
+    if family != want:
+        raise ToolchainError(f"{tree.build_dir} was built with {tree.compiler}, not {recipe.toolchain.compiler}",
+                             why=f"the recipe's toolchain.compiler is {recipe.toolchain.compiler} (CMake calls it {want}), "
+                                 "and the compiler is part of the bundle's key",
+                             fix="bundle it with a recipe of that compiler, or rebuild with the recipe's")
     if recipe.toolchain.compiler == "msvc":
         return recipe
-    found = tree.compiler.rsplit(" ", 1)[-1]
     if not re.fullmatch(r"[0-9]+(\.[0-9]+)*", found):
         raise UsageError(f"CMake's record in {tree.build_dir} names no compiler version", why=f"found {tree.compiler!r}",
                          fix="pass a configured and built directory")
@@ -78,6 +89,28 @@ def _keyed(recipe: Recipe, tree: BuildTree) -> Recipe:
         raise ToolchainError(f"the build was made with {tree.compiler}, outside the recipe's toolchain.version "
                              f"{recipe.toolchain.version}", fix="bundle it with a recipe that pins that compiler")
     return dataclasses.replace(recipe, host_compiler=found)
+
+
+def _check_cuda(recipe: Recipe, tree: BuildTree, toolkit_root: Path) -> None:
+    """The build compiled CUDA with the nvcc of the recipe's toolkit, and --toolkit-root is that toolkit
+    (by its version.json, where it has one)."""
+    assert recipe.cuda is not None
+    want = str(data.cuda_manifest(recipe.cuda.toolkit)["cuda_nvcc"]["version"])
+    if tree.cuda_compiler is None:
+        raise UsageError(f"{tree.build_dir} did not compile CUDA", why="CMake recorded no CUDA compiler there",
+                         fix="configure the build with -DGGML_CUDA=ON, or bundle it with a recipe without cuda")
+    if tree.cuda_compiler != want:
+        raise ToolchainError(f"{tree.build_dir} was compiled by nvcc {tree.cuda_compiler}, the recipe pins CUDA "
+                             f"{recipe.cuda.toolkit} (nvcc {want})", fix="bundle it with a recipe of that toolkit")
+    version_file = toolkit_root / "version.json"
+    if version_file.is_file():
+        try:
+            found = json.loads(version_file.read_text(encoding="utf-8"))["cuda"]["version"]
+        except (ValueError, KeyError, TypeError):
+            found = None
+        if found is not None and str(found).split(".")[:2] != recipe.cuda.toolkit.split(".")[:2]:
+            raise UsageError(f"--toolkit-root {toolkit_root} is CUDA {found}, the recipe pins {recipe.cuda.toolkit}",
+                             why=f"its {version_file.name} says so", fix="pass the toolkit the build used")
 
 
 def bundle_build(recipe: Recipe, build_dir: Path, *, out: Path, toolkit_root: Path | None, msvc_redist: Path | None,
@@ -106,6 +139,7 @@ def bundle_build(recipe: Recipe, build_dir: Path, *, out: Path, toolkit_root: Pa
             raise UsageError("--toolkit-root is needed for a CUDA bundle",
                              why="the CUDA runtime libraries the bundle carries come from the toolkit the build used",
                              fix="pass the CUDA toolkit's root directory (the one with bin/ and lib/)")
+        _check_cuda(recipe, tree, toolkit_root)
         tk = Toolkit(root=toolkit_root, version=recipe.cuda.toolkit, source="given", platform=recipe.platform)
         dirs = tuple(d for d in tk.lib_dirs if d.is_dir())
         if not dirs:

@@ -114,20 +114,24 @@ class Cuda(NoExtras):
         table = data.cuda_runtime()["components"]
         comps = sorted({c for name in bundled for pattern, c in table.items()
                         if fnmatch.fnmatchcase(name.lower(), pattern.lower())})
-        out: dict[str, tuple[str, str]] = {}
+        covers: dict[str, list[str]] = {}  # licence file in the bundle -> the components whose terms it holds
+        origin: dict[str, str] = {}
         for comp in comps:
             for cand in (root / f"LICENSE.{comp}", root / "EULA.txt", root / "DOCS" / "EULA.txt", root / "LICENSE"):
                 if cand.is_file():
                     name = f"LICENSE-CUDA-{comp}.txt" if cand.name.startswith("LICENSE.") else "LICENSE-CUDA.txt"
                     shutil.copyfile(cand, stage / name)
-                    out[name] = ("toolkit", f"licence of the CUDA libraries it redistributes ({comp})")
+                    origin[name] = "toolkit"
                     break
             else:  # a system toolkit without its license files (some container images strip them)
                 notice = resources.files(data.__name__).joinpath("CUDA-EULA-NOTICE.txt").read_text(encoding="utf-8")
-                (stage / "LICENSE-CUDA.txt").write_text(notice, encoding="utf-8")
-                out["LICENSE-CUDA.txt"] = ("llamabundle", "terms of the CUDA libraries it redistributes "
-                                                          "(the toolkit carried no licence file)")
-        return out
+                name = "LICENSE-CUDA.txt"
+                (stage / name).write_text(notice, encoding="utf-8")
+                origin[name] = "llamabundle"
+            covers.setdefault(name, []).append(comp)
+        return {name: (origin[name], f"licence of the CUDA libraries it redistributes ({', '.join(cs)})"
+                       + ("; the toolkit carried no licence file" if origin[name] == "llamabundle" else ""))
+                for name, cs in covers.items()}
 
     def manifest_section(self, recipe: Recipe, stage: Path, *, platform: Platform,
                          prepared: Prepared | None) -> dict[str, Any] | None:
