@@ -78,7 +78,7 @@ def plan_build(recipe: Recipe, *, source_dir: Path, build_dir: Path, tools: Buil
         **recipe.cmake_options,
         **{b.cmake_switch: "ON" if b in have else "OFF" for b in backends.REGISTRY.values() if b.cmake_switch},
     }
-    defs.update(_prefix_map_flags(recipe, defs, have, source_dir=source_dir, build_dir=build_dir))
+    defs.update(_prefix_map_flags(recipe, defs, have, source_dir=source_dir, build_dir=build_dir, toolkits=roots))
     for b in have:
         defs.update(b.cmake_definitions(recipe, platform=platform, toolkit_root=roots.get(b.name)))
     project_defs, files = _project_files(recipe, platform, have, build_dir)
@@ -124,13 +124,15 @@ def _project_files(recipe: Recipe, platform: Platform, have: Sequence[Backend],
 
 
 def _prefix_map_flags(recipe: Recipe, defs: dict[str, str], have: Sequence[Backend], *, source_dir: Path,
-                      build_dir: Path) -> dict[str, str]:
-    """Where the source and the build tree lie must not show in the binaries (__FILE__, debug info): map
-    them to fixed names, so that two builds in different places give the same bytes (gcc, clang, and
-    nvcc's host compiler; MSVC has no such switch and its builds are not claimed reproducible)."""
+                      build_dir: Path, toolkits: Mapping[str, Path]) -> dict[str, str]:
+    """Where the source, the build tree and a backend's toolkit lie must not show in the binaries (__FILE__
+    of the toolkit's headers too: CUB's asserts name them): map them to fixed names, so that two builds in
+    different places give the same bytes (gcc, clang, and nvcc's host compiler; MSVC has no such switch
+    and its builds are not claimed reproducible)."""
     if recipe.toolchain.compiler == "msvc":
         return {}
-    maps = [f"-ffile-prefix-map={source_dir}=/llama.cpp", f"-ffile-prefix-map={build_dir}=/build"]
+    maps = [f"-ffile-prefix-map={source_dir}=/llama.cpp", f"-ffile-prefix-map={build_dir}=/build",
+            *(f"-ffile-prefix-map={root}=/{name}" for name, root in sorted(toolkits.items()))]
     joined = " ".join(maps)
     out = {f"CMAKE_{lang}_FLAGS": f"{defs[f'CMAKE_{lang}_FLAGS']} {joined}".strip() if f"CMAKE_{lang}_FLAGS" in defs
            else joined for lang in ("C", "CXX")}

@@ -77,6 +77,17 @@ def test_cuda_host_compiler_gets_the_prefix_maps_too() -> None:
                                         "-objtemp -Xcudafe=--orig_src_path_name=/llama.cpp")
 
 
+def test_the_toolkit_location_is_mapped_out_too() -> None:
+    """CUB's asserts name its headers under the toolkit root: a toolkit in another cache directory must not
+    change the bytes."""
+    cuda = load_recipe(REPO / "recipes" / "linux-x86_64-cuda13.0.yaml")
+    defs = _defs(plan_build(cuda, source_dir=Path("/src"), build_dir=Path("/b"), tools=TOOLS,
+                            toolkit_roots={"cuda": Path("/cache/toolkits/cuda-13.0.2")}))
+    assert "-Xcompiler=-ffile-prefix-map=/cache/toolkits/cuda-13.0.2=/cuda" in defs["CMAKE_CUDA_FLAGS"].split()
+    assert "-ffile-prefix-map=/cache/toolkits/cuda-13.0.2=/cuda" in defs["CMAKE_CXX_FLAGS"].split()
+    assert "-objtemp" in defs["CMAKE_CUDA_FLAGS"].split()
+
+
 def test_ccache_is_used_when_present() -> None:
     defs = _defs(_plan(LINUX, tools=BuildTools(cmake="c", ninja="n", ccache="/usr/bin/ccache")))
     assert defs["CMAKE_C_COMPILER_LAUNCHER"] == defs["CMAKE_CXX_COMPILER_LAUNCHER"] == "/usr/bin/ccache"
