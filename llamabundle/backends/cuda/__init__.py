@@ -174,7 +174,8 @@ class Cuda(NoExtras):
         wide = platform.system == "windows"
         fold = str.lower if wide else str
         asked = cuda_inputs.get("libraries", ()) if isinstance(cuda_inputs, Mapping) else ()
-        absent = [str(n) for n in asked if fold(str(n)) not in {fold(p) for p in present}]
+        have = {fold(p) for p in present}
+        absent = [str(n) for n in asked if fold(str(n)) not in have]
         if absent:
             raise VerifyError(f"{absent[0]} is not in the bundle", why=f"the recipe asks for {', '.join(absent)} "
                               "(cuda.libraries)", fix="rebuild the bundle")

@@ -89,17 +89,23 @@ def rules_for(file_name: str) -> list[Rule]:
 
 
 def names_in(path: Path, rule: Rule) -> list[str]:
-    """The file names matching `rule.names` that the library at `path` holds (sorted, each once)."""
+    """The file names matching `rule.names` that the library at `path` holds (sorted, each once). Read once
+    per file as it is (collect asks again each round of the closure; cuBLASLt is hundreds of MB)."""
+    st = path.stat()
+    return list(_names_in(str(path.resolve()), st.st_size, st.st_mtime_ns, rule))
+
+
+@cache
+def _names_in(path: str, size: int, mtime_ns: int, rule: Rule) -> tuple[str, ...]:
     found: set[str] = set()
     narrow, wide = rule.patterns
     with open(path, "rb") as f:
-        size = f.seek(0, 2)
-        if size == 0:
-            return []
+        if f.seek(0, 2) == 0:
+            return ()
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
             found.update(x.group(0).decode("ascii") for x in narrow.finditer(m) if _starts_name(m, x.start(), 1))
             found.update(x.group(0)[::2].decode("ascii") for x in wide.finditer(m) if _starts_name(m, x.start(), 2))
-    return sorted(found)
+    return tuple(sorted(found))
 
 
 def named_by(files: Mapping[str, Path], *, latent: bool) -> list[Named]:

@@ -46,7 +46,7 @@ def process_runner(log: Log) -> Runner:
     return run
 
 
-def _env_get(env: Mapping[str, str], name: str) -> str | None:
+def env_get(env: Mapping[str, str], name: str) -> str | None:
     """Windows variable names are case-insensitive."""
     return next((v for k, v in env.items() if k.upper() == name.upper()), None)
 
@@ -68,13 +68,13 @@ class VsInstance:
 def find_vswhere(env: Mapping[str, str]) -> Path:
     """vswhere.exe where the Visual Studio Installer puts it, else on PATH."""
     tried = []
-    base = _env_get(env, "ProgramFiles(x86)")
+    base = env_get(env, "ProgramFiles(x86)")
     if base:
         exe = Path(base).joinpath(*knowledge()["vswhere"]["path"])
         if exe.is_file():
             return exe
         tried.append(str(exe))
-    on_path = shutil.which("vswhere", path=_env_get(env, "PATH"))
+    on_path = shutil.which("vswhere", path=env_get(env, "PATH"))
     if on_path:
         return Path(on_path)
     raise ToolchainError("vswhere.exe was not found", why=f"looked at {', '.join(tried) or '%ProgramFiles(x86)% (unset)'} "
@@ -269,7 +269,7 @@ def env_diff(base: Mapping[str, str], new: Mapping[str, str]) -> dict[str, str]:
 def capture_vcvars(toolset: Toolset, *, base_env: Mapping[str, str], runner: Runner) -> dict[str, str]:
     """The variables vcvars64.bat sets (PATH, INCLUDE, LIB, VCToolsVersion, ...) on top of base_env."""
     diff = env_diff(base_env, parse_set_output(runner(vcvars_argv(toolset), base_env)))
-    got = _env_get(diff, "VCToolsVersion")
+    got = env_get(diff, "VCToolsVersion")
     if not got:
         raise ToolchainError(f"{toolset.vcvars.name} did not set up the MSVC environment",
                              why="its environment has no VCToolsVersion", fix="run it by hand to see why; repair Visual Studio")

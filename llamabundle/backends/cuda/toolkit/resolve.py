@@ -149,8 +149,7 @@ def _check_msvc(toolkit: str, *, env: Mapping[str, str]) -> str:
     this CUDA accepts (msvc.check_cuda_host: the one table)."""
     from ....platforms.windows import msvc
 
-    path = next((v for k, v in env.items() if k.upper() == "PATH"), None)
-    exe = shutil.which("cl", path=path)
+    exe = shutil.which("cl", path=msvc.env_get(env, "PATH"))
     if exe is None:
         raise ToolchainError("cl.exe (MSVC) was not found on the build's PATH",
                              why="the CUDA host compiler on Windows is MSVC, and vcvars64.bat did not put it on PATH",
