@@ -1,5 +1,6 @@
 """The reproducibility check (`build --check-reproducible`): build again from a copy of the source at another
-path, in a new build directory, package it, and compare the two zips byte for byte."""
+path, in a new build directory, package it, and compare the two zips byte for byte. When they differ, the
+second zip is kept beside the first (`<name>.second.zip`) for a closer look."""
 
 from __future__ import annotations
 
@@ -35,12 +36,16 @@ def rebuild_elsewhere(made: Made, zip_a: Path, *, toolchain: HostToolchain, jobs
                 cache_dir=cache_dir, log=log)
         diffs = diff_zips(zip_a, zip_b)
         sha_a, sha_b = sha256_file(zip_a), sha256_file(zip_b)
+        kept = zip_a.with_name(zip_a.name.removesuffix(".zip") + ".second.zip")
+        if diffs or sha_a != sha_b:
+            shutil.move(zip_b, kept)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     if diffs or sha_a != sha_b:
         lines = "\n".join(f"    {d}" for d in diffs) or "    (same members; the zip containers differ)"
         raise VerifyError("the bundle is not reproducible: a second build elsewhere gave other bytes",
-                          why=f"zip sha256 {sha_a[:16]}… vs {sha_b[:16]}…", details=lines,
-                          fix="look for paths, dates or build-order effects in the files listed")
+                          why=f"zip sha256 {sha_a} ({zip_a}) vs {sha_b} (the second build, kept as {kept})",
+                          details=lines, fix="compare the files listed in the two zips: look for paths, dates or "
+                                             "build-order effects")
     log.info(f"    reproducible: both builds give zip sha256 {sha_a}")
     return {"sha256": sha_a, "second_build": "other source path and build directory"}
