@@ -231,7 +231,7 @@ def run_build(plan: BuildPlan, *, log: Log, env: Mapping[str, str], clean: bool 
     fix = f"read the full log at {log_path}; fix the toolchain or the recipe's cmake: options"
     if not configured:
         with log.step("configure (cmake)"):
-            proc.run(plan.configure, log=log, error=BuildError, what="cmake configure failed", fix=fix,
+            proc.run(plan.configure, log=log, error=BuildError, what="cmake configure failed", label="cmake configure", fix=fix,
                      env=env, log_path=log_path, timeout=timeout)
         stamp.write_text(json.dumps(wanted))
     compiled = 0
@@ -242,7 +242,7 @@ def run_build(plan: BuildPlan, *, log: Log, env: Mapping[str, str], clean: bool 
             if m:
                 compiled = int(m.group(1))
                 bar.update(compiled, int(m.group(2)))
-        proc.run(plan.build, log=log, error=BuildError, what="the build failed", fix=fix, env=env,
+        proc.run(plan.build, log=log, error=BuildError, what="the build failed", label="the build (ninja)", fix=fix, env=env,
                  log_path=log_path, on_line=on_line, timeout=timeout)
     for name in plan.programs + plan.backends:
         if not (plan.output_dir / name).is_file():

@@ -151,6 +151,9 @@ def _build_locked(recipe: Recipe, *, key: str, settings: Settings, store: Store,
     plan = plan_build(recipe, source_dir=src.path, build_dir=build_dir, tools=tools, jobs=jobs,
                       toolkit_roots=made.toolkit_roots, env=toolchain.env)
     result = run_build(plan, log=log, env=build_env, clean=clean, timeout=settings.build_timeout)
+    configure_log = result.log_path.read_text(encoding="utf-8", errors="replace")
+    for backend in backends.of(recipe):
+        backend.after_configure(recipe, configure_log)
     if toolchain.compiler is not None and result.compiler.rsplit(" ", 1)[-1] != toolchain.compiler:
         raise ToolchainError(f"CMake built with {result.compiler}, not the {recipe.toolchain.compiler} "
                              f"{toolchain.compiler} the cache key names", why=f"CMake's record in {plan.build_dir}",

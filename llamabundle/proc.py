@@ -165,16 +165,18 @@ def run(
     log_path: Path | None = None,
     on_line: Callable[[str], None] | None = None,
     echo_output: bool = False,
+    label: str | None = None,
     heartbeat: float = HEARTBEAT,
 ) -> str:
     """Run argv; return its combined output. Raises `error` with the output's tail on failure or when
-    `timeout` seconds pass (the whole process group is killed either way, and on KeyboardInterrupt)."""
+    `timeout` seconds pass (the whole process group is killed either way, and on KeyboardInterrupt). The
+    'still running' lines name `label` (what runs), else `what`."""
     argv = [str(a) for a in argv]
     log.command(argv)
     tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
     chunks: list[str] = []
     deadline = time.monotonic() + timeout if timeout is not None else None
-    beat = _Heartbeat(log, what, every=heartbeat)
+    beat = _Heartbeat(log, label or what, every=heartbeat)
     logf = open(log_path, "a", encoding="utf-8") if log_path else None
     try:
         with _started(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) as p:
@@ -245,6 +247,12 @@ def _tail_block(tail: collections.deque[str], log_path: Path | None) -> str:
     if log_path:
         out.append(f"--- full log: {log_path}")
     return "\n".join(out)
+
+
+def inherited(names: Sequence[str]) -> dict[str, str]:
+    """The variables of this process's environment among `names`: what a child run in a clean environment
+    keeps (the Vulkan loader's driver lookup, for one)."""
+    return {k: os.environ[k] for k in names if k in os.environ}
 
 
 def capture(argv: Sequence[str], *, cwd: Path | None = None, env: Mapping[str, str] | None = None,

@@ -33,7 +33,7 @@ BUNDLE_FORMAT = 1
 MAX_RECIPE_BYTES = 256 * 1024
 
 Platform = Literal["linux-x86_64", "windows-x86_64"]  # each one a module in platforms/ (a test checks they agree)
-Backend = Literal["cpu", "cuda"]  # each one a module in backends/
+Backend = Literal["cpu", "cuda", "vulkan"]  # each one a module in backends/
 Compiler = Literal["gcc", "clang", "msvc", "mingw"]
 CudaSourceKind = Literal["redist", "installer", "pypi", "system"]
 OpenMP = Literal["auto", "vcomp", "libomp", "none"]
@@ -128,6 +128,34 @@ class Cuda:
 
 
 @dataclass(frozen=True, kw_only=True)
+class VulkanHeaders:
+    url: str = _f("an archive of the Vulkan headers ggml-vulkan compiles against (vulkan/vulkan.hpp): a Debian "
+                  "libvulkan-dev .deb, or a .tar.gz/.tar.xz/.zip of Vulkan-Headers", pattern=r"^https?://\S+$")
+    sha256: str = _f("sha256 of that archive", pattern=_HEX64)
+    version: str = _f("the headers' Vulkan version, e.g. 1.4.309 (checked against vulkan_core.h)", pattern=_VERSION)
+    include: str = _f("the directory inside the archive that holds vulkan/", default="usr/include",
+                      pattern=r"^[A-Za-z0-9._+-]+(/[A-Za-z0-9._+-]+)*$")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Vulkan:
+    headers: VulkanHeaders = _f("the pinned Vulkan headers (the system's are often too old for the pinned llama.cpp)")
+    glslc: str | None = _f("the glslc (shaderc) version to build with, e.g. \"2023.2\"; without it any glslc on PATH. "
+                           "Either way the key holds the exact version found and the shader extensions it supports",
+                           default=None, pattern=_VERSION)
+
+
+@dataclass(frozen=True, kw_only=True)
+class GlslcFound:
+    """The shader compiler found on this machine: its versions and the shader extensions it supports (what
+    ggml-vulkan's configure step will find), part of the key of a Vulkan recipe."""
+    path: str = field(compare=False)
+    version: str  # shaderc's, e.g. 2023.2-1
+    versions: tuple[tuple[str, str], ...]  # shaderc, spirv-tools, glslang
+    features: tuple[str, ...]  # the supported extensions of data/vulkan.json's glslc_features, sorted
+
+
+@dataclass(frozen=True, kw_only=True)
 class Runtime:
     openmp: OpenMP = _f("OpenMP runtime to ship", default="auto")
 
@@ -152,6 +180,7 @@ class Recipe:
     backends: tuple[Backend, ...] = _f("ggml backends to build (cpu is required)")
     toolchain: Toolchain = _f("compiler")
     cuda: Cuda | None = _f("CUDA toolkit (required when backends has cuda)", default=None)
+    vulkan: Vulkan | None = _f("Vulkan headers and shader compiler (required when backends has vulkan)", default=None)
     cmake: tuple[tuple[str, str], ...] = _f("extra CMake cache options (values ON/OFF/strings)", default=())
     cpu_variants: CpuVariants = _f("which CPU backend variants GGML_CPU_ALL_VARIANTS builds",
                                    default_factory=CpuVariants)
@@ -163,6 +192,9 @@ class Recipe:
     # Not from YAML: the exact version of the compiler found on this machine, for a recipe that does not
     # pin toolchain.version (it is then part of the key); None where there is none or a pin.
     host_compiler: str | None = field(default=None, metadata={"internal": True})
+    # Not from YAML: the glslc found on this machine, for a recipe with the vulkan backend (its versions and
+    # shader extensions are part of the key); None where there is none.
+    host_glslc: GlslcFound | None = field(default=None, metadata={"internal": True})
 
     # ---- derived values
 
@@ -207,6 +239,8 @@ class Recipe:
         if self.toolchain.msvc_version:
             toolchain["msvc_version"] = self.toolchain.msvc_version
         extra: dict[str, Any] = {}
+        if self.vulkan is not None:  # only with the backend: the keys of other recipes stay as they were
+            extra["vulkan"] = self.vulkan_key()
         if self.cpu_variants.exclude:  # only when set: the keys of recipes without it stay as they were
             extra["cpu_variants"] = {"exclude": sorted(self.cpu_variants.exclude)}
         return {
@@ -223,6 +257,24 @@ class Recipe:
             "targets": sorted(self.targets),
             "runtime": {"openmp": self.runtime.openmp},
         }
+
+    def vulkan_key(self) -> dict[str, Any]:
+        """The Vulkan part of the key: the pinned headers, and the glslc found here with the shader
+        extensions it supports (two shader sets never share a key)."""
+        assert self.vulkan is not None
+        found = self.host_glslc
+        if found is None:
+            raise ToolchainError(f"{self.origin or self.name}: the cache key needs glslc (the Vulkan shader compiler)",
+                                 why="a Vulkan recipe's key holds the version of the glslc that compiles its shaders "
+                                     "and the shader extensions it supports, and there is no glslc on PATH here",
+                                 fix="install glslc (Debian/Ubuntu: apt-get install glslc; or the Vulkan SDK) and put it on PATH")
+        pin = self.vulkan.glslc
+        if pin and not (found.version == pin or found.version.startswith((pin + ".", pin + "-"))):
+            raise ToolchainError(f"{self.origin or self.name} pins glslc {pin}, the glslc here is {found.version}",
+                                 why=f"found {found.path}", fix=f"put glslc {pin} first on PATH, or change vulkan.glslc")
+        h = self.vulkan.headers
+        return {"headers": {"version": h.version, "sha256": h.sha256, "include": h.include},
+                "glslc": {"version": found.version, "versions": dict(found.versions), "features": list(found.features)}}
 
     def key(self) -> str:
         return hashlib.sha256(canonical_json(self.key_inputs()).encode()).hexdigest()
@@ -261,7 +313,7 @@ class Recipe:
 # builds differently must never serve an old bundle as a hit. Bump DERIVATION with any change to that
 # code; the knowledge files' digest follows their data by itself. tests/unit/test_key.py records the
 # flags each version derives and fails when they change without a bump.
-DERIVATION = 3
+DERIVATION = 4  # 4: every registered backend switch (GGML_VULKAN=OFF) in the configure
 DERIVATION_DATA = ("build.json", "mingw.json", "msvc.json", "cuda_runtime.json")
 
 
@@ -372,6 +424,10 @@ def parse_recipe(text: str, *, file: str = "<recipe>", env: Mapping[str, str] | 
         from .compilers import detect_version
 
         recipe = dataclasses.replace(recipe, host_compiler=detect_version(recipe.toolchain.compiler, env=env))
+    if recipe.vulkan is not None:
+        from .backends.vulkan import detect_glslc
+
+        recipe = dataclasses.replace(recipe, host_glslc=detect_glslc(env=env))
     return recipe
 
 
@@ -603,6 +659,15 @@ def _check(r: Recipe, ctx: _Ctx) -> None:
         raise ctx.fail(None, "cuda", "a cuda: section without the cuda backend", fix="add cuda to backends, or remove the cuda: section")
     if r.cuda is not None:
         _check_cuda(r.cuda, ctx)
+    if ("vulkan" in r.backends) != (r.vulkan is not None):
+        if r.vulkan is None:
+            raise ctx.fail(None, "backends", "vulkan is listed but there is no vulkan: section",
+                           fix="add vulkan: {headers: {url, sha256, version}}")
+        raise ctx.fail(None, "vulkan", "a vulkan: section without the vulkan backend",
+                       fix="add vulkan to backends, or remove the vulkan: section")
+    if r.vulkan is not None and r.platform != "linux-x86_64":
+        raise ctx.fail(None, "backends", f"this version builds the vulkan backend for linux-x86_64 only, not {r.platform}",
+                       fix="remove vulkan from backends, or use platform: linux-x86_64")
     if r.cpu_variants.exclude:
         _check_cpu_variants(r, ctx)
     _check_template(r.publish.tag, ctx)

@@ -193,26 +193,41 @@ def check_load(root: Path, manifest: Manifest, report: VerifyReport, *, wine_pre
 
 
 def check_gpu(manifest: Manifest, report: VerifyReport, *, require_gpu: bool) -> None:
-    """A GPU backend of the bundle loaded from inside it and listed its device; skipped with a reason where
-    this machine has no such device."""
+    """Every GPU backend of the bundle, on its own: loaded from inside it and listing its device (passed), or
+    skipped with a reason where this machine has no such device (a CPU implementation of Vulkan, lavapipe,
+    is not listed by ggml-vulkan and so does not count). The gpu level passes when one of them passed and
+    none failed; each backend's result is the level `gpu <name>`."""
     gpus = [b for b in backends.of(manifest.backends) if b.gpu]
-    loaded = next((b for b in gpus if b.loader_name in report.backends_loaded), None)
+    results: dict[str, str] = {}
     if not gpus:
         report.levels["gpu"] = "skipped: the bundle has no GPU backend"
     elif report.levels.get("load", "").startswith("skipped"):
         report.levels["gpu"] = "skipped: " + report.levels["load"].removeprefix("skipped: ")
-    elif loaded is not None:
-        if not any(d.startswith(loaded.loader_name) for d in report.devices):
-            raise VerifyError(f"the {loaded.loader_name} backend loaded but listed no {loaded.loader_name} device",
-                              details="\n".join(report.devices))
-        report.levels["gpu"] = "passed"
-    elif present := next((b for b in gpus if b.device_present()), None):
-        raise VerifyError(f"an {present.driver_name} is present but the bundle's {present.loader_name} backend did "
-                          "not load", why=f"ggml-{present.name} or a {present.loader_name} library it needs failed "
-                                          "to load from the bundle",
-                          fix="run the bundle's llama-server --verbose --list-devices to see why")
     else:
-        report.levels["gpu"] = f"skipped: no {' or '.join(b.driver_name for b in gpus)} on this machine"
-    if require_gpu and report.levels["gpu"] != "passed":
+        for b in gpus:
+            results[b.loader_name] = _gpu_of(b, report)
+        if len(gpus) > 1:
+            report.levels.update({f"gpu {name}": result for name, result in results.items()})
+        passed = [name for name, result in results.items() if result == "passed"]
+        report.levels["gpu"] = (f"passed ({', '.join(passed)})" if len(gpus) > 1 else "passed") if passed else \
+            "skipped: " + "; ".join(r.removeprefix("skipped: ") for r in results.values())
+    if require_gpu and not report.levels["gpu"].startswith("passed"):
         raise VerifyError(f"GPU check {report.levels['gpu']}", why="--require-gpu was given",
                           fix=f"run the check on a machine with {' or '.join(b.device_hint for b in gpus) or 'a GPU'}")
+
+
+def _gpu_of(b: backends.Backend, report: VerifyReport) -> str:
+    """One GPU backend's gpu check: passed, skipped: reason, or VerifyError."""
+    if b.loader_name in report.backends_loaded:
+        if any(d.startswith(b.loader_name) for d in report.devices):
+            return "passed"
+        if b.device_present():
+            raise VerifyError(f"the {b.loader_name} backend loaded but listed no {b.loader_name} device",
+                              why=f"this machine has a {b.driver_name}", details="\n".join(report.devices))
+        return f"skipped: the {b.loader_name} backend loaded but found no device; it needs {b.device_hint}"
+    if b.device_present():
+        raise VerifyError(f"a {b.driver_name} is present but the bundle's {b.loader_name} backend did "
+                          "not load", why=f"ggml-{b.name} or a {b.loader_name} library it needs failed "
+                                      "to load from the bundle",
+                          fix="run the bundle's llama-server --verbose --list-devices to see why")
+    return f"skipped: no {b.driver_name} on this machine"

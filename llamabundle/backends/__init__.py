@@ -10,11 +10,12 @@ from typing import TYPE_CHECKING
 from .base import Backend, NoExtras, Prepared
 from .cpu import CPU
 from .cuda import CUDA
+from .vulkan import VULKAN
 
 if TYPE_CHECKING:
     from ..recipe import Recipe
 
-REGISTRY: dict[str, Backend] = {b.name: b for b in (CPU, CUDA)}  # in build order: cpu first
+REGISTRY: dict[str, Backend] = {b.name: b for b in (CPU, CUDA, VULKAN)}  # in build order: cpu first
 NAMES: tuple[str, ...] = tuple(REGISTRY)
 
 __all__ = ["NAMES", "REGISTRY", "Backend", "NoExtras", "Prepared", "get", "of"]

@@ -38,6 +38,7 @@ class Backend(Protocol):
     manifest_key: str | None  # its section of bundle.json ("cuda"), or None
     driver_name: str  # what must be installed for its device to work ("NVIDIA driver")
     device_hint: str  # the machine a GPU check needs ("an NVIDIA GPU and driver")
+    run_env: tuple[str, ...]  # variables of the caller's environment the bundle keeps when verify runs it (driver lookup)
 
     def targets(self, recipe: Recipe) -> tuple[str, ...]:
         """The CMake targets of its backend modules (loaded at run time, not linked)."""
@@ -50,6 +51,10 @@ class Backend(Protocol):
 
     def cmake_definitions(self, recipe: Recipe, *, platform: Platform, toolkit_root: Path | None) -> dict[str, str]:
         """Cache definitions for a recipe that has this backend."""
+        ...
+
+    def after_configure(self, recipe: Recipe, configure_log: str) -> None:
+        """After CMake configured the tree (its output): check what it found agrees with the key; raises BuildError."""
         ...
 
     def prefix_map_flags(self, defs: Mapping[str, str], maps: Sequence[str]) -> dict[str, str]:
@@ -92,6 +97,7 @@ class NoExtras:
     manifest_key: str | None = None
     driver_name = "device driver"
     device_hint = "a device and its driver"
+    run_env: tuple[str, ...] = ()
 
     def prepare(self, recipe: Recipe, *, settings: Settings, log: Log, env: Mapping[str, str],
                 source: str | None) -> Prepared | None:
@@ -102,6 +108,9 @@ class NoExtras:
 
     def prefix_map_flags(self, defs: Mapping[str, str], maps: Sequence[str]) -> dict[str, str]:
         return {}
+
+    def after_configure(self, recipe: Recipe, configure_log: str) -> None:
+        return None
 
     def project_include(self, recipe: Recipe) -> list[str]:
         return []

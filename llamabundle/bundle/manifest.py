@@ -260,6 +260,18 @@ def json_schema() -> dict[str, Any]:
             "compression_mode": maybe(text()),
         },
     }
+    vulkan = {
+        "type": "object",
+        "required": ["glslc", "shader_extensions"],
+        "properties": {
+            "headers": text(description="the Vulkan headers' version ggml-vulkan was compiled against, e.g. 1.4.309"),
+            "headers_sha256": text(_HEX64),
+            "glslc": text(description="the shaderc version of the glslc that compiled the shaders"),
+            "glslc_versions": {"type": "object", "additionalProperties": text()},
+            "shader_extensions": {**strings, "description": "the shader extensions glslc supported (the shader set "
+                                  "depends on them: GL_KHR_cooperative_matrix, GL_EXT_integer_dot_product, …)"},
+        },
+    }
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "title": "llamabundle bundle.json",
@@ -276,6 +288,7 @@ def json_schema() -> dict[str, Any]:
             "backends": {"type": "array", "items": {"type": "string"},
                          "description": "the ggml backends it carries; this version knows " + ", ".join(backends.NAMES)},
             "cuda": maybe(cuda),
+            "vulkan": maybe(vulkan),
             "toolchain": maybe({"type": "object", "additionalProperties": maybe(text())}),
             "system_deps": maybe(strings),
             "glibc_floor": maybe(text()),

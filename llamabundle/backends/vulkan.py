@@ -1,0 +1,316 @@
+"""The Vulkan backend: ggml-vulkan, whose shaders glslc compiles at build time into the library. Its inputs
+are pinned like CUDA's toolkit: the Vulkan headers come from a pinned archive (a Debian libvulkan-dev .deb or
+a Vulkan-Headers tarball, sha256-checked, into the cache), and the glslc found here is part of the key with
+the shader extensions it supports (ggml's configure step probes the same ones: data/vulkan.json), so two
+bundles with different shader sets never share a key. The Vulkan loader (libvulkan.so.1) belongs to the
+machine's graphics stack and is never bundled.
+
+Devices: ggml-vulkan lists no CPU implementation (lavapipe) unless GGML_VK_VISIBLE_DEVICES names it, so a
+device that `--list-devices` shows in a plain environment is a GPU; verify's load level asks for the backend
+only, its gpu level for such a device."""
+
+from __future__ import annotations
+
+import fnmatch
+import functools
+import io
+import os
+import re
+import shutil
+import tarfile
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .. import archive, data, net, proc
+from ..errors import BuildError, ToolchainError, VerifyError
+from .base import NoExtras, Prepared
+
+if TYPE_CHECKING:
+    from ..bundle.manifest import Manifest
+    from ..log import Log
+    from ..platforms.base import Platform
+    from ..recipe import GlslcFound, Recipe, VulkanHeaders
+    from ..settings import Settings
+
+SHADER = "#version 460\n#extension {ext} : require\nvoid main()\n{{\n}}\n"
+
+
+def knowledge() -> dict[str, Any]:
+    info: dict[str, Any] = data.load("vulkan.json")
+    return info
+
+
+# ------------------------------------------------------------------------------------------ glslc
+
+
+def detect_glslc(*, env: Mapping[str, str] | None = None) -> GlslcFound | None:
+    """The glslc first on env's PATH (else the system's default search path): its versions and the shader
+    extensions it supports; None when there is none. Asked once per environment in a process."""
+    return _detect(tuple(sorted((env or {}).items())))
+
+
+@functools.lru_cache(maxsize=8)
+def _detect(env_items: tuple[tuple[str, str], ...]) -> GlslcFound | None:
+    from ..recipe import GlslcFound
+
+    path = dict(env_items).get("PATH") or os.defpath
+    exe = shutil.which("glslc", path=path)
+    if exe is None:
+        return None
+    env = {**dict(env_items), "LC_ALL": "C", "PATH": path}
+    try:
+        res = proc.capture([exe, "--version"], env=env, timeout=30)
+    except (OSError, proc.Timeout):
+        return None
+    # Debian: "shaderc 2023.2-1"; the Vulkan SDK and upstream: "shaderc v2023.8 v2023.8"
+    versions = tuple((name, v.removeprefix("v")) for name, v in
+                     re.findall(r"^(shaderc|spirv-tools|glslang) (\S+)", res.stdout, re.M))
+    shaderc = dict(versions).get("shaderc")
+    if res.returncode != 0 or not shaderc:
+        return None
+    return GlslcFound(path=exe, version=shaderc, versions=versions, features=probe_features(exe, env=env))
+
+
+def probe_features(glslc: str, *, env: Mapping[str, str]) -> tuple[str, ...]:
+    """The extensions of data/vulkan.json's glslc_features this glslc supports, by ggml's own rule: a compute
+    shader that requires the extension compiles unless glslc says 'extension not supported: NAME'."""
+    info = knowledge()
+    found = []
+    with tempfile.TemporaryDirectory(prefix="llamabundle-glslc-") as tmp:
+        for ext in info["glslc_features"]:
+            shader = Path(tmp, f"{ext}.comp")
+            shader.write_text(SHADER.format(ext=ext), encoding="utf-8")
+            try:
+                res = proc.capture([glslc, "-o", os.devnull, *info["glslc_probe_args"], str(shader)], env=env, timeout=30)
+            except (OSError, proc.Timeout):
+                continue
+            if f"extension not supported: {ext}" not in res.stderr + res.stdout:
+                found.append(ext)
+    return tuple(sorted(found))
+
+
+def configured_features(configure_log: str) -> tuple[str, ...] | None:
+    """The extensions ggml-vulkan's configure step found ('-- NAME supported by glslc'), or None when its
+    probe did not run (no such lines)."""
+    said = re.findall(r"^-- (GL_\w+) (not supported|supported) by glslc", configure_log, re.M)
+    if not said:
+        return None
+    return tuple(sorted(ext for ext, verdict in said if verdict == "supported"))
+
+
+# ---------------------------------------------------------------------------------------- headers
+
+
+def headers_root(cache_dir: Path, h: VulkanHeaders) -> Path:
+    return cache_dir / "toolkits" / f"vulkan-headers-{h.version}-{h.sha256[:12]}"
+
+
+def fetch_headers(h: VulkanHeaders, *, cache_dir: Path, log: Log, http: Any = None) -> Path:
+    """The pinned headers, unpacked once into the cache (downloaded into <cache>/downloads/<sha256>/ and
+    checked there): the directory that holds vulkan/. An archive whose version is not the pinned one is refused."""
+    root = headers_root(cache_dir, h)
+    include = root / h.include
+    if (include / "vulkan" / "vulkan_core.h").is_file():
+        return include
+    name = h.url.rstrip("/").rsplit("/", 1)[-1] or "vulkan-headers"
+    dl = cache_dir / "downloads" / h.sha256 / name
+    net.download(h.url, dl, http=http or net.session(), log=log, sha256=h.sha256, mismatch_error=ToolchainError)
+    unpack_headers(dl, root)
+    if not (include / "vulkan" / "vulkan_core.h").is_file():
+        shutil.rmtree(root, ignore_errors=True)
+        raise ToolchainError(f"{name} has no {h.include}/vulkan/vulkan_core.h",
+                             why="vulkan.headers.include names the directory inside the archive that holds vulkan/",
+                             fix="correct vulkan.headers.include (a libvulkan-dev .deb: usr/include; Vulkan-Headers: "
+                                 "Vulkan-Headers-<version>/include)")
+    found = header_version(include)
+    if found != h.version:
+        shutil.rmtree(root, ignore_errors=True)
+        raise ToolchainError(f"{name} holds the Vulkan {found or 'unknown'} headers, not {h.version}",
+                             why="vulkan_core.h's VK_HEADER_VERSION_COMPLETE", fix="correct vulkan.headers.version or the archive")
+    return include
+
+
+def header_version(include: Path) -> str | None:
+    """1.4.309 from vulkan_core.h (VK_HEADER_VERSION_COMPLETE VK_MAKE_API_VERSION(0, 1, 4, VK_HEADER_VERSION))."""
+    try:
+        text = (include / "vulkan" / "vulkan_core.h").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    patch = re.search(r"^#define VK_HEADER_VERSION (\d+)", text, re.M)
+    full = re.search(r"^#define VK_HEADER_VERSION_COMPLETE VK_MAKE_API_VERSION\(\s*\d+,\s*(\d+),\s*(\d+),", text, re.M)
+    return f"{full.group(1)}.{full.group(2)}.{patch.group(1)}" if patch and full else None
+
+
+def unpack_headers(archive_path: Path, dest: Path) -> None:
+    """A .deb (an ar archive whose data.tar.* holds the files), a tar or a zip, unpacked safely into dest."""
+    if dest.exists():
+        shutil.rmtree(dest)
+    if archive_path.name.endswith(".deb"):
+        member, blob = deb_data(archive_path)
+        with tempfile.TemporaryDirectory(dir=archive_path.parent) as tmp:
+            inner = Path(tmp, member)
+            inner.write_bytes(blob)
+            archive.extract_tar(inner, dest)
+    elif archive_path.name.endswith(".zip"):
+        archive.extract_zip(archive_path, dest)
+    else:
+        archive.extract_tar(archive_path, dest)
+
+
+def deb_data(deb: Path) -> tuple[str, bytes]:
+    """The data.tar.* member of a Debian package (ar format: '!<arch>\\n', then 60-byte headers)."""
+    raw = deb.read_bytes()
+    if not raw.startswith(b"!<arch>\n"):
+        raise archive.UnsafeArchive(f"{deb.name} is not a Debian package", why="no ar archive signature",
+                                    fix="pin the .deb file itself")
+    at = 8
+    while at + 60 <= len(raw):
+        header = raw[at:at + 60]
+        name = header[:16].decode("ascii", "replace").strip().rstrip("/")
+        try:
+            size = int(header[48:58].decode("ascii").strip())
+        except ValueError:
+            raise archive.UnsafeArchive(f"{deb.name}: a damaged ar header at byte {at}") from None
+        body = raw[at + 60:at + 60 + size]
+        if len(body) != size:
+            raise archive.UnsafeArchive(f"{deb.name} is truncated", why=f"{name} needs {size} bytes")
+        if name.startswith("data.tar"):
+            if name.endswith(".zst"):
+                raise ToolchainError(f"{deb.name} packs its files as {name}", why="zstd tars need a module this "
+                                     "llamabundle does not use", fix="pin a .deb with data.tar.xz (Debian) or a tarball")
+            try:
+                tarfile.open(fileobj=io.BytesIO(body)).close()
+            except tarfile.TarError as e:
+                raise archive.UnsafeArchive(f"{deb.name}: {name} is not a tar archive", why=str(e)) from None
+            return name, body
+        at += 60 + size + (size & 1)
+    raise archive.UnsafeArchive(f"{deb.name} has no data.tar member", fix="pin a Debian binary package")
+
+
+# ---------------------------------------------------------------------------------------- backend
+
+
+def loader_path() -> str | None:
+    """The system's Vulkan loader (what ggml-vulkan links against and loads at run time)."""
+    name = knowledge()["loader"]["linux-x86_64"]
+    for d in data.load("elf_policy.json")["system_dirs"]:
+        if Path(d, name).exists():
+            return str(Path(d, name))
+    return None
+
+
+def spirv_headers() -> Path | None:
+    """The SPIR-V headers' CMake package (ggml-vulkan's CMakeLists finds it in CONFIG mode)."""
+    for d in ("/usr/share/cmake", "/usr/lib/cmake", "/usr/lib/x86_64-linux-gnu/cmake", "/usr/local/share/cmake",
+              "/usr/local/lib/cmake"):
+        f = Path(d, "SPIRV-Headers", "SPIRV-HeadersConfig.cmake")
+        if f.is_file():
+            return f
+    return None
+
+
+class Vulkan(NoExtras):
+    name = "vulkan"
+    loader_name = "Vulkan"
+    gpu = True
+    cmake_switch: str | None = "GGML_VULKAN"
+    manifest_key: str | None = "vulkan"
+    driver_name = "Vulkan GPU driver"
+    device_hint = "a Vulkan GPU and its driver, not a CPU implementation such as lavapipe"
+    run_env: tuple[str, ...] = tuple(knowledge()["passthrough_env"])
+
+    def targets(self, recipe: Recipe) -> tuple[str, ...]:
+        return ("ggml-vulkan",)
+
+    def prepare(self, recipe: Recipe, *, settings: Settings, log: Log, env: Mapping[str, str],
+                source: str | None) -> Prepared | None:
+        """The pinned headers (downloaded once), the glslc the key names, and the system loader to link."""
+        assert recipe.vulkan is not None
+        found = recipe.host_glslc
+        recipe.vulkan_key()  # no glslc, or not the pinned one: the error says which
+        assert found is not None
+        h = recipe.vulkan.headers
+        with log.step(f"Vulkan headers {h.version}"):
+            include = fetch_headers(h, cache_dir=settings.cache_dir, log=log)
+            log.info(f"    headers {include}; glslc {found.version} at {found.path}; shader extensions: "
+                     f"{', '.join(found.features) or 'none'}")
+        if spirv_headers() is None:
+            raise ToolchainError("the SPIR-V headers are not installed here",
+                                 why="ggml-vulkan's CMake needs find_package(SPIRV-Headers CONFIG)",
+                                 fix="install them (Debian/Ubuntu: apt-get install spirv-headers; or the Vulkan SDK)")
+        if loader_path() is None:
+            raise ToolchainError("the Vulkan loader (libvulkan.so.1) is not installed here",
+                                 why="ggml-vulkan links against it (it is never bundled: each machine has its own)",
+                                 fix="install it (Debian/Ubuntu: apt-get install libvulkan1)")
+        return Prepared(root=include, toolchain={"glslc": found.version, "vulkan_headers": h.version})
+
+    def cmake_definitions(self, recipe: Recipe, *, platform: Platform, toolkit_root: Path | None) -> dict[str, str]:
+        found = recipe.host_glslc
+        defs = {"Vulkan_GLSLC_EXECUTABLE": found.path if found else "glslc"}
+        if toolkit_root is not None:
+            defs["Vulkan_INCLUDE_DIR"] = str(toolkit_root)
+        defs["Vulkan_LIBRARY"] = loader_path() or "libvulkan.so.1"
+        return defs
+
+    def after_configure(self, recipe: Recipe, configure_log: str) -> None:
+        """The shader extensions CMake found are the ones the key holds (else the key would lie)."""
+        found = recipe.host_glslc
+        seen = configured_features(configure_log)
+        if found is None or seen is None:
+            return
+        if seen != found.features:
+            raise BuildError("ggml-vulkan's configure step found other shader extensions than the key holds",
+                             why=f"CMake: {', '.join(seen) or 'none'}; probed before the build: "
+                                 f"{', '.join(found.features) or 'none'}",
+                             fix="check that CMake uses the glslc first on PATH (Vulkan_GLSLC_EXECUTABLE)")
+
+    def manifest_section(self, recipe: Recipe, stage: Path, *, platform: Platform,
+                         prepared: Prepared | None) -> dict[str, Any] | None:
+        assert recipe.vulkan is not None
+        key = recipe.vulkan_key()
+        return {"headers": key["headers"]["version"], "headers_sha256": key["headers"]["sha256"],
+                "glslc": key["glslc"]["version"], "glslc_versions": key["glslc"]["versions"],
+                "shader_extensions": key["glslc"]["features"]}
+
+    def check(self, root: Path, manifest: Manifest, *, platform: Platform) -> dict[str, str]:
+        """The module is there, bundle.json's section agrees with the key inputs, the loader is not bundled."""
+        lib = platform.library_file("ggml-vulkan")
+        if not (root / lib).is_file():
+            raise VerifyError(f"bundle.json declares Vulkan but the bundle has no {lib}", fix="rebuild the bundle")
+        loader = knowledge()["loader"].get(manifest.platform, "")
+        if any(f.path.lower() == loader.lower() for f in manifest.files):
+            raise VerifyError(f"the bundle carries {loader}", why="the Vulkan loader belongs to the machine's "
+                              "graphics stack (its drivers register with it)", fix="rebuild the bundle")
+        section = manifest.to_json().get("vulkan") or {}
+        inputs = manifest.inputs.get("vulkan")
+        recorded = (inputs or {}).get("glslc", {}).get("features") if isinstance(inputs, Mapping) else None
+        if recorded is not None and list(section.get("shader_extensions", [])) != list(recorded):
+            raise VerifyError("bundle.json's Vulkan shader extensions differ from its key inputs",
+                              fix="rebuild the bundle (the manifest was edited)")
+        exts = section.get("shader_extensions") or []
+        return {"vulkan": f"passed (glslc {section.get('glslc', '?')}; shader extensions: {', '.join(exts) or 'none'})"}
+
+    def device_present(self) -> bool:
+        """A Vulkan driver for a GPU is registered here (an ICD manifest other than a CPU implementation's)."""
+        info = knowledge()
+        cpu = info["cpu_drivers"]
+        for d in info["icd_dirs"]:
+            try:
+                names = os.listdir(d)
+            except OSError:
+                continue
+            if any(n.endswith(".json") and not any(fnmatch.fnmatch(n, p) for p in cpu) for n in names):
+                return loader_path() is not None and _gpu_icd_usable()
+        return False
+
+
+def _gpu_icd_usable() -> bool:
+    """An ICD manifest of a GPU driver is not proof of a GPU (Mesa installs radeon and intel manifests on any
+    machine): a GPU Vulkan driver counts when the kernel exposes a render node."""
+    return any(Path("/dev/dri").glob("renderD*")) or Path("/dev/nvidiactl").exists()
+
+
+VULKAN = Vulkan()
+

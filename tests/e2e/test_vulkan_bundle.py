@@ -1,0 +1,165 @@
+"""The Vulkan bundle, built for real here: the shipped recipe with the CPU variants cut to two (x64 and
+haswell: the Vulkan backend is what is under test; the 14 variants are the CPU e2e's), the pinned Debian
+headers downloaded by llamabundle, the shaders compiled by the glslc on PATH. Lavapipe (mesa-vulkan-drivers)
+is the Vulkan device: `verify --level load` passes with it, `--level gpu` is skipped with its reason (a CPU
+implementation is not a GPU), and the bundle's llama-server answers /completion with its model on Vulkan0.
+
+Needs glslc, libvulkan1 and mesa-vulkan-drivers (`.ci/run` installs them) and deb.debian.org (a package
+registry) for the headers, once: the download is cached."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .conftest import BUILD_TIMEOUT, REPO, run_cli
+from .tinymodel import write_tiny_qwen2
+
+SHIPPED = REPO / "recipes" / "linux-x86_64-vulkan.yaml"
+KEEP = ("x64", "haswell")
+LAVAPIPE = "/usr/share/vulkan/icd.d/lvp_icd.x86_64.json"
+
+pytestmark = pytest.mark.skipif(shutil.which("glslc") is None or not Path(LAVAPIPE).is_file()
+                                or not any(Path(d, "libvulkan.so.1").exists() for d in ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu")),
+                                reason="needs glslc, libvulkan1 and mesa-vulkan-drivers (.ci/run installs them)")
+
+
+def small_recipe(dest: Path) -> Path:
+    """The shipped Vulkan recipe with two CPU variants; the same text every run (so the same key and build tree)."""
+    from llamabundle import data
+
+    drop = [v for v in data.build_knowledge()["cpu_variants"]["x86_64"] if v not in KEEP]
+    text = SHIPPED.read_text(encoding="utf-8").replace("name: linux-x86_64-vulkan", "name: linux-x86_64-vulkan-e2e")
+    text += f"cpu_variants: {{exclude: [{', '.join(drop)}]}}\n"
+    dest.write_text(text, encoding="utf-8")
+    return dest
+
+
+@pytest.fixture(scope="module")
+def vulkan_build(e2e_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    d = tmp_path_factory.mktemp("vulkan")
+    recipe = small_recipe(d / "vulkan.yaml")
+    t0 = time.monotonic()
+    build = run_cli("build", recipe, "--store", d / "store", "--out", d / "bundle", "--json", env=e2e_env,
+                    timeout=BUILD_TIMEOUT)
+    if build.returncode != 0:
+        pytest.fail(f"llamabundle build failed ({build.returncode}):\n{build.stderr[-6000:]}")
+    result = json.loads(build.stdout)
+    print(f"\nvulkan e2e build: {time.monotonic() - t0:.0f} s, {result['compiled']} edges compiled; "
+          f"zip {Path(result['zip']).stat().st_size} bytes")
+    return {"dir": d, "recipe": recipe, "result": result, "bundle": d / "bundle", "stderr": build.stderr}
+
+
+def test_bundle_records_the_vulkan_inputs(vulkan_build: dict[str, Any]) -> None:
+    manifest = json.loads((vulkan_build["bundle"] / "bundle.json").read_text())
+    assert manifest["backends"] == ["cpu", "vulkan"]
+    glslc = subprocess.run(["glslc", "--version"], capture_output=True, text=True, check=True).stdout
+    shaderc = glslc.split()[1]
+    assert manifest["vulkan"]["glslc"] == shaderc == manifest["inputs"]["vulkan"]["glslc"]["version"]
+    assert manifest["vulkan"]["headers"] == "1.4.309"
+    assert manifest["vulkan"]["shader_extensions"] == manifest["inputs"]["vulkan"]["glslc"]["features"]
+    names = {f["path"]: f for f in manifest["files"]}
+    assert "libggml-vulkan.so" in names and names["libggml-vulkan.so"]["origin"] == "build"
+    assert "libvulkan.so.1" not in names, "the Vulkan loader is the machine's, never bundled"
+    assert "libvulkan.so.1" in manifest["system_deps"]
+    # The extensions CMake found are the ones the key holds (checked by the build; shown in its log).
+    log = next(Path(vulkan_build["result"]["build_dir"]).glob("llamabundle-build.log"), None) \
+        if vulkan_build["result"].get("build_dir") else None
+    if log is not None and "supported by glslc" in log.read_text():
+        found = sorted(line.split()[1] for line in log.read_text().splitlines()
+                       if line.startswith("-- GL_") and line.endswith(" supported by glslc") and " not " not in line)
+        assert found == manifest["vulkan"]["shader_extensions"]
+
+
+def test_verify_load_passes_with_lavapipe_and_gpu_is_skipped(vulkan_build: dict[str, Any], e2e_env: dict[str, str]) -> None:
+    zip_path = vulkan_build["result"]["zip"]
+    load = run_cli("verify", zip_path, "--level", "load", "--json", env=e2e_env)
+    assert load.returncode == 0, load.stderr
+    report = json.loads(load.stdout)
+    assert report["levels"]["load"] == "passed"
+    assert report["backends_loaded"]["Vulkan"].endswith(":libggml-vulkan.so")
+    assert report["levels"]["vulkan"].startswith("passed")
+    gpu = run_cli("verify", zip_path, "--level", "gpu", "--json", env=e2e_env)
+    assert gpu.returncode == 0, gpu.stderr
+    level = json.loads(gpu.stdout)["levels"]["gpu"]
+    if Path("/dev/dri").exists() or Path("/dev/nvidiactl").exists():
+        pytest.skip(f"this machine has a GPU device node: gpu level said {level!r}")
+    assert level.startswith("skipped: ") and "Vulkan" in level, level
+    strict = run_cli("verify", zip_path, "--level", "gpu", "--require-gpu", env=e2e_env)
+    assert strict.returncode != 0 and "--require-gpu" in strict.stderr
+
+
+def _post(url: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        out: dict[str, Any] = json.loads(r.read())
+        return out
+
+
+def test_llama_server_completes_on_the_vulkan_device(vulkan_build: dict[str, Any], e2e_env: dict[str, str],
+                                                    tmp_path: Path) -> None:
+    """The bundle's own llama-server, the model offloaded to Vulkan0 (lavapipe, made visible to ggml)."""
+    bundle = vulkan_build["bundle"]
+    commit = json.loads((bundle / "bundle.json").read_text())["llama_cpp"]["commit"]
+    model = write_tiny_qwen2(Path(e2e_env["LLAMABUNDLE_CACHE_DIR"]) / "src" / commit, tmp_path / "tiny.gguf")
+    port = _free_port()
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "GGML_VK_VISIBLE_DEVICES": "0",
+           "VK_DRIVER_FILES": LAVAPIPE}
+    log = tmp_path / "server.log"
+    with open(log, "w") as out:
+        server = subprocess.Popen([str(bundle / "llama-server"), "-m", str(model), "--device", "Vulkan0", "-ngl", "99",
+                                   "--host", "127.0.0.1", "--port", str(port), "-c", "256", "--no-webui"],
+                                  env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        _wait_ready(port, server, log)
+        got = _post(f"http://127.0.0.1:{port}/completion", {"prompt": "Hello", "n_predict": 8, "temperature": 0},
+                    timeout=300)
+        assert got["tokens_predicted"] == 8 and isinstance(got["content"], str)
+        text = log.read_text(errors="replace")
+        assert "loaded Vulkan backend from" in text and str(bundle) in text
+        assert "Vulkan0" in text and "llvmpipe" in text, text[-3000:]
+        assert "offloaded" in text and "layers to GPU" in text, text[-3000:]
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _wait_ready(port: int, server: subprocess.Popen[bytes], log: Path, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            pytest.fail(f"llama-server exited with {server.returncode}:\n{log.read_text(errors='replace')[-4000:]}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(1)
+    pytest.fail(f"llama-server was not ready in {timeout:.0f}s:\n{log.read_text(errors='replace')[-4000:]}")
+
+
+if __name__ == "__main__":  # write the e2e recipe (to build it ahead of the test run): python -m tests.e2e.test_vulkan_bundle OUT
+    print(small_recipe(Path(sys.argv[1])))
+    os._exit(0)
