@@ -44,6 +44,11 @@ def _print_probe(r: probe_mod.ProbeResult) -> None:
     click.echo(f"reason   {r.reason}")
     click.echo(f"why      {r.sentence}" + (" (cached)" if r.cached else ""))
     click.echo(f"fix      {r.fix}")
+    for gpu in r.facts.get("gpu_devices") or []:
+        click.echo(f"gpu      {gpu['name']}: {', '.join(gpu['devices'])}")
+    if r.facts.get("server_args"):
+        env = " ".join(f"{k}={v!r}" if v == "" else f"{k}={v}" for k, v in (r.facts.get("server_env") or {}).items())
+        click.echo(f"run      {env + ' ' if env else ''}llama-server {' '.join(r.facts['server_args'])} …")
 
 
 @click.command("probe")
@@ -54,12 +59,15 @@ def _print_probe(r: probe_mod.ProbeResult) -> None:
 @click.option("--ngl", type=click.IntRange(0), metavar="N", help="The planned -ngl: 0 means cuda_gpu_layers_zero.")
 @click.option("--max-age", type=click.FloatRange(0), default=DEFAULT_TTL, show_default=True,
               help="Reuse a cached result younger than this many seconds (0: probe now).")
+@click.option("--prefer", type=click.Choice(["cuda", "vulkan", "cpu"]),
+              help="Use this backend when it works here (default: CUDA on NVIDIA when its checks pass, else Vulkan, else CPU).")
 @pass_ctx
 def probe_cmd(c: Ctx, as_json: bool, bundle: Path | None, dest: Path | None, nvidia_smi: str | None, ngl: int | None,
-              max_age: float) -> None:
-    """Which backend will run (cuda or cpu) and why: one reason code with a sentence and a fix."""
+              max_age: float, prefer: str | None) -> None:
+    """Which backend will run (cuda, vulkan or cpu) and why: one reason code with a sentence and a fix, the
+    GPUs the bundle sees (one physical GPU once) and the llama-server flags that select the backend."""
     r = probe_mod.with_gpu_layers(probe_mod.probe(root=install_mod.data_root(c.settings, dest), env=c.env, cache_dir=_cache(c), max_age=max_age,
-                              bundle=bundle, nvidia_smi=nvidia_smi), ngl)
+                              bundle=bundle, nvidia_smi=nvidia_smi, prefer=prefer), ngl)
     emit(r.to_json()) if as_json else _print_probe(r)
 
 

@@ -18,6 +18,7 @@ from ..data import load
 
 class Backend(StrEnum):
     CUDA = "cuda"
+    VULKAN = "vulkan"
     CPU = "cpu"
 
 
@@ -31,6 +32,11 @@ class Reason(StrEnum):
     CUDA_GPU_LAYERS_ZERO = "cuda_gpu_layers_zero"
     CUDA_BUNDLE_INSTALL_FAILED = "cuda_bundle_install_failed"
     BUNDLE_INVALID = "bundle_invalid"
+    VULKAN_OK = "vulkan_ok"
+    VULKAN_LOADER_MISSING = "vulkan_loader_missing"
+    VULKAN_UNAVAILABLE = "vulkan_unavailable"
+    VULKAN_NO_GPU = "vulkan_no_gpu"
+    CPU_PREFERRED = "cpu_preferred"
 
 
 @cache
@@ -39,7 +45,7 @@ def reasons() -> dict[str, Any]:
     assert set(table) == {r.value for r in Reason}, f"reasons.json and Reason differ: {set(table) ^ {r.value for r in Reason}}"
     for name, info in table.items():
         assert info["backend"] in {b.value for b in Backend} and info["sentence"] and info["fix"], name
-        assert (info["backend"] == "cuda") == (name == "ok"), name
+        assert (info["backend"] == "cuda") == (name == "ok") and (info["backend"] == "vulkan") == (name == "vulkan_ok"), name
     return table
 
 

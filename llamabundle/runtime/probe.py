@@ -1,5 +1,8 @@
 """Which backend will run, and why (DESIGN §8): NVIDIA GPU and driver, the driver against the bundle's floor,
-and the installed CUDA bundle's own `llama-server --verbose --list-devices`. One reason code per result.
+and the installed bundle's own `llama-server --verbose --list-devices`. One reason code per result. A bundle
+with several GPU backends (CPU + CUDA + Vulkan) runs CUDA on NVIDIA when its checks pass, else Vulkan when it
+lists a GPU, else the CPU (an explicit preference is honoured where that backend works); the result names
+why the others were not chosen, the GPUs seen (one physical GPU once), and the llama-server flags.
 
 What nvidia-smi and the kernel driver's version file say is checked before it is believed: a driver version
 is 2-4 dot-separated numbers (580.65.06, 572.61), a memory size a whole number of MiB (or [N/A]), a name is
@@ -247,6 +250,16 @@ def with_gpu_layers(result: ProbeResult, ngl: int | None) -> ProbeResult:
     return replace(result, facts=facts)
 
 
+def gpu_candidate(root: Path, *, nvidia: bool = True) -> Installed | None:
+    """The installed bundle for this machine to probe: the most recent one with a GPU backend, one with CUDA
+    first where an NVIDIA GPU is present."""
+    host = platforms.host_name()
+    found = [i for i in list_installed(root) if i.manifest.platform == host and
+             any(b.gpu for b in backends.of(tuple(i.backends)))]
+    with_cuda = [i for i in found if "cuda" in i.backends]
+    return max((with_cuda if nvidia and with_cuda else found), key=lambda i: i.installed_at, default=None)
+
+
 def cuda_candidate(root: Path) -> Installed | None:
     """The most recently installed bundle with a CUDA backend for this machine."""
     host = platforms.host_name()
@@ -256,66 +269,171 @@ def cuda_candidate(root: Path) -> Installed | None:
 
 def probe(*, root: Path, env: Mapping[str, str], cache_dir: Path | None = None, max_age: float = 0.0,
           bundle: Path | None = None, nvidia_smi: str | None = None, proc_version: Path | None = PROC_VERSION,
-          smi_timeout: float = SMI_TIMEOUT) -> ProbeResult:
-    """Probe now, or return the cached result when it is younger than max_age and about the same bundle.
-    `bundle` is an unpacked bundle directory to probe instead of the installed CUDA one."""
+          smi_timeout: float = SMI_TIMEOUT, prefer: str | None = None) -> ProbeResult:
+    """Probe now, or return the cached result when it is younger than max_age and about the same bundle (and
+    preference). `bundle` is an unpacked bundle directory to probe instead of the installed one; `prefer`
+    (cuda, vulkan, cpu) is honoured when that backend works here."""
     target: tuple[Path, Manifest] | None
     if bundle is not None:
         target = (bundle.resolve(), read_manifest(bundle))
-    else:
-        inst = cuda_candidate(root)
+    else:  # NVIDIA's driver, cheaply (nvidia-smi runs after the token is taken): its CUDA bundle first
+        nvidia = bool(proc_version is not None and proc_version.exists()) or \
+            bool(nvidia_smi or shutil.which("nvidia-smi", path=env.get("PATH")))
+        inst = gpu_candidate(root, nvidia=nvidia)
         target = (inst.path, inst.manifest) if inst is not None else None
-    context = {"bundle_dir": str(target[0]) if target else None, "bundle_key": target[1].key if target else None}
+    context = {"bundle_dir": str(target[0]) if target else None, "bundle_key": target[1].key if target else None,
+               "prefer": prefer}
     if cache_dir is not None and max_age > 0:
         last = read_cached(cache_dir)
         if last is not None and 0 <= time.time() - last.probed_at < max_age and \
                 {k: last.facts.get(k) for k in context} == context:
             return replace(last, cached=True)
     token = take_token(cache_dir) if cache_dir is not None else 0
-    result = _probe_now(target, context, env=env, nvidia_smi=nvidia_smi, proc_version=proc_version,
-                        smi_timeout=smi_timeout, token=token, started=int(time.time()),
+    scan = scan_gpus(env=env, nvidia_smi=nvidia_smi, proc_version=proc_version, timeout=smi_timeout)
+    result = _probe_now(target, context, scan=scan, token=token, started=int(time.time()), prefer=prefer,
                         wine_prefix=cache_dir / "wine" if cache_dir is not None else None)
     if cache_dir is not None:
         store_result(cache_dir, result)
     return result
 
 
-def _probe_now(target: tuple[Path, Manifest] | None, context: dict[str, Any], *, env: Mapping[str, str],
-               nvidia_smi: str | None, proc_version: Path | None, smi_timeout: float, token: int,
-               started: int, wine_prefix: Path | None) -> ProbeResult:
-    scan = scan_gpus(env=env, nvidia_smi=nvidia_smi, proc_version=proc_version, timeout=smi_timeout)
+def pair_devices(devices: list[str]) -> list[dict[str, Any]]:
+    """One entry per physical GPU: the same GPU seen through CUDA and Vulkan (`CUDA0: NVIDIA H200 (…)`,
+    `Vulkan0: NVIDIA H200 (…)`) pairs by name, in order (llama.cpp itself skips the second one by PCI id when
+    it loads a model)."""
+    gpus: list[dict[str, Any]] = []
+    for line in devices:
+        dev, _, desc = line.partition(": ")
+        name = re.sub(r"\s*\([^()]*MiB[^()]*\)\s*$", "", desc).strip()
+        family = re.sub(r"\d+$", "", dev)
+        same = next((g for g in gpus if g["name"] == name and not any(re.sub(r"\d+$", "", d) == family
+                                                                       for d in g["devices"])), None)
+        if same is None:
+            gpus.append({"name": name, "devices": [dev]})
+        else:
+            same["devices"].append(dev)
+    return gpus
+
+
+def server_flags(chosen: Backend, manifest: Manifest, device: str | None) -> tuple[list[str], dict[str, str]]:
+    """The llama-server arguments and environment that make it use `chosen` (and hide the other GPU backends)."""
+    has = set(manifest.backends)
+    env: dict[str, str] = {}
+    if chosen is Backend.CPU:
+        return ["--device", "none"], env
+    if chosen is Backend.CUDA and "vulkan" in has:
+        env["GGML_VK_VISIBLE_DEVICES"] = ""  # set and empty: ggml-vulkan takes no device
+    if chosen is Backend.VULKAN and "cuda" in has:
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    return ["--device", device or f"{'CUDA' if chosen is Backend.CUDA else 'Vulkan'}0"], env
+
+
+def _probe_now(target: tuple[Path, Manifest] | None, context: dict[str, Any], *, scan: GpuScan, token: int,
+               started: int, wine_prefix: Path | None, prefer: str | None = None) -> ProbeResult:
     facts: dict[str, Any] = {**scan.to_json(), **context, "host": platforms.host_name()}
     facts["gpu"] = ", ".join(g.name for g in scan.gpus) or ("an NVIDIA GPU" if scan.present else None)
 
     def done(reason: Reason, **more: Any) -> ProbeResult:
-        return ProbeResult.make(reason, {**facts, **more}, token=token, probed_at=started)
+        result = ProbeResult.make(reason, {**facts, **more}, token=token, probed_at=started)
+        if target is not None:
+            device = {Backend.CUDA: more.get("cuda_device"), Backend.VULKAN: more.get("device")}.get(result.backend)
+            args, env = server_flags(result.backend, target[1], device if isinstance(device, str) else None)
+            result = replace(result, facts={**result.facts, "server_args": args, "server_env": env})
+        return result
 
-    if not scan.present:
-        return done(Reason.GPU_MISSING, detail=scan.error or "no NVIDIA driver found")
-    if target is None or "cuda" not in target[1].backends:
-        return done(Reason.BINARY_MISSING_NVIDIA_DETECTED)
+    gpu_backends = {b.name for b in backends.of(target[1].backends) if b.gpu} if target else set()
+    if target is None or not gpu_backends:
+        return done(Reason.BINARY_MISSING_NVIDIA_DETECTED if scan.present else Reason.GPU_MISSING,
+                    **({} if scan.present else {"detail": scan.error or "no NVIDIA driver found"}))
     root, manifest = target
+    facts.update(bundle=f"{manifest.name} ({manifest.key[:12]})")
+    listed: dict[str, Any] = {}
+
+    def list_devices() -> VerifyReport | VerifyError:
+        """verify's own run of llama-server --verbose --list-devices (clean env, timeout), once."""
+        if "report" not in listed:
+            report = VerifyReport(path=str(root), key=manifest.key, platform=manifest.platform, files=0, bytes=0)
+            try:
+                check_load(root, manifest, report, wine_prefix=wine_prefix)
+                listed["report"] = report
+                facts.update(backends_loaded=report.backends_loaded, devices=report.devices,
+                             gpu_devices=pair_devices([d for d in report.devices if not d.startswith("CPU")]))
+            except VerifyError as e:
+                listed["report"] = e
+        out: VerifyReport | VerifyError = listed["report"]
+        return out
+
+    cuda = _cuda_verdict(manifest, scan, facts, list_devices) if "cuda" in gpu_backends else None
+    vulkan = _vulkan_verdict(list_devices) if "vulkan" in gpu_backends else None
+    if prefer == "cpu":
+        working = next((v for v in (cuda, vulkan) if v is not None and v[0] in (Reason.OK, Reason.VULKAN_OK)), None)
+        return done(Reason.CPU_PREFERRED, device=(working[1].get("device") or working[1].get("cuda_device")) if working
+                    else "none works here", **(working[1] if working else {}))
+    if vulkan is not None and vulkan[0] is Reason.VULKAN_OK and (prefer == "vulkan" or cuda is None or cuda[0] is not Reason.OK):
+        not_cuda = ("Vulkan was asked for" if prefer == "vulkan" and cuda is not None and cuda[0] is Reason.OK else
+                    "the bundle has no CUDA backend" if cuda is None else
+                    f"CUDA is not used: {explain(cuda[0], {**facts, **cuda[1]})[0]}")
+        return done(Reason.VULKAN_OK, not_cuda=not_cuda, cuda_reason=cuda[0].value if cuda else None, **vulkan[1])
+    if cuda is not None and (cuda[0] is not Reason.GPU_MISSING or vulkan is None):
+        return done(cuda[0], vulkan_reason=vulkan[0].value if vulkan else None, **cuda[1],
+                    **({"vulkan_detail": vulkan[1].get("detail")} if vulkan else {}))
+    assert vulkan is not None
+    return done(vulkan[0], cuda_reason=cuda[0].value if cuda else None, **vulkan[1])
+
+
+Verdict = tuple[Reason, dict[str, Any]]
+
+
+def _cuda_verdict(manifest: Manifest, scan: GpuScan, facts: dict[str, Any],
+                  list_devices: Any) -> Verdict:
+    """CUDA's checks, in order: an NVIDIA GPU, the driver against the bundle's floor, the backend loading
+    from the bundle and listing its device."""
+    if not scan.present:
+        return Reason.GPU_MISSING, {"detail": scan.error or "no NVIDIA driver found"}
     floor = manifest.cuda.driver_floor if manifest.cuda is not None else None
-    facts.update(bundle=f"{manifest.name} ({manifest.key[:12]})", floor=floor)
+    facts.update(floor=floor)
     if floor and not is_driver_version(floor):
-        return done(Reason.BUNDLE_INVALID, detail=f"its bundle.json records the driver floor {floor[:40]!r}, "
-                                                  "which is not a driver version")
+        return Reason.BUNDLE_INVALID, {"detail": f"its bundle.json records the driver floor {floor[:40]!r}, "
+                                                 "which is not a driver version"}
     if floor and scan.driver and driver_older(scan.driver, floor):
-        return done(Reason.DRIVER_TOO_OLD)
-    report = VerifyReport(path=str(root), key=manifest.key, platform=manifest.platform, files=0, bytes=0)
-    try:
-        check_load(root, manifest, report, wine_prefix=wine_prefix)  # verify's own run of llama-server --verbose --list-devices, clean env, timeout
-    except VerifyError as e:
-        return done(Reason.CUDA_STARTUP_FAILED, detail=e.what + (f" ({e.why})" if e.why else ""), output=e.details)
-    facts.update(backends_loaded=report.backends_loaded, devices=report.devices)
+        return Reason.DRIVER_TOO_OLD, {}
+    report = list_devices()
+    if isinstance(report, VerifyError):
+        return Reason.CUDA_STARTUP_FAILED, {"detail": report.what + (f" ({report.why})" if report.why else ""),
+                                            "output": report.details}
     if report.levels.get("load", "").startswith("skipped"):
-        return done(Reason.CUDA_STARTUP_FAILED, detail=report.levels["load"].removeprefix("skipped: "))
+        return Reason.CUDA_STARTUP_FAILED, {"detail": report.levels["load"].removeprefix("skipped: ")}
     cuda = backends.get("cuda")  # what the loader and --list-devices call it
     if cuda.loader_name not in report.backends_loaded:
-        return done(Reason.CUDA_UNAVAILABLE, detail="the CUDA backend did not load")
-    if not any(d.startswith(cuda.loader_name) for d in report.devices):
-        return done(Reason.CUDA_UNAVAILABLE, detail="the CUDA backend loaded but listed no device")
-    return done(Reason.OK)
+        return Reason.CUDA_UNAVAILABLE, {"detail": "the CUDA backend did not load"}
+    dev = next((d for d in report.devices if d.startswith(cuda.loader_name)), None)
+    if dev is None:
+        return Reason.CUDA_UNAVAILABLE, {"detail": "the CUDA backend loaded but listed no device"}
+    return Reason.OK, {"cuda_device": dev.split(":", 1)[0]}
+
+
+def _vulkan_verdict(list_devices: Any) -> Verdict:
+    """Vulkan's checks: the system loader, the backend loading from the bundle (a registered driver), a GPU
+    listed (ggml-vulkan lists no CPU implementation)."""
+    from ..backends.vulkan import loader_path
+
+    if loader_path() is None:
+        return Reason.VULKAN_LOADER_MISSING, {"detail": "libvulkan.so.1 is not installed"}
+    report = list_devices()
+    if isinstance(report, VerifyError):
+        return Reason.VULKAN_UNAVAILABLE, {"detail": report.what + (f" ({report.why})" if report.why else ""),
+                                           "output": report.details}
+    if report.levels.get("load", "").startswith("skipped"):
+        return Reason.VULKAN_UNAVAILABLE, {"detail": report.levels["load"].removeprefix("skipped: ")}
+    vk = backends.get("vulkan")
+    if vk.loader_name not in report.backends_loaded:
+        return Reason.VULKAN_UNAVAILABLE, {"detail": "no Vulkan driver (ICD) could be loaded: the backend says nothing "
+                                                     "in a release build"}
+    dev = next((d for d in report.devices if d.startswith(vk.loader_name)), None)
+    if dev is None:
+        return Reason.VULKAN_NO_GPU, {"detail": "only a CPU implementation, or no device, is registered"}
+    name, _, desc = dev.partition(": ")
+    return Reason.VULKAN_OK, {"device": name, "device_name": re.sub(r"\s*\([^()]*MiB[^()]*\)\s*$", "", desc)}
 
 
 # ------------------------------------------------------------------------------------ cache + tokens

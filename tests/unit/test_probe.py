@@ -60,6 +60,17 @@ SERVERS = {  # llama-server --verbose --list-devices, as llama.cpp answers it (s
     "outside": _HEAD + b'echo "load_backend: loaded CUDA backend from /usr/lib/libggml-cuda.so" >&2\n' + CPU_LOADED
                + b'echo "Available devices:"\necho "  CUDA0: NVIDIA H200 (143155 MiB, 142629 MiB free)"\n',
     "hang": b"#!/bin/sh\nexec sleep 60\n",
+    # CPU + CUDA + Vulkan bundles: one H200 seen through both GPU backends; an AMD GPU through Vulkan only;
+    # lavapipe only (ggml-vulkan lists no CPU implementation); no Vulkan driver at all (the backend is silent)
+    "both": _HEAD + CUDA_LOADED + b'echo "load_backend: loaded Vulkan backend from $d/libggml-vulkan.so" >&2\n' + CPU_LOADED
+            + b'echo "Available devices:"\necho "  CUDA0: NVIDIA H200 (143155 MiB, 142629 MiB free)"\n'
+              b'echo "  Vulkan0: NVIDIA H200 (143155 MiB, 143155 MiB free)"\n',
+    "vulkan_amd": _HEAD + b'echo "load_backend: loaded Vulkan backend from $d/libggml-vulkan.so" >&2\n' + CPU_LOADED
+                  + b'echo "Available devices:"\necho "  Vulkan0: AMD Radeon RX 7900 XTX (RADV NAVI31) (24560 MiB, 24000 MiB free)"\n',
+    "vulkan_lavapipe": _HEAD + b'echo "ggml_vulkan: No devices found." >&2\n'
+                       + b'echo "load_backend: loaded Vulkan backend from $d/libggml-vulkan.so" >&2\n' + CPU_LOADED
+                       + b'echo "Available devices:"\n',
+    "vulkan_silent": _HEAD + CPU_LOADED + b'echo "Available devices:"\n',
 }
 
 
@@ -74,6 +85,8 @@ def make_stage(tmp: Path, *, name: str = NAME, server: str = "ok", backends: tup
              "LICENSE": (b"MIT License\n", "license")}
     if "cuda" in backends:
         files["libggml-cuda.so"] = (b"cuda backend " + salt.encode() + b"\n", "backend")
+    if "vulkan" in backends:
+        files["libggml-vulkan.so"] = (b"vulkan backend\n", "backend")
     for rel, (data, _role) in files.items():
         (stage / rel).write_bytes(data)
     (stage / "llama-server").chmod(0o755)
