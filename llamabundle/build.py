@@ -251,6 +251,35 @@ def run_build(plan: BuildPlan, *, log: Log, env: Mapping[str, str], clean: bool 
     return BuildResult(plan=plan, log_path=log_path, compiler=compiler_of(bd), compiled=compiled)
 
 
+OPS_TOOL = "test-backend-ops"
+
+
+def build_ops_tool(plan: BuildPlan, dest: Path, *, log: Log, env: Mapping[str, str], timeout: float | None = None) -> Path:
+    """llama.cpp's test-backend-ops from the bundle's own build tree (for verify --level ops; never in the
+    bundle): the tree is configured again with LLAMA_BUILD_TESTS=ON, which adds the tests and changes no
+    flag of what the bundle holds (nothing of it is recompiled), and the tool is copied to `dest`."""
+    configure = [a for a in plan.configure if not a.startswith("-DLLAMA_BUILD_TESTS=")] + ["-DLLAMA_BUILD_TESTS=ON"]
+    env = {**env, **dict(plan.env)}
+    log_path = plan.build_dir / LOG_NAME
+    fix = f"read the full log at {log_path}"
+    with log.step(f"{OPS_TOOL} (for verify --level ops; not in the bundle)"):
+        proc.run(configure, log=log, error=BuildError, what="cmake configure (with the tests) failed",
+                 label="cmake configure", fix=fix, env=env, log_path=log_path, timeout=timeout)
+        build = [plan.build[0], "--build", str(plan.build_dir), "--target", OPS_TOOL,
+                 *plan.build[plan.build.index("--parallel"):][:2]] if "--parallel" in plan.build else \
+            [plan.build[0], "--build", str(plan.build_dir), "--target", OPS_TOOL]
+        proc.run(build, log=log, error=BuildError, what=f"building {OPS_TOOL} failed", label=f"build {OPS_TOOL}",
+                 fix=fix, env=env, log_path=log_path, timeout=timeout)
+        exe = plan.output_dir / (OPS_TOOL + (".exe" if plan.programs and plan.programs[0].endswith(".exe") else ""))
+        if not exe.is_file():
+            raise BuildError(f"the build did not produce {exe.name}", why=f"expected it in {plan.output_dir}")
+        tmp = dest.with_name(dest.name + ".partial")
+        shutil.copy2(exe, tmp)
+        tmp.replace(dest)
+        log.info(f"    {dest} ({dest.stat().st_size / 1e6:.1f} MB)")
+    return dest
+
+
 def compiler_of(build_dir: Path) -> str:
     """'GNU 12.2.0' from CMake's own record of the C++ compiler it used."""
     for f in sorted(build_dir.glob("CMakeFiles/*/CMakeCXXCompiler.cmake")):

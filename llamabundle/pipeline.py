@@ -12,7 +12,7 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
-from . import backends, cache, platforms, repro, scratch
+from . import backends, cache, opscheck, platforms, repro, scratch
 from . import bundle as bundle_mod
 from . import source as source_mod
 from .archive import _tmp_beside, extract_zip
@@ -21,6 +21,7 @@ from .build import (
     BuildPlan,
     BuildResult,
     BuildTools,
+    build_ops_tool,
     plan_build,
     resolve_tools,
     run_build,
@@ -54,6 +55,7 @@ class BuildOutcome:
     bundled_libs: dict[str, str] = field(default_factory=dict)
     compiled: int = 0
     reproducible: dict[str, Any] | None = None  # with --check-reproducible: the zip sha256 both builds gave
+    ops_tool: Path | None = None  # with --ops-tool: test-backend-ops from the same build tree, beside the zip
 
     def to_json(self, *, fetch: bool = False) -> dict[str, Any]:
         """build --json (fetch=True: fetch --json, without what only a build has)."""
@@ -62,7 +64,7 @@ class BuildOutcome:
         if fetch:
             return out
         return {**out, "hit": self.hit, "bundled_libs": self.bundled_libs, "compiled": self.compiled,
-                "reproducible": self.reproducible}
+                "reproducible": self.reproducible, "ops_tool": str(self.ops_tool) if self.ops_tool else None}
 
 
 def sweep_cache(settings: Settings) -> None:
@@ -88,12 +90,14 @@ def verify_level_for(platform: str) -> Level:
 
 def build(recipe: Recipe, *, settings: Settings, store: Store, log: Log, env: Mapping[str, str], force: bool = False,
           publish: bool = True, out: Path | None = None, jobs: int | None = None, clean: bool = False,
-          toolkit_source: str | None = None, check_reproducible: bool = False) -> BuildOutcome:
-    """Fetch the recipe's bundle from the store, or build it. `check_reproducible` builds it (again, even on a
+          toolkit_source: str | None = None, check_reproducible: bool = False, ops_tool: bool = False) -> BuildOutcome:
+    """Fetch the recipe's bundle from the store, or build it. `ops_tool` builds it (even on a hit) and llama.cpp's
+    test-backend-ops from the same tree beside the zip (`<zip>.test-backend-ops`, for verify --level ops).
+    `check_reproducible` builds it (again, even on a
     hit), then a second time from a copy of the source at another path in a fresh build directory, and
     fails (exit 5) naming the files that differ and where, unless both zips are byte-identical."""
     key = recipe.key()
-    force = force or check_reproducible
+    force = force or check_reproducible or ops_tool
     _check_out(out)
     sweep_cache(settings)
     if not force:
@@ -122,14 +126,14 @@ def build(recipe: Recipe, *, settings: Settings, store: Store, log: Log, env: Ma
                 return _from_store(entry, store=store, settings=settings, log=log, out=out, expect=expect_for(recipe))
         return _build_locked(recipe, key=key, settings=settings, store=store, log=log, env=env, publish=publish,
                              out=out, jobs=jobs, clean=clean, toolkit_source=toolkit_source,
-                             check_reproducible=check_reproducible)
+                             check_reproducible=check_reproducible, ops_tool=ops_tool)
     finally:
         lock.release()
 
 
 def _build_locked(recipe: Recipe, *, key: str, settings: Settings, store: Store, log: Log, env: Mapping[str, str],
                   publish: bool, out: Path | None, jobs: int | None, clean: bool,
-                  toolkit_source: str | None, check_reproducible: bool = False) -> BuildOutcome:
+                  toolkit_source: str | None, check_reproducible: bool = False, ops_tool: bool = False) -> BuildOutcome:
     platform = platforms.get(recipe.platform)
     toolchain = platform.setup_toolchain(recipe, env=env, log=log)  # before anything starts: the compiler the key names
     env = {**env, **toolchain.env}
@@ -162,6 +166,9 @@ def _build_locked(recipe: Recipe, *, key: str, settings: Settings, store: Store,
     manifest, collected, report = assemble(made, plan, result, out_zip, toolchain=toolchain, settings=settings, log=log)
     outcome = BuildOutcome(key=key, hit=False, zip_path=out_zip, manifest=manifest, verify=report, store=store.url,
                            bundled_libs={k: str(v) for k, v in collected.bundled.items()}, compiled=result.compiled)
+    if ops_tool:
+        outcome.ops_tool = build_ops_tool(plan, opscheck.sibling_tool(out_zip), log=log, env=build_env,
+                                          timeout=settings.build_timeout)
     if check_reproducible:
         outcome.reproducible = repro.rebuild_elsewhere(made, out_zip, toolchain=toolchain, jobs=jobs, cache_dir=settings.cache_dir,
                                                        build_timeout=settings.build_timeout, log=log, env=build_env)

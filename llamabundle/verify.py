@@ -13,16 +13,18 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from . import backends, cache, platforms, scratch
+from . import backends, cache, opscheck, platforms, proc, scratch
 from . import bundle as bundle_mod
 from .bundle.manifest import ANYTHING, Expect, Manifest
 from .errors import LlamaBundleError, UsageError, VerifyError
+from .platforms.base import run_list_devices
 
 
 class Level(StrEnum):
     STATIC = "static"  # manifest, imports, RUNPATH, GPU architectures
     LOAD = "load"  # + llama-server --list-devices loads the CPU backend from inside a copy
     GPU = "gpu"  # + a GPU backend came from inside the copy and listed its device
+    OPS = "ops"  # + llama.cpp's test-backend-ops, run from inside the copy, agrees with the CPU backend on each GPU device
 
 
 @dataclass(kw_only=True)
@@ -35,6 +37,7 @@ class VerifyReport:
     levels: dict[str, str] = field(default_factory=dict)  # level -> passed | skipped: reason
     backends_loaded: dict[str, str] = field(default_factory=dict)
     devices: list[str] = field(default_factory=list)
+    ops: list[dict[str, Any]] = field(default_factory=list)  # the ops level: per device, counts and failing cases
 
     def to_json(self) -> dict[str, Any]:
         return {"schema": 1, **asdict(self)}
@@ -44,6 +47,8 @@ class VerifyReport:
         out = [f"{level}: {result}" for level, result in self.levels.items()]
         out += [f"{name} backend loaded from {where}" for name, where in self.backends_loaded.items()]
         out += [f"device {dev}" for dev in self.devices]
+        out += [f"ops {o['device']}: {o['passed']} passed, {o['failed']} failed, {o['not_supported']} not supported "
+                f"({', '.join(o['ops_run'])}; {o['seconds']:.0f}s)" for o in self.ops]
         return out
 
 
@@ -97,7 +102,8 @@ def sweep_scratch(cache_dir: Path) -> None:
 
 def verify_bundle(path: Path, *, level: Level, cache_dir: Path, require_gpu: bool = False,
                   wine_prefix: Path | None = None, expect: Expect = ANYTHING,
-                  verified: list[Manifest] | None = None) -> VerifyReport:
+                  verified: list[Manifest] | None = None, ops_tool: Path | None = None,
+                  ops_budget: float | None = None) -> VerifyReport:
     """Verify a bundle zip or directory up to `level`, trusting it (manifest.trust) against `expect`. Raises
     VerifyError naming what failed (UsageError: a path that is missing or cannot be read). Messages name
     `path`, never the temporary copy, which lies in `<cache_dir>/tmp` (a Windows bundle loads under Wine in
@@ -125,7 +131,8 @@ def verify_bundle(path: Path, *, level: Level, cache_dir: Path, require_gpu: boo
                 else:
                     root = path
             report = verify_unpacked(root, manifest, check, level=level, require_gpu=require_gpu, label=str(path),
-                                     wine_prefix=wine_prefix)
+                                     wine_prefix=wine_prefix, ops_tool=ops_tool or opscheck.sibling_tool(path),
+                                     ops_budget=ops_budget)
         except LlamaBundleError as e:
             naming.error(e)
             raise
@@ -157,7 +164,8 @@ def _check_readable(path: Path) -> None:
 
 
 def verify_unpacked(root: Path, manifest: Manifest, check: bundle_mod.ContentCheck, *, level: Level,
-                    require_gpu: bool = False, label: str, wine_prefix: Path | None = None) -> VerifyReport:
+                    require_gpu: bool = False, label: str, wine_prefix: Path | None = None,
+                    ops_tool: Path | None = None, ops_budget: float | None = None) -> VerifyReport:
     """The levels above the manifest, on a bundle directory whose contents were just checked (`check`),
     asked of the bundle's platform and backends. The load level runs the binaries in `root`: pass a copy,
     or a directory of one's own."""
@@ -171,9 +179,43 @@ def verify_unpacked(root: Path, manifest: Manifest, check: bundle_mod.ContentChe
         report.levels.update(backend.check(root, manifest, platform=platform))
     if level is not Level.STATIC:
         check_load(root, manifest, report, wine_prefix=wine_prefix)
-    if level is Level.GPU:
+    if level in (Level.GPU, Level.OPS):
         check_gpu(manifest, report, require_gpu=require_gpu)
+    if level is Level.OPS:
+        check_ops(root, manifest, report, tool=ops_tool, budget=ops_budget or opscheck.DEFAULT_BUDGET)
     return report
+
+
+def check_ops(root: Path, manifest: Manifest, report: VerifyReport, *, tool: Path | None, budget: float) -> None:
+    """test-backend-ops from inside `root` against every GPU device the bundle lists (with the caller's
+    GGML_VK_VISIBLE_DEVICES / CUDA_VISIBLE_DEVICES: GGML_VK_VISIBLE_DEVICES=0 makes lavapipe a device here),
+    each compared with the bundle's CPU backend. Fails naming the failing cases."""
+    if report.levels.get("load", "").startswith("skipped"):
+        report.levels["ops"] = "skipped: " + report.levels["load"].removeprefix("skipped: ")
+        return
+    platform = platforms.get(manifest.platform)
+    keep = proc.inherited([*(k for b in backends.of(manifest.backends) for k in b.run_env), *opscheck.DEVICE_ENV])
+    listed = run_list_devices(root, exe_name=platform.program_file("llama-server"), keep=keep)
+    devices = [d.split(":", 1)[0] for d in listed.devices if not d.startswith("CPU")]
+    if not devices:
+        report.levels["ops"] = "skipped: the bundle lists no GPU device here (GGML_VK_VISIBLE_DEVICES=0 makes a CPU " \
+                               "Vulkan implementation one)"
+        return
+    if tool is None:
+        raise UsageError("the ops level needs test-backend-ops", fix="pass --ops-tool PATH")
+    env = {**keep, "PATH": "/usr/bin:/bin", "HOME": str(root), "LANG": "C.UTF-8", "TMPDIR": str(root.parent)}
+    results = opscheck.run_ops(root, tool, devices, env=env, budget=budget)
+    report.ops = [r.to_json() for r in results]
+    failed = [f"{r.device} {case}" for r in results for case in r.failures]
+    summary = "; ".join(r.summary() for r in results)
+    if failed:
+        raise VerifyError(f"test-backend-ops: {len(failed)} case(s) disagree with the CPU backend", why=summary,
+                          details="\n".join(failed[:50]), fix="look at the failing cases; a tolerance failure of one "
+                          "case may be llama.cpp's own (compare with its CI), a wrong answer is the bundle's")
+    if not any(r.passed for r in results):
+        raise VerifyError("test-backend-ops ran no case on any device", why=summary,
+                          fix="raise --ops-budget, or check that the devices are usable")
+    report.levels["ops"] = f"passed ({summary})"
 
 
 def check_static(root: Path, manifest: Manifest) -> list[str]:

@@ -26,7 +26,7 @@ else:
     pipeline = lazy_import("llamabundle.pipeline")
     verify_mod = lazy_import("llamabundle.verify")
 
-LEVELS = ("static", "load", "gpu")  # verify.Level, spelled out so that the CLI starts without importing it
+LEVELS = ("static", "load", "gpu", "ops")  # verify.Level, spelled out so that the CLI starts without importing it
 
 
 @click.command()
@@ -64,10 +64,14 @@ def check(c: Ctx, recipe_path: Path, store_url: str | None, as_json: bool) -> No
 @click.option("--check-reproducible", is_flag=True,
               help="Build, then build again from the source copied elsewhere in a new build directory; "
                    "exit 5 naming the files (and first offsets) that differ unless both zips are identical.")
+@click.option("--ops-tool", is_flag=True,
+              help="Also build llama.cpp's test-backend-ops in the same tree, beside the zip as <zip>.test-backend-ops "
+                   "(never in the bundle), for verify --level ops. Builds even on a hit.")
 @JSON_OPT
 @pass_ctx
 def build(c: Ctx, recipe_path: Path, store_url: str | None, force: bool, publish: bool | None, out: Path | None,
-          jobs: int | None, clean: bool, toolkit_source: str | None, check_reproducible: bool, as_json: bool) -> None:
+          jobs: int | None, clean: bool, toolkit_source: str | None, check_reproducible: bool, ops_tool: bool,
+          as_json: bool) -> None:
     """Build the recipe's bundle, or fetch and verify it when the store already has it."""
     r = load_recipe(recipe_path, env=c.env)
     store = c.store(store_url, r)
@@ -77,7 +81,7 @@ def build(c: Ctx, recipe_path: Path, store_url: str | None, force: bool, publish
         publish = isinstance(store, LocalStore)
     outcome = pipeline.build(r, settings=c.settings, store=store, log=c.log, env=c.env, force=force,
                              publish=publish, out=out, jobs=jobs, clean=clean,
-                             toolkit_source=toolkit_source, check_reproducible=check_reproducible)
+                             toolkit_source=toolkit_source, check_reproducible=check_reproducible, ops_tool=ops_tool)
     c.actions_report(key=outcome.key, hit=outcome.hit, location=outcome.location, zip_path=outcome.zip_path)
     if as_json:
         emit(outcome.to_json())
@@ -115,14 +119,20 @@ def fetch(c: Ctx, what: str, store_url: str | None, out: Path, level: str, as_js
 @click.argument("path", metavar="BUNDLE", type=click.Path(path_type=Path))
 @click.option("--level", type=click.Choice(LEVELS), default="static", show_default=True,
               help="static: manifest, imports, GPU archs; load: also run llama-server --list-devices from a copy; "
-                   "gpu: also a CUDA device must be listed (skipped without an NVIDIA driver).")
+                   "gpu: also each GPU backend must list its device (skipped where there is none); ops: also "
+                   "llama.cpp's test-backend-ops against each GPU device, compared with the CPU backend.")
 @click.option("--require-gpu", is_flag=True, help="Fail, rather than skip, the gpu level when no GPU is usable.")
+@click.option("--ops-tool", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              help="The test-backend-ops of the bundle's build (default: <zip>.test-backend-ops beside the zip).")
+@click.option("--ops-budget", type=click.FloatRange(10), metavar="SECONDS",
+              help="Time for the ops level, all devices together (default: 300).")
 @JSON_OPT
 @pass_ctx
-def verify(c: Ctx, path: Path, level: str, require_gpu: bool, as_json: bool) -> None:
+def verify(c: Ctx, path: Path, level: str, require_gpu: bool, ops_tool: Path | None, ops_budget: float | None,
+           as_json: bool) -> None:
     """Verify a bundle zip or directory."""
     report = verify_mod.verify_bundle(path, level=verify_mod.Level(level), require_gpu=require_gpu,
-                                      cache_dir=c.settings.cache_dir)
+                                      cache_dir=c.settings.cache_dir, ops_tool=ops_tool, ops_budget=ops_budget)
     if as_json:
         emit(report.to_json())
         return

@@ -49,8 +49,8 @@ def vulkan_build(e2e_env: dict[str, str], tmp_path_factory: pytest.TempPathFacto
     d = tmp_path_factory.mktemp("vulkan")
     recipe = small_recipe(d / "vulkan.yaml")
     t0 = time.monotonic()
-    build = run_cli("build", recipe, "--store", d / "store", "--out", d / "bundle", "--json", env=e2e_env,
-                    timeout=BUILD_TIMEOUT)
+    build = run_cli("build", recipe, "--store", d / "store", "--out", d / "bundle", "--ops-tool", "--json",
+                    env=e2e_env, timeout=BUILD_TIMEOUT)
     if build.returncode != 0:
         pytest.fail(f"llamabundle build failed ({build.returncode}):\n{build.stderr[-6000:]}")
     result = json.loads(build.stdout)
@@ -96,6 +96,27 @@ def test_verify_load_passes_with_lavapipe_and_gpu_is_skipped(vulkan_build: dict[
     assert level.startswith("skipped: ") and "Vulkan" in level, level
     strict = run_cli("verify", zip_path, "--level", "gpu", "--require-gpu", env=e2e_env)
     assert strict.returncode != 0 and "--require-gpu" in strict.stderr
+
+
+def test_ops_level_runs_test_backend_ops_on_the_vulkan_device(vulkan_build: dict[str, Any], e2e_env: dict[str, str]) -> None:
+    """llama.cpp's test-backend-ops from the same build tree (beside the zip, not in it), run from inside an
+    unpacked copy against Vulkan0 (lavapipe, made a device by GGML_VK_VISIBLE_DEVICES=0), against the CPU."""
+    result = vulkan_build["result"]
+    tool = Path(result["ops_tool"])
+    assert tool.is_file() and tool.name.endswith(".test-backend-ops")
+    manifest = json.loads((vulkan_build["bundle"] / "bundle.json").read_text())
+    assert not any("test-backend-ops" in f["path"] for f in manifest["files"])
+    plain = run_cli("verify", result["zip"], "--level", "ops", "--json", env=e2e_env)
+    assert plain.returncode == 0, plain.stderr
+    assert json.loads(plain.stdout)["levels"]["ops"].startswith("skipped: the bundle lists no GPU device")
+    env = {**e2e_env, "GGML_VK_VISIBLE_DEVICES": "0"}
+    ops = run_cli("verify", result["zip"], "--level", "ops", "--ops-budget", "90", "--json", env=env, timeout=900)
+    assert ops.returncode == 0, ops.stderr[-3000:]
+    report = json.loads(ops.stdout)
+    (vulkan0,) = report["ops"]
+    print(f"\nops on lavapipe: {vulkan0}")
+    assert vulkan0["device"] == "Vulkan0" and vulkan0["passed"] > 0 and vulkan0["failed"] == 0
+    assert report["levels"]["ops"].startswith("passed (Vulkan0: ")
 
 
 def _post(url: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:

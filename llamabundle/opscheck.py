@@ -1,0 +1,117 @@
+"""verify's ops level: numbers, not only a device list. llama.cpp's own `test-backend-ops` (built beside the
+bundle from the same build tree by `build --ops-tool`, never shipped inside it) is copied into the unpacked
+bundle for the run only, and run from there against each GPU device the bundle lists, comparing it with the
+bundle's CPU backend, over a bounded set of the operations inference uses, within a time budget. The report
+gives per-device pass/fail counts and the failing cases."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import proc
+from .errors import UsageError, VerifyError
+
+TOOL = "test-backend-ops"
+OPS = ("MUL_MAT", "MUL_MAT_ID", "FLASH_ATTN_EXT", "SOFT_MAX", "ROPE", "RMS_NORM", "GET_ROWS", "CPY", "ADD", "MUL",
+       "SCALE", "GLU", "UNARY")
+DEFAULT_BUDGET = 300.0  # seconds for all devices together
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_CASE = re.compile(r"^\s+([A-Z][A-Z0-9_]*)\((.*)\): (.*)$")
+# the device variables a caller may set for this run (GGML_VK_VISIBLE_DEVICES=0 makes lavapipe a device)
+DEVICE_ENV = ("GGML_VK_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")
+
+
+@dataclass(kw_only=True)
+class DeviceOps:
+    device: str
+    passed: int = 0
+    failed: int = 0
+    not_supported: int = 0
+    ops_run: list[str] = field(default_factory=list)
+    ops_left: list[str] = field(default_factory=list)  # not reached within the budget
+    failures: list[str] = field(default_factory=list)  # the failing cases, as test-backend-ops names them
+    seconds: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def summary(self) -> str:
+        left = f"; {len(self.ops_left)} ops not reached in the budget ({', '.join(self.ops_left)})" if self.ops_left else ""
+        return (f"{self.device}: {self.passed} passed, {self.failed} failed, {self.not_supported} not supported "
+                f"over {', '.join(self.ops_run) or 'no op'} in {self.seconds:.0f}s{left}")
+
+
+def sibling_tool(bundle: Path) -> Path:
+    """Where `build --ops-tool` puts the tool of a bundle zip: `<name>.test-backend-ops` beside it."""
+    return bundle.with_name(bundle.name.removesuffix(".zip") + "." + TOOL)
+
+
+def read_cases(text: str, into: DeviceOps) -> None:
+    """Count test-backend-ops' console lines: `  OP(params): OK | FAIL | not supported [...]`."""
+    for raw in text.splitlines():
+        line = _ANSI.sub("", raw).rstrip()
+        m = _CASE.match(line)
+        if not m:
+            continue
+        verdict = m.group(3)
+        if verdict.endswith("OK"):
+            into.passed += 1
+        elif verdict.endswith("FAIL"):
+            into.failed += 1
+            into.failures.append(f"{m.group(1)}({m.group(2)})" + (f": {verdict[:-4].strip()}" if verdict[:-4].strip() else ""))
+        elif verdict.startswith("not supported"):
+            into.not_supported += 1
+
+
+def run_ops(root: Path, tool: Path, devices: list[str], *, env: dict[str, str], budget: float = DEFAULT_BUDGET,
+            ops: tuple[str, ...] = OPS) -> list[DeviceOps]:
+    """Run the tool from inside `root` against each device, op by op, until the budget is spent (shared
+    evenly among the devices). The tool is removed from `root` afterwards."""
+    if not tool.is_file():
+        raise UsageError(f"no {TOOL} at {tool}", why="the ops level runs llama.cpp's test-backend-ops from the same build",
+                         fix="build with `llamabundle build RECIPE --ops-tool` (it writes <zip>.test-backend-ops beside "
+                             "the zip), or pass --ops-tool PATH")
+    inside = root / TOOL
+    shutil.copy2(tool, inside)
+    inside.chmod(0o755)
+    results = []
+    try:
+        per_device = budget / max(len(devices), 1)
+        for dev in devices:
+            r = DeviceOps(device=dev)
+            start = time.monotonic()
+            for i, op in enumerate(ops):
+                left = per_device - (time.monotonic() - start)
+                if left <= 1:
+                    r.ops_left = list(ops[i:])
+                    break
+                try:
+                    out = proc.capture([str(inside), "test", "-b", dev, "-o", op], cwd=root, env=env, timeout=left)
+                    text = out.stdout + out.stderr
+                    if out.returncode not in (0, 1):
+                        raise VerifyError(f"{TOOL} -b {dev} -o {op} exited with {out.returncode}",
+                                          details="\n".join(text.strip().splitlines()[-15:]))
+                except proc.Timeout as t:
+                    text = _text(t.output) + _text(t.stderr)
+                    r.ops_left = list(ops[i + 1:])
+                    read_cases(text, r)
+                    r.ops_run.append(op + " (partly)")
+                    break
+                read_cases(text, r)
+                r.ops_run.append(op)
+            r.seconds = time.monotonic() - start
+            results.append(r)
+    finally:
+        inside.unlink(missing_ok=True)
+    return results
+
+
+def _text(b: bytes | str | None) -> str:
+    if b is None:
+        return ""
+    return b if isinstance(b, str) else b.decode("utf-8", "replace")
