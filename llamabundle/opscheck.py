@@ -70,8 +70,9 @@ def read_cases(text: str, into: DeviceOps) -> None:
 
 def run_ops(root: Path, tool: Path, devices: list[str], *, env: dict[str, str], budget: float = DEFAULT_BUDGET,
             ops: tuple[str, ...] = OPS) -> list[DeviceOps]:
-    """Run the tool from inside `root` against each device, op by op, until the budget is spent (shared
-    evenly among the devices). The tool is removed from `root` afterwards."""
+    """Run the tool from inside `root` against each device, op by op, within the budget (shared evenly among
+    the devices, and within a device among the ops still to run, so that a slow op cannot starve the others).
+    The tool is removed from `root` afterwards."""
     if not tool.is_file():
         raise UsageError(f"no {TOOL} at {tool}", why="the ops level runs llama.cpp's test-backend-ops from the same build",
                          fix="build with `llamabundle build RECIPE --ops-tool` (it writes <zip>.test-backend-ops beside "
@@ -86,22 +87,21 @@ def run_ops(root: Path, tool: Path, devices: list[str], *, env: dict[str, str], 
             r = DeviceOps(device=dev)
             start = time.monotonic()
             for i, op in enumerate(ops):
-                left = per_device - (time.monotonic() - start)
-                if left <= 1:
+                device_left = per_device - (time.monotonic() - start)
+                if device_left <= 1:
                     r.ops_left = list(ops[i:])
                     break
+                slot = device_left / (len(ops) - i)  # a fair share of what is left: every op is reached
                 try:
-                    out = proc.capture([str(inside), "test", "-b", dev, "-o", op], cwd=root, env=env, timeout=left)
+                    out = proc.capture([str(inside), "test", "-b", dev, "-o", op], cwd=root, env=env, timeout=slot)
                     text = out.stdout + out.stderr
                     if out.returncode not in (0, 1):
                         raise VerifyError(f"{TOOL} -b {dev} -o {op} exited with {out.returncode}",
                                           details="\n".join(text.strip().splitlines()[-15:]))
-                except proc.Timeout as t:
-                    text = _text(t.output) + _text(t.stderr)
-                    r.ops_left = list(ops[i + 1:])
-                    read_cases(text, r)
+                except proc.Timeout as t:  # its share ran out: what it did counts, the next op goes on
+                    read_cases(_text(t.output) + _text(t.stderr), r)
                     r.ops_run.append(op + " (partly)")
-                    break
+                    continue
                 read_cases(text, r)
                 r.ops_run.append(op)
             r.seconds = time.monotonic() - start

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -138,7 +139,7 @@ def test_llama_server_completes_on_the_vulkan_device(vulkan_build: dict[str, Any
     log = tmp_path / "server.log"
     with open(log, "w") as out:
         server = subprocess.Popen([str(bundle / "llama-server"), "-m", str(model), "--device", "Vulkan0", "-ngl", "99",
-                                   "--host", "127.0.0.1", "--port", str(port), "-c", "256", "--no-webui"],
+                                   "--host", "127.0.0.1", "--port", str(port), "-c", "256", "--no-webui", "--verbose"],
                                   env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     try:
         _wait_ready(port, server, log)
@@ -146,9 +147,8 @@ def test_llama_server_completes_on_the_vulkan_device(vulkan_build: dict[str, Any
                     timeout=300)
         assert got["tokens_predicted"] == 8 and isinstance(got["content"], str)
         text = log.read_text(errors="replace")
-        assert "loaded Vulkan backend from" in text and str(bundle) in text
-        assert "Vulkan0" in text and "llvmpipe" in text, text[-3000:]
-        assert "offloaded" in text and "layers to GPU" in text, text[-3000:]
+        assert "using device Vulkan0 (llvmpipe" in text, text[-3000:]
+        assert re.search(r"offloaded (\d+)/\1 layers to GPU", text), text[-3000:]
     finally:
         server.terminate()
         try:
