@@ -110,10 +110,23 @@ def headers_root(cache_dir: Path, h: VulkanHeaders) -> Path:
 def fetch_headers(h: VulkanHeaders, *, cache_dir: Path, log: Log, http: Any = None) -> Path:
     """The pinned headers, unpacked once into the cache (downloaded into <cache>/downloads/<sha256>/ and
     checked there): the directory that holds vulkan/. An archive whose version is not the pinned one is refused."""
+    from filelock import FileLock
+
+    from .. import cache
+
     root = headers_root(cache_dir, h)
     include = root / h.include
     if (include / "vulkan" / "vulkan_core.h").is_file():
         return include
+    lock_dir = cache.lock_dir(cache_dir)
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(lock_dir / f"vulkan-headers-{h.sha256[:16]}.lock"), timeout=3600):  # one unpacker at a time
+        if (include / "vulkan" / "vulkan_core.h").is_file():  # another run unpacked them while we waited
+            return include
+        return _fetch_unpack(h, root, include, cache_dir=cache_dir, log=log, http=http)
+
+
+def _fetch_unpack(h: VulkanHeaders, root: Path, include: Path, *, cache_dir: Path, log: Log, http: Any) -> Path:
     name = h.url.rstrip("/").rsplit("/", 1)[-1] or "vulkan-headers"
     dl = cache_dir / "downloads" / h.sha256 / name
     net.download(h.url, dl, http=http or net.session(), log=log, sha256=h.sha256, mismatch_error=ToolchainError)

@@ -323,3 +323,22 @@ def test_the_shipped_recipes_with_vulkan_lint() -> None:
         r = parse_recipe((ROOT / "recipes" / f"{name}.yaml").read_text(encoding="utf-8"), file=name)
         assert "vulkan" in r.backends and r.vulkan is not None
         assert json.dumps(r.key_inputs()["backends"]) == json.dumps(sorted(r.backends)) or r.host_glslc is None
+
+
+def test_two_runs_fetching_the_headers_at_once_end_with_one_tree(tmp_path: Path, served: dict[str, bytes]) -> None:
+    h = headers_for(served, GOOD_DEB)
+    got: list[Path | BaseException] = []
+
+    def fetch() -> None:
+        try:
+            got.append(vulkan.fetch_headers(h, cache_dir=tmp_path, log=Log(quiet=True)))
+        except BaseException as e:  # noqa: BLE001 - the test reports it
+            got.append(e)
+
+    threads = [threading.Thread(target=fetch) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert len(got) == 4 and all(isinstance(g, Path) for g in got), got
+    assert len(set(got)) == 1 and (got[0] / "vulkan" / "vulkan.hpp").is_file()  # type: ignore[operator]
