@@ -115,6 +115,11 @@ def show(c: Ctx, recipe_path: Path, as_json: bool) -> None:
     click.echo(f"llama.cpp {r.llama_cpp.commit}  from {' | '.join(data['sources'])}")
     if r.cuda:
         click.echo(f"cuda      {r.cuda.toolkit} ({r.cuda.source}); archs {' '.join(r.cuda.archs)}; driver >= {r.driver_floor}")
+    if r.vulkan is not None:
+        g = r.host_glslc
+        found = (f"glslc {g.version} at {g.path}; shader extensions: {', '.join(g.features) or 'none'}" if g
+                 else "no glslc on PATH (the key needs one)")
+        click.echo(f"vulkan    headers {r.vulkan.headers.version} ({r.vulkan.headers.url}); {found}")
     click.echo(f"key       {data['key']}")
     click.echo(f"tag       {data['tag']}")
     for line in toolchain.summary:
