@@ -265,9 +265,9 @@ def build_ops_tool(plan: BuildPlan, dest: Path, *, log: Log, env: Mapping[str, s
     with log.step(f"{OPS_TOOL} (for verify --level ops; not in the bundle)"):
         proc.run(configure, log=log, error=BuildError, what="cmake configure (with the tests) failed",
                  label="cmake configure", fix=fix, env=env, log_path=log_path, timeout=timeout)
-        build = [plan.build[0], "--build", str(plan.build_dir), "--target", OPS_TOOL,
-                 *plan.build[plan.build.index("--parallel"):][:2]] if "--parallel" in plan.build else \
-            [plan.build[0], "--build", str(plan.build_dir), "--target", OPS_TOOL]
+        build = [plan.build[0], "--build", str(plan.build_dir), "--target", OPS_TOOL]
+        if "--parallel" in plan.build:  # the jobs the bundle's build was given
+            build += plan.build[plan.build.index("--parallel"):][:2]
         proc.run(build, log=log, error=BuildError, what=f"building {OPS_TOOL} failed", label=f"build {OPS_TOOL}",
                  fix=fix, env=env, log_path=log_path, timeout=timeout)
         exe = plan.output_dir / (OPS_TOOL + (".exe" if plan.programs and plan.programs[0].endswith(".exe") else ""))

@@ -17,7 +17,7 @@ from . import backends, cache, opscheck, platforms, proc, scratch
 from . import bundle as bundle_mod
 from .bundle.manifest import ANYTHING, Expect, Manifest
 from .errors import LlamaBundleError, UsageError, VerifyError
-from .platforms.base import run_list_devices
+from .platforms.base import clean_env, run_list_devices
 
 
 class Level(StrEnum):
@@ -203,8 +203,7 @@ def check_ops(root: Path, manifest: Manifest, report: VerifyReport, *, tool: Pat
         return
     if tool is None:
         raise UsageError("the ops level needs test-backend-ops", fix="pass --ops-tool PATH")
-    env = {**keep, "PATH": "/usr/bin:/bin", "HOME": str(root), "LANG": "C.UTF-8", "TMPDIR": str(root.parent)}
-    results = opscheck.run_ops(root, tool, devices, env=env, budget=budget)
+    results = opscheck.run_ops(root, tool, devices, env=clean_env(root, keep), budget=budget)
     report.ops = [r.to_json() for r in results]
     failed = [f"{r.device} {case}" for r in results for case in r.failures]
     summary = "; ".join(r.summary() for r in results)

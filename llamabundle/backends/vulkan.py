@@ -208,7 +208,7 @@ def deb_data(deb: Path) -> tuple[str, bytes]:
 def loader_path() -> str | None:
     """The system's Vulkan loader (what ggml-vulkan links against and loads at run time)."""
     name = knowledge()["loader"]["linux-x86_64"]
-    for d in data.load("elf_policy.json")["system_dirs"]:
+    for d in data.elf_policy()["system_dirs"]:
         if Path(d, name).exists():
             return str(Path(d, name))
     return None

@@ -229,11 +229,17 @@ def read_list_devices(lines: Sequence[str], *, root: Path, loaded: Loaded, exe: 
                                   "bundled one", details=tail)
 
 
+def clean_env(root: Path, keep: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment a bundle is run in from `root`: nothing of the caller's (no LD_LIBRARY_PATH, no PATH
+    to other libraries) but `keep`, the variables a backend's driver lookup reads."""
+    return {**(keep or {}), "PATH": "/usr/bin:/bin", "HOME": str(root), "LANG": "C.UTF-8", "TMPDIR": str(root.parent)}
+
+
 def run_list_devices(root: Path, *, exe_name: str, keep: Mapping[str, str] | None = None) -> Loaded:
     """`<exe> --verbose --list-devices` run natively from `root` in a clean environment (nothing of the
     caller's: no LD_LIBRARY_PATH, no PATH to other libraries; only `keep`, the variables a backend's driver
     lookup reads) and its own process group (a hang ends with all it started)."""
-    env = {**(keep or {}), "PATH": "/usr/bin:/bin", "HOME": str(root), "LANG": "C.UTF-8", "TMPDIR": str(root.parent)}
+    env = clean_env(root, keep)
     exe = root / exe_name
     if not exe.is_file():
         raise VerifyError(f"the bundle has no {exe_name}", fix="include llama-server in the recipe's targets")

@@ -19,7 +19,7 @@ import json
 import re
 import shutil
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -56,6 +56,7 @@ _PROC_DRIVER = re.compile(r"NVRM version:[^\n]*?\s([0-9]+(?:\.[0-9]+)+)(?=\s|\Z)
 _DRIVER_VERSION = re.compile(r"[0-9]{1,5}(?:\.[0-9]{1,5}){1,3}")  # 580.65.06, 572.61, 580.159.04
 _MIB = re.compile(r"[0-9]{1,9}")  # nounits: whole MiB
 _NOT_AVAILABLE = re.compile(r"\[[^\]]{0,40}\]|N/A")  # [N/A], [Not Supported], [Insufficient Permissions]
+_MEMORY_SUFFIX = re.compile(r"\s*\([^()]*MiB[^()]*\)\s*$")  # a --list-devices line's "(143155 MiB, 142629 MiB free)"
 MAX_OUTPUT_LINES = 64  # GPUs per host nvidia-smi may list; more is not a GPU list
 
 
@@ -260,13 +261,6 @@ def gpu_candidate(root: Path, *, nvidia: bool = True) -> Installed | None:
     return max((with_cuda if nvidia and with_cuda else found), key=lambda i: i.installed_at, default=None)
 
 
-def cuda_candidate(root: Path) -> Installed | None:
-    """The most recently installed bundle with a CUDA backend for this machine."""
-    host = platforms.host_name()
-    found = [i for i in list_installed(root) if "cuda" in i.backends and i.manifest.platform == host]
-    return max(found, key=lambda i: i.installed_at, default=None)
-
-
 def probe(*, root: Path, env: Mapping[str, str], cache_dir: Path | None = None, max_age: float = 0.0,
           bundle: Path | None = None, nvidia_smi: str | None = None, proc_version: Path | None = PROC_VERSION,
           smi_timeout: float = SMI_TIMEOUT, prefer: str | None = None) -> ProbeResult:
@@ -304,7 +298,7 @@ def pair_devices(devices: list[str]) -> list[dict[str, Any]]:
     gpus: list[dict[str, Any]] = []
     for line in devices:
         dev, _, desc = line.partition(": ")
-        name = re.sub(r"\s*\([^()]*MiB[^()]*\)\s*$", "", desc).strip()
+        name = _MEMORY_SUFFIX.sub("", desc).strip()
         family = re.sub(r"\d+$", "", dev)
         same = next((g for g in gpus if g["name"] == name and not any(re.sub(r"\d+$", "", d) == family
                                                                        for d in g["devices"])), None)
@@ -382,10 +376,10 @@ def _probe_now(target: tuple[Path, Manifest] | None, context: dict[str, Any], *,
 
 
 Verdict = tuple[Reason, dict[str, Any]]
+ListDevices = Callable[[], "VerifyReport | VerifyError"]
 
 
-def _cuda_verdict(manifest: Manifest, scan: GpuScan, facts: dict[str, Any],
-                  list_devices: Any) -> Verdict:
+def _cuda_verdict(manifest: Manifest, scan: GpuScan, facts: dict[str, Any], list_devices: ListDevices) -> Verdict:
     """CUDA's checks, in order: an NVIDIA GPU, the driver against the bundle's floor, the backend loading
     from the bundle and listing its device."""
     if not scan.present:
@@ -397,43 +391,45 @@ def _cuda_verdict(manifest: Manifest, scan: GpuScan, facts: dict[str, Any],
                                                  "which is not a driver version"}
     if floor and scan.driver and driver_older(scan.driver, floor):
         return Reason.DRIVER_TOO_OLD, {}
-    report = list_devices()
-    if isinstance(report, VerifyError):
-        return Reason.CUDA_STARTUP_FAILED, {"detail": report.what + (f" ({report.why})" if report.why else ""),
-                                            "output": report.details}
-    if report.levels.get("load", "").startswith("skipped"):
-        return Reason.CUDA_STARTUP_FAILED, {"detail": report.levels["load"].removeprefix("skipped: ")}
-    cuda = backends.get("cuda")  # what the loader and --list-devices call it
-    if cuda.loader_name not in report.backends_loaded:
-        return Reason.CUDA_UNAVAILABLE, {"detail": "the CUDA backend did not load"}
-    dev = next((d for d in report.devices if d.startswith(cuda.loader_name)), None)
-    if dev is None:
-        return Reason.CUDA_UNAVAILABLE, {"detail": "the CUDA backend loaded but listed no device"}
+    dev = _device_of(list_devices, "cuda", failed=Reason.CUDA_STARTUP_FAILED,
+                     not_loaded=(Reason.CUDA_UNAVAILABLE, {"detail": "the CUDA backend did not load"}),
+                     no_device=(Reason.CUDA_UNAVAILABLE, {"detail": "the CUDA backend loaded but listed no device"}))
+    if not isinstance(dev, str):
+        return dev
     return Reason.OK, {"cuda_device": dev.split(":", 1)[0]}
 
 
-def _vulkan_verdict(list_devices: Any) -> Verdict:
+def _vulkan_verdict(list_devices: ListDevices) -> Verdict:
     """Vulkan's checks: the system loader, the backend loading from the bundle (a registered driver), a GPU
     listed (ggml-vulkan lists no CPU implementation)."""
     from ..backends.vulkan import loader_path
 
     if loader_path() is None:
         return Reason.VULKAN_LOADER_MISSING, {"detail": "libvulkan.so.1 is not installed"}
+    dev = _device_of(list_devices, "vulkan", failed=Reason.VULKAN_UNAVAILABLE,
+                     not_loaded=(Reason.VULKAN_UNAVAILABLE, {"detail": "no Vulkan driver (ICD) could be loaded: the "
+                                                                       "backend says nothing in a release build"}),
+                     no_device=(Reason.VULKAN_NO_GPU, {"detail": "only a CPU implementation, or no device, is registered"}))
+    if not isinstance(dev, str):
+        return dev
+    name, _, desc = dev.partition(": ")
+    return Reason.VULKAN_OK, {"device": name, "device_name": _MEMORY_SUFFIX.sub("", desc)}
+
+
+def _device_of(list_devices: ListDevices, backend: str, *, failed: Reason, not_loaded: Verdict,
+               no_device: Verdict) -> Verdict | str:
+    """The first device line of `backend` in the bundle's --list-devices, or the verdict of why there is none:
+    `failed` when the bundle did not start (with verify's words), `not_loaded`, `no_device`."""
     report = list_devices()
     if isinstance(report, VerifyError):
-        return Reason.VULKAN_UNAVAILABLE, {"detail": report.what + (f" ({report.why})" if report.why else ""),
-                                           "output": report.details}
+        return failed, {"detail": report.what + (f" ({report.why})" if report.why else ""), "output": report.details}
     if report.levels.get("load", "").startswith("skipped"):
-        return Reason.VULKAN_UNAVAILABLE, {"detail": report.levels["load"].removeprefix("skipped: ")}
-    vk = backends.get("vulkan")
-    if vk.loader_name not in report.backends_loaded:
-        return Reason.VULKAN_UNAVAILABLE, {"detail": "no Vulkan driver (ICD) could be loaded: the backend says nothing "
-                                                     "in a release build"}
-    dev = next((d for d in report.devices if d.startswith(vk.loader_name)), None)
-    if dev is None:
-        return Reason.VULKAN_NO_GPU, {"detail": "only a CPU implementation, or no device, is registered"}
-    name, _, desc = dev.partition(": ")
-    return Reason.VULKAN_OK, {"device": name, "device_name": re.sub(r"\s*\([^()]*MiB[^()]*\)\s*$", "", desc)}
+        return failed, {"detail": report.levels["load"].removeprefix("skipped: ")}
+    name = backends.get(backend).loader_name  # what the loader and --list-devices call it
+    if name not in report.backends_loaded:
+        return not_loaded
+    dev = next((d for d in report.devices if d.startswith(name)), None)
+    return dev if dev is not None else no_device
 
 
 # ------------------------------------------------------------------------------------ cache + tokens
