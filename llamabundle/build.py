@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import re
 import shutil
 import sysconfig
@@ -46,11 +48,15 @@ class BuildPlan:
     output_dir: Path
     files: tuple[tuple[str, str], ...] = ()  # (path, text) the executor writes before configuring
     env: tuple[tuple[str, str], ...] = ()  # laid over the environment configure and build run in (MSVC's vcvars)
+    links: tuple[tuple[str, str], ...] = ()  # (fixed-length path, the real directory): made before configuring
+    commands: tuple[tuple[str, ...], ...] = ()  # run before configuring (a compiler launcher's helper)
 
     def to_json(self) -> dict[str, object]:
         d = asdict(self)
         d["files"] = dict(self.files)
         d["env"] = dict(self.env)
+        d["links"] = dict(self.links)
+        d["commands"] = [list(c) for c in self.commands]
         return {k: (str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v) for k, v in d.items()}
 
 
@@ -59,14 +65,40 @@ def backend_targets(recipe: Recipe) -> tuple[str, ...]:
     return tuple(t for b in backends.of(recipe) for t in b.targets(recipe))
 
 
+FIXED_LENGTH = 120  # of the paths a build with a compiler launcher is configured at
+
+
+def fixed_path(real: Path, root: Path, tag: str) -> Path:
+    """A path of FIXED_LENGTH characters under `root` for the directory `real` (a symbolic link the build
+    makes; its name is a digest of `real`, padded): nvcc's output follows the lengths of the paths it is
+    given, so two builds in different directories compile through paths of one length. A `root` too long to
+    pad gives the shortest such path (and two builds agree only if their roots have the same length)."""
+    digest = hashlib.sha256(str(real).encode()).hexdigest()[:16]
+    pad = max(1, FIXED_LENGTH - len(str(root)) - 1 - len(tag) - len(digest))
+    return root / f"{tag}{'_' * pad}{digest}"
+
+
 def plan_build(recipe: Recipe, *, source_dir: Path, build_dir: Path, tools: BuildTools, jobs: int | None = None,
-               toolkit_roots: Mapping[str, Path] | None = None, env: Mapping[str, str] | None = None) -> BuildPlan:
+               toolkit_roots: Mapping[str, Path] | None = None, env: Mapping[str, str] | None = None,
+               fixed_root: Path | None = None) -> BuildPlan:
     """Pure: the exact commands that build this recipe, asked of its platform and backends. Shown by
     `llamabundle show`. `toolkit_roots`: backend name -> the root of the toolkit prepared for it; `env`: the
-    variables the platform's toolchain set up (laid over the build's environment)."""
+    variables the platform's toolchain set up (laid over the build's environment); `fixed_root`: where the
+    fixed-length paths of a build whose backends bring a compiler launcher lie (None: the real paths)."""
     platform = platforms.get(recipe.platform)
     have = backends.of(recipe)
     roots = toolkit_roots or {}
+    links: tuple[tuple[str, str], ...] = ()
+    launchers = []
+    if fixed_root is not None:
+        src_fixed, build_fixed = fixed_path(source_dir, fixed_root, "s"), fixed_path(build_dir, fixed_root, "b")
+        launchers = [x for b in have if (x := b.launcher(recipe, platform=platform, source_dir=src_fixed,
+                                                          build_dir=build_fixed)) is not None]
+        if launchers:
+            links = ((str(src_fixed), str(source_dir)), (str(build_fixed), str(build_dir)))
+    real_source, real_build = source_dir, build_dir
+    if links:  # the commands name the fixed-length paths; the plan's directories stay the real ones
+        source_dir, build_dir = Path(links[0][0]), Path(links[1][0])
     cc, cxx = EXECUTABLES[recipe.toolchain.compiler]
     defs: dict[str, str] = {
         "CMAKE_BUILD_TYPE": "Release",
@@ -83,9 +115,12 @@ def plan_build(recipe: Recipe, *, source_dir: Path, build_dir: Path, tools: Buil
         defs.update(b.cmake_definitions(recipe, platform=platform, toolkit_root=roots.get(b.name)))
     project_defs, files = _project_files(recipe, platform, have, build_dir)
     defs.update(project_defs)
-    if tools.ccache:
-        for lang in ("C", "CXX", *(lang for b in have for lang in b.languages)):
-            defs[f"CMAKE_{lang}_COMPILER_LAUNCHER"] = tools.ccache
+    by_lang = {x.language: x.argv for x in launchers}
+    for lang in ("C", "CXX", *(lang for b in have for lang in b.languages)):
+        chain = [*by_lang.get(lang, ()), *([tools.ccache] if tools.ccache else [])]
+        if chain:
+            defs[f"CMAKE_{lang}_COMPILER_LAUNCHER"] = ";".join(chain)
+    files = files + tuple(f for x in launchers for f in x.files)
     configure = (tools.cmake, "-S", str(source_dir), "-B", str(build_dir), "-G", "Ninja",
                  f"-DCMAKE_MAKE_PROGRAM={tools.ninja}", *(f"-D{k}={v}" for k, v in defs.items()))
     modules = backend_targets(recipe)
@@ -94,12 +129,14 @@ def plan_build(recipe: Recipe, *, source_dir: Path, build_dir: Path, tools: Buil
     if jobs:
         build += ("--parallel", str(jobs))
     return BuildPlan(
-        source_dir=source_dir, build_dir=build_dir, configure=configure, build=build, targets=targets,
+        source_dir=real_source, build_dir=real_build, configure=configure, build=build, targets=targets,
         programs=tuple(platform.program_file(t) for t in recipe.targets),
         backends=tuple(platform.library_file(t) for t in modules),
-        output_dir=build_dir / "bin",
+        output_dir=real_build / "bin",
         files=files,
         env=tuple(sorted((env or {}).items())),
+        links=links,
+        commands=tuple(c for x in launchers for c in x.commands),
     )
 
 
@@ -215,20 +252,26 @@ def run_build(plan: BuildPlan, *, log: Log, env: Mapping[str, str], clean: bool 
     bd = plan.build_dir
     stamp = bd / STAMP
     wanted: list[str] | dict[str, object] = list(plan.configure)
-    if plan.files or plan.env:
-        wanted = {"configure": list(plan.configure), "files": dict(plan.files), **({"env": dict(plan.env)} if plan.env else {})}
+    if plan.files or plan.env or plan.links:
+        wanted = {"configure": list(plan.configure), "files": dict(plan.files), **({"env": dict(plan.env)} if plan.env else {}),
+                  **({"links": dict(plan.links), "commands": [list(c) for c in plan.commands]} if plan.links else {})}
     env = {**env, **dict(plan.env)}
     configured = stamp.is_file() and (bd / "build.ninja").is_file() and json.loads(stamp.read_text()) == wanted
     if clean or (bd.exists() and not configured):
         shutil.rmtree(bd, ignore_errors=True)
     bd.mkdir(parents=True, exist_ok=True)
+    make_links(plan.links)
     for name, text in plan.files:  # rewritten only when changed: a new mtime would rerun cmake and recompile
         f = Path(name)
         if not f.is_file() or f.read_text(encoding="utf-8") != text:
+            f.parent.mkdir(parents=True, exist_ok=True)
             f.write_text(text, encoding="utf-8")
     log_path = bd / LOG_NAME
     log_path.write_text("")
     fix = f"read the full log at {log_path}; fix the toolchain or the recipe's cmake: options"
+    for command in plan.commands:  # cheap (a launcher's helper): made every time, so it is never missing
+        proc.run(list(command), log=log, error=BuildError, what="a compiler launcher's helper did not compile",
+                 label=Path(command[0]).name, fix=fix, env=env, log_path=log_path, timeout=timeout)
     if not configured:
         with log.step("configure (cmake)"):
             proc.run(plan.configure, log=log, error=BuildError, what="cmake configure failed", label="cmake configure", fix=fix,
@@ -249,6 +292,31 @@ def run_build(plan: BuildPlan, *, log: Log, env: Mapping[str, str], clean: bool 
             raise BuildError(f"the build did not produce {name}", why=f"expected it in {plan.output_dir}",
                              fix="check that the recipe's targets and cmake options build it")
     return BuildResult(plan=plan, log_path=log_path, compiler=compiler_of(bd), compiled=compiled)
+
+
+def make_links(links: Sequence[tuple[str, str]]) -> None:
+    """The plan's fixed-length paths, each a symbolic link to its real directory (replaced atomically when it
+    points elsewhere, e.g. left by a removed tree)."""
+    for fixed, real in links:
+        link = Path(fixed)
+        if link.is_symlink() and os.readlink(link) == real:
+            continue
+        link.parent.mkdir(parents=True, exist_ok=True)
+        tmp = link.with_name(f".{link.name}.{os.getpid()}")
+        tmp.unlink(missing_ok=True)
+        os.symlink(real, tmp)
+        try:
+            os.replace(tmp, link)
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            raise BuildError(f"cannot make {link}", why=f"{e.strerror}: it should be a link to {real}",
+                             fix=f"remove {link} and build again") from e
+
+
+def remove_links(links: Sequence[tuple[str, str]]) -> None:
+    for fixed, _ in links:
+        if Path(fixed).is_symlink():
+            Path(fixed).unlink(missing_ok=True)
 
 
 OPS_TOOL = "test-backend-ops"

@@ -42,6 +42,11 @@ def lock_dir(cache_dir: Path) -> Path:
     return cache_dir / "locks"
 
 
+def fixed_dir(cache_dir: Path) -> Path:
+    """The fixed-length paths a CUDA build is configured at (links to its source and build trees; build.fixed_path)."""
+    return cache_dir / "fixed"
+
+
 def source_dir(cache_dir: Path, recipe: Recipe) -> Path:
     return cache_dir / "src" / recipe.llama_cpp.commit
 

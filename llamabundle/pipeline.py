@@ -81,7 +81,8 @@ def show_plan(recipe: Recipe, settings: Settings, tools: BuildTools, toolchain: 
     """The build plan `show` prints (with the tools build.locate_tools finds without running anything, and
     the environment the platform set the compiler up in)."""
     return plan_build(recipe, source_dir=cache.source_dir(settings.cache_dir, recipe),
-                      build_dir=cache.build_dir(settings.cache_dir, recipe, tools), tools=tools, env=toolchain.env)
+                      build_dir=cache.build_dir(settings.cache_dir, recipe, tools), tools=tools, env=toolchain.env,
+                      fixed_root=cache.fixed_dir(settings.cache_dir))
 
 
 def verify_level_for(platform: str) -> Level:
@@ -153,7 +154,7 @@ def _build_locked(recipe: Recipe, *, key: str, settings: Settings, store: Store,
     made = Made(recipe=recipe, key=key, src=src, tools=tools, prepared=prepared, sde=sde)
     build_dir = cache.build_dir(settings.cache_dir, recipe, tools, made.toolkit_roots.values())
     plan = plan_build(recipe, source_dir=src.path, build_dir=build_dir, tools=tools, jobs=jobs,
-                      toolkit_roots=made.toolkit_roots, env=toolchain.env)
+                      toolkit_roots=made.toolkit_roots, env=toolchain.env, fixed_root=cache.fixed_dir(settings.cache_dir))
     result = run_build(plan, log=log, env=build_env, clean=clean, timeout=settings.build_timeout)
     configure_log = result.log_path.read_text(encoding="utf-8", errors="replace")
     for backend in backends.of(recipe):

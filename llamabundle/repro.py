@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from . import cache, scratch
-from .build import plan_build, run_build
+from .build import plan_build, remove_links, run_build
 from .bundle import diff_zips, sha256_file
 from .bundle.package import Made, package
 from .errors import VerifyError
@@ -29,8 +29,12 @@ def rebuild_elsewhere(made: Made, zip_a: Path, *, toolchain: HostToolchain, jobs
             src_b = work / "elsewhere" / "src" / "llama.cpp"
             shutil.copytree(made.src.path, src_b, symlinks=True)
             plan_b = plan_build(made.recipe, source_dir=src_b, build_dir=work / "b" / "build", tools=made.tools,
-                                jobs=jobs, toolkit_roots=made.toolkit_roots, env=toolchain.env)
-            result_b = run_build(plan_b, log=log, env=env, clean=True, timeout=build_timeout)
+                                jobs=jobs, toolkit_roots=made.toolkit_roots, env=toolchain.env,
+                                fixed_root=cache.fixed_dir(cache_dir))
+            try:
+                result_b = run_build(plan_b, log=log, env=env, clean=True, timeout=build_timeout)
+            finally:
+                remove_links(plan_b.links)  # they point into the scratch tree, removed below
         zip_b = work / zip_a.name
         package(replace(made, src=replace(made.src, path=src_b)), plan_b, result_b, zip_b, toolchain=toolchain,
                 cache_dir=cache_dir, log=log)

@@ -26,6 +26,17 @@ class Prepared:
     toolchain: Mapping[str, str] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, kw_only=True)
+class Launcher:
+    """A compiler launcher a backend puts in front of its language's compiler (before ccache), with the files
+    it needs in the build tree and the commands that make them, run before configuring."""
+    language: str  # CMake language: CUDA
+    argv: tuple[str, ...]
+    files: tuple[tuple[str, str], ...] = ()  # (path, text)
+    commands: tuple[tuple[str, ...], ...] = ()
+    why: str = ""
+
+
 @runtime_checkable
 class Backend(Protocol):
     """One ggml backend. Implementations are module-level singletons registered in `backends`."""
@@ -59,6 +70,11 @@ class Backend(Protocol):
 
     def prefix_map_flags(self, defs: Mapping[str, str], maps: Sequence[str]) -> dict[str, str]:
         """Flags of its languages that map the source and build paths (`maps`: -ffile-prefix-map=…)."""
+        ...
+
+    def launcher(self, recipe: Recipe, *, platform: Platform, source_dir: Path, build_dir: Path) -> Launcher | None:
+        """A launcher for its compiler (None: none). A backend with one is compiled through source and build
+        paths of one fixed length (build.py: its compiler's output follows their lengths)."""
         ...
 
     def project_include(self, recipe: Recipe) -> list[str]:
@@ -110,6 +126,9 @@ class NoExtras:
         return {}
 
     def after_configure(self, recipe: Recipe, configure_log: str) -> None:
+        return None
+
+    def launcher(self, recipe: Recipe, *, platform: Platform, source_dir: Path, build_dir: Path) -> Launcher | None:
         return None
 
     def project_include(self, recipe: Recipe) -> list[str]:

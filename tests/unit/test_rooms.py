@@ -93,10 +93,12 @@ publish: {{tag: "{{name}}-{{key12}}"}}
 
 
 def test_only_proc_starts_processes() -> None:
-    """subprocess, os.system/exec*/spawn* and Popen appear in proc.py only (types and the Timeout class aside)."""
+    """subprocess, os.system/exec*/spawn* and Popen appear in proc.py only (types and the Timeout class aside;
+    and the CUDA compiler launcher, a standalone script CMake runs, which replaces itself with nvcc)."""
     offenders = []
+    standalone = {PACKAGE / "proc.py", PACKAGE / "backends" / "cuda" / "nvcc_launch.py"}
     for f in sorted(PACKAGE.rglob("*.py")):
-        if f.name == "proc.py" and f.parent == PACKAGE:
+        if f in standalone:
             continue
         for node in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 from ... import data
 from ...errors import ToolchainError, VerifyError
 from ...platforms.base import Extra
-from ..base import NoExtras, Prepared
-from . import companions
+from ..base import Launcher, NoExtras, Prepared
+from . import companions, determinism
 from .archs import split_archs
 from .fatbin import binary_archs
 
@@ -54,6 +54,10 @@ class Cuda(NoExtras):
             toolkit = resolve_toolkit(recipe, settings=settings, log=log, env=env, source=source)
             checked = check_toolkit(toolkit, recipe, env=env)
             log.info(f"    nvcc {checked['nvcc']} at {toolkit.nvcc}; host compiler {checked['host']}")
+            refused = determinism.randomisation_refused() if recipe.platform.startswith("linux") else None
+            if refused:
+                log.warn(f"this machine keeps address randomisation on for nvcc ({refused}): the CUDA bundle "
+                         "may differ from another build of the same inputs")
         return Prepared(root=toolkit.root, lib_dirs=tuple(toolkit.lib_dirs),
                         toolchain={"nvcc": checked["nvcc"]})
 
@@ -74,10 +78,20 @@ class Cuda(NoExtras):
         they are /tmp/tmpxft_<pid>_…, a name the host compiler records in every object); cudafe++ names the
         anonymous namespaces of CCCL's headers after a CRC of the source file's full path, which
         `--orig_src_path_name` fixes (the names stay per file through the file's base name, and without
-        -rdc each file is its own device module). Measured with nvcc 13.0.88: the objects and
-        libggml-cuda.so of two builds in different directories were byte-identical only with both."""
+        -rdc each file is its own device module). Not enough on its own: see `launcher`."""
         cuda = " ".join([*(f"-Xcompiler={m}" for m in maps), *REPRODUCIBLE_NVCC])
         return {"CMAKE_CUDA_FLAGS": f"{defs.get('CMAKE_CUDA_FLAGS', '')} {cuda}".strip()}
+
+    def launcher(self, recipe: Recipe, *, platform: Platform, source_dir: Path, build_dir: Path) -> Launcher | None:
+        """On Linux, nvcc runs through determinism's launcher (a per-file -frandom-seed, no address
+        randomisation, srand pinned), since two builds of the same inputs otherwise differ in some
+        fattn-tile objects' PTX (measured on the H200 and with nvcc 13.0.88 here). MSVC builds have no such
+        launcher and are not claimed reproducible."""
+        if platform.system != "linux" or recipe.toolchain.compiler == "msvc":
+            return None
+        from ...compilers import EXECUTABLES
+        return determinism.launcher(c_compiler=EXECUTABLES[recipe.toolchain.compiler][0], source_dir=source_dir,
+                                    build_dir=build_dir)
 
     def runtime_extras(self, recipe: Recipe, bundled: Mapping[str, Path], lib_dirs: Sequence[Path], *,
                        platform: Platform) -> list[Extra]:

@@ -1,0 +1,164 @@
+"""What makes a Linux CUDA build give the same bytes twice (backends/cuda/nvcc_launch.py, determinism.py,
+build.fixed_path): the compiles run through source and build paths of one fixed length, nvcc through the
+launcher (a per-file -frandom-seed, no address randomisation, PWD the fixed build path, cicc's seed and
+clocks pinned by a preloaded library compiled before configuring). The launcher and the pin run for real
+here, with gcc and small programs in nvcc's and cicc's places; the real nvcc is in
+tests/e2e/test_cuda_reproducible.py."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from llamabundle.backends.cuda import determinism, nvcc_launch
+from llamabundle.build import FIXED_LENGTH, BuildPlan, BuildTools, fixed_path, make_links, plan_build
+from llamabundle.errors import BuildError
+from llamabundle.recipe import load_recipe
+
+ROOT = Path(__file__).resolve().parents[2]
+CUDA = ROOT / "recipes" / "linux-x86_64-cuda13.0.yaml"
+WINDOWS_CUDA = ROOT / "recipes" / "windows-x86_64-cuda12.8.yaml"
+CPU = ROOT / "recipes" / "linux-x86_64-cpu.yaml"
+TOOLS = BuildTools(cmake="cmake", ninja="ninja", ccache="/usr/bin/ccache")
+needs_gcc = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc compiles the pin")
+
+
+def test_the_seed_is_the_source_path_in_the_tree() -> None:
+    root = "/f/s____0123"
+    assert nvcc_launch.seed_of(["nvcc", "-x", "cu", "-c", f"{root}/ggml/src/a.cu", "-o", "a.o"], root) == "ggml/src/a.cu"
+    assert nvcc_launch.seed_of(["nvcc", "-c", "/elsewhere/b.cu", "-o", "b.o"], root) == "b.cu"
+    assert nvcc_launch.seed_of(["nvcc", "--version"], root) is None
+    assert nvcc_launch.seed_of(["nvcc", "-c"], root) is None
+
+
+def test_fixed_paths_have_one_length_wherever_the_trees_lie(tmp_path: Path) -> None:
+    root = tmp_path / "cache" / "fixed"
+    a = fixed_path(Path("/home/u/.cache/llamabundle/src/0c1e5709"), root, "s")
+    b = fixed_path(tmp_path / "cache" / "tmp" / "repro-x" / "elsewhere" / "src" / "llama.cpp", root, "s")
+    assert len(str(a)) == len(str(b)) == FIXED_LENGTH and a != b and a.parent == b.parent == root
+    assert fixed_path(Path("/x"), root, "s") == fixed_path(Path("/x"), root, "s") != fixed_path(Path("/x"), root, "b")
+
+
+def _plan(recipe: Path, src: Path, build: Path, fixed: Path | None) -> BuildPlan:
+    return plan_build(load_recipe(recipe), source_dir=src, build_dir=build, tools=TOOLS,
+                      toolkit_roots={"cuda": Path("/C")}, fixed_root=fixed)
+
+
+def test_a_linux_cuda_build_is_configured_at_fixed_paths_with_the_launcher_before_ccache(tmp_path: Path) -> None:
+    fixed = tmp_path / "fixed"
+    one = _plan(CUDA, Path("/cache/src/c"), Path("/cache/build/k-1"), fixed)
+    two = _plan(CUDA, Path("/cache/tmp/repro-abc/elsewhere/src/llama.cpp"), Path("/cache/tmp/repro-abc/b/build"), fixed)
+    for plan in (one, two):
+        (src, real_src), (build, real_build) = plan.links
+        assert plan.configure[1:5] == ("-S", src, "-B", build) and plan.build[2] == build
+        assert (plan.source_dir, plan.build_dir, plan.output_dir) == (Path(real_src), Path(real_build), Path(real_build) / "bin")
+        defs = dict(a[2:].split("=", 1) for a in plan.configure if a.startswith("-D"))
+        launcher = defs["CMAKE_CUDA_COMPILER_LAUNCHER"].split(";")
+        assert launcher[:3] == [sys.executable, "-I", f"{build}/{determinism.DIR}/nvcc_launch.py"]
+        assert launcher[3:] == [src, build, f"{build}/{determinism.DIR}/cicc_pin.so", "/usr/bin/ccache"]
+        assert defs["CMAKE_C_COMPILER_LAUNCHER"] == defs["CMAKE_CXX_COMPILER_LAUNCHER"] == "/usr/bin/ccache"
+        assert f"-ffile-prefix-map={src}=/llama.cpp" in defs["CMAKE_CUDA_FLAGS"] and real_src not in defs["CMAKE_CUDA_FLAGS"]
+        assert plan.commands == (("gcc", "-shared", "-fPIC", "-O2", "-o", f"{build}/{determinism.DIR}/cicc_pin.so",
+                                  f"{build}/{determinism.DIR}/cicc_pin.c", "-ldl"),)
+        assert dict(plan.files)[f"{build}/{determinism.DIR}/nvcc_launch.py"] == Path(nvcc_launch.__file__).read_text()
+        assert plan.to_json()["links"] == {src: real_src, build: real_build}
+    # the two builds' commands differ only in the fixed paths' digests, never in a length
+    assert [len(a) for a in one.configure] == [len(a) for a in two.configure]
+
+
+def test_builds_without_a_launcher_keep_their_real_paths(tmp_path: Path) -> None:
+    for recipe in (CPU, WINDOWS_CUDA):  # no CUDA; MSVC's CUDA (not claimed reproducible)
+        plan = _plan(recipe, tmp_path / "s", tmp_path / "b", tmp_path / "fixed")
+        assert plan.links == () and plan.commands == () and plan.configure[1:5] == ("-S", str(tmp_path / "s"), "-B", str(tmp_path / "b"))
+    plan = _plan(CUDA, tmp_path / "s", tmp_path / "b", None)  # `bundle` (no build) and callers without a cache
+    assert plan.links == () and "-DCMAKE_CUDA_COMPILER_LAUNCHER=/usr/bin/ccache" in plan.configure
+
+
+def test_links_are_made_replaced_when_stale_and_never_over_a_directory(tmp_path: Path) -> None:
+    real, other = tmp_path / "real", tmp_path / "other"
+    real.mkdir()
+    other.mkdir()
+    link = tmp_path / "fixed" / "s___1"
+    make_links([(str(link), str(other))])
+    make_links([(str(link), str(real))])  # a link left pointing elsewhere is replaced
+    assert os.readlink(link) == str(real)
+    make_links([(str(link), str(real))])  # and kept when right
+    assert os.readlink(link) == str(real) and sorted(p.name for p in link.parent.iterdir()) == ["s___1"]
+    blocked = tmp_path / "fixed" / "b___2"
+    blocked.mkdir()
+    with pytest.raises(BuildError, match="cannot make"):
+        make_links([(str(blocked), str(real))])
+    assert blocked.is_dir() and not blocked.is_symlink()
+
+
+def _launcher_tree(tmp_path: Path) -> tuple[determinism.Launcher, Path, Path]:
+    src, build = tmp_path / "fixed" / "s", tmp_path / "fixed" / "b"
+    (src / "ggml").mkdir(parents=True)
+    build.mkdir(parents=True)
+    launcher = determinism.launcher(c_compiler="gcc", source_dir=src, build_dir=build)
+    for name, text in launcher.files:
+        Path(name).parent.mkdir(parents=True, exist_ok=True)
+        Path(name).write_text(text)
+    for command in launcher.commands:
+        subprocess.run(command, check=True, capture_output=True)
+    return launcher, src, build
+
+
+@needs_gcc
+def test_the_launcher_runs_the_compiler_with_the_seed_the_pin_no_randomisation_and_a_fixed_pwd(tmp_path: Path) -> None:
+    launcher, src, build = _launcher_tree(tmp_path)
+    fake_nvcc = tmp_path / "nvcc"
+    fake_nvcc.write_text("#!/bin/sh\necho \"ARGS $*\"\necho \"PERS $(cat /proc/self/personality)\"\n"
+                         "echo \"PRELOAD $LD_PRELOAD\"\necho \"PWD $PWD\"\n")
+    fake_nvcc.chmod(0o755)
+    env = {**os.environ, "LD_PRELOAD": "", "PWD": "/somewhere/else"}
+    done = subprocess.run([*launcher.argv, str(fake_nvcc), "-x", "cu", "-c", f"{src}/ggml/f.cu", "-o", "f.o"],
+                          cwd=build.resolve(), env=env, capture_output=True, text=True, check=True)
+    out = dict(line.split(" ", 1) for line in done.stdout.splitlines())
+    assert out["ARGS"] == f"-x cu -c {src}/ggml/f.cu -o f.o -frandom-seed=ggml/f.cu"
+    assert out["PRELOAD"] == launcher.argv[-1] and out["PWD"] == str(build)
+    if determinism.randomisation_refused() is None:
+        assert int(out["PERS"], 16) & nvcc_launch.ADDR_NO_RANDOMIZE
+    missing = subprocess.run([*launcher.argv[:-1], str(tmp_path / "gone.so"), str(fake_nvcc)], capture_output=True, text=True)
+    assert missing.returncode == 2 and "gone.so is missing" in missing.stderr and "run the llamabundle build again" in missing.stderr
+
+
+@needs_gcc
+def test_the_pin_fixes_the_seed_and_the_clocks_of_cicc_only(tmp_path: Path) -> None:
+    launcher, _, build = _launcher_tree(tmp_path)
+    probe = tmp_path / "probe.c"
+    probe.write_text(textwrap.dedent("""\
+        #include <stdio.h>
+        #include <stdlib.h>
+        #include <time.h>
+        #include <unistd.h>
+        int main(void) {
+            struct timespec a, b;
+            srand((unsigned)time(NULL) ^ (unsigned)getpid());
+            clock_gettime(CLOCK_MONOTONIC, &a);
+            clock_gettime(CLOCK_MONOTONIC, &b);
+            printf("%d %ld %lld\\n", rand(), (long)time(NULL), (long long)(b.tv_nsec - a.tv_nsec));
+            return 0;
+        }
+        """))
+    for name in ("cicc", "other"):
+        subprocess.run(["gcc", "-O1", "-o", str(tmp_path / name), str(probe)], check=True)
+    pin = launcher.argv[-1]
+
+    def run(name: str) -> list[int]:
+        out = subprocess.run([str(tmp_path / name)], env={**os.environ, "LD_PRELOAD": pin}, capture_output=True,
+                             text=True, check=True, cwd=build).stdout.split()
+        return [int(x) for x in out]
+
+    first, second = run("cicc"), run("cicc")
+    assert first == second  # the same rand(), the same instant, one tick between two clock reads
+    assert first[1] == 1_700_000_000 and first[2] == 1000
+    other = run("other")
+    assert abs(other[1] - time.time()) < 600  # the real clock
