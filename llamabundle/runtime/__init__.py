@@ -28,6 +28,12 @@ class Reason(StrEnum):
     GPU_MISSING = "gpu_missing"
     DRIVER_TOO_OLD = "driver_too_old"
     CUDA_UNAVAILABLE = "cuda_unavailable"
+    # what probe found to be why the CUDA backend did not load or listed no device (instead of cuda_unavailable)
+    CUDA_LIBRARY_MISSING = "cuda_library_missing"
+    CUDA_DRIVER_LIBRARY_MISSING = "cuda_driver_library_missing"
+    CUDA_DRIVER_TOO_OLD_FOR_TOOLKIT = "cuda_driver_too_old_for_toolkit"
+    CUDA_ARCH_UNSUPPORTED = "cuda_arch_unsupported"
+    CUDA_PTX_TOO_NEW = "cuda_ptx_too_new"
     CUDA_STARTUP_FAILED = "cuda_startup_failed"
     CUDA_GPU_LAYERS_ZERO = "cuda_gpu_layers_zero"
     CUDA_BUNDLE_INSTALL_FAILED = "cuda_bundle_install_failed"

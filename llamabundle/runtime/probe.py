@@ -9,6 +9,13 @@ is 2-4 dot-separated numbers (580.65.06, 572.61), a memory size a whole number o
 there; a line that fails is not a GPU, and the scan says what it could not read. nvidia-smi runs through
 proc.capture, in a process group of its own: on its timeout it ends with whatever it started.
 
+When the CUDA backend did not load or listed no device, probe finds out why (diagnose_cuda) and names the
+cause instead of cuda_unavailable: a library of ggml-cuda's static import closure that this machine cannot
+resolve (one of the bundle's, or the driver's libcuda.so.1), a GPU whose compute capability neither the
+bundle's SASS nor its PTX serves, PTX as the only code for the GPU with a driver too old to JIT it, a driver
+too old for the bundle's CUDA toolkit. The diagnosis runs only then, never raises, and keeps its evidence in
+the facts (`cause`, `diagnosis`); when it finds nothing, or fails, the reason stays cuda_unavailable.
+
 Results are cached as JSON with a TTL. Each probe takes a token (a counter under a file lock) when it starts
 and writes its result only if no probe with a newer token has written already: an older probe that
 finishes last never overwrites a newer result."""
@@ -19,7 +26,7 @@ import json
 import re
 import shutil
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -27,7 +34,7 @@ from typing import Any
 from filelock import FileLock
 from packaging.version import InvalidVersion, Version
 
-from .. import backends, platforms, proc
+from .. import backends, data, platforms, proc
 from ..bundle import read_manifest
 from ..bundle.manifest import Manifest
 from ..errors import LlamaBundleError, VerifyError
@@ -46,9 +53,10 @@ from . import (
 from .install import Installed, install_bundle, list_installed
 
 NVIDIA_SMI_ARGS = ("--query-gpu=name,driver_version,memory.total,memory.free", "--format=csv,noheader,nounits")
+COMPUTE_CAP_ARGS = ("--query-gpu=compute_cap", "--format=csv,noheader")  # only when the CUDA backend failed
 PROC_VERSION = Path("/proc/driver/nvidia/version")
 SMI_TIMEOUT = 15.0
-DEFAULT_TTL = 300.0
+DEFAULT_TTL = 30.0
 CACHE = "probe.json"
 TOKEN = "probe.token"
 # ASCII digits only (\d would take other scripts' digits too)
@@ -58,6 +66,8 @@ _MIB = re.compile(r"[0-9]{1,9}")  # nounits: whole MiB
 _NOT_AVAILABLE = re.compile(r"\[[^\]]{0,40}\]|N/A")  # [N/A], [Not Supported], [Insufficient Permissions]
 _MEMORY_SUFFIX = re.compile(r"\s*\([^()]*MiB[^()]*\)\s*$")  # a --list-devices line's "(143155 MiB, 142629 MiB free)"
 MAX_OUTPUT_LINES = 64  # GPUs per host nvidia-smi may list; more is not a GPU list
+_COMPUTE_CAP = re.compile(r"([0-9]{1,2})\.([0-9]{1,2})")  # 9.0, 12.0
+_SMI_CUDA = re.compile(r"CUDA Version\s*:\s*([0-9]{1,3})\.([0-9]{1,3})")  # nvidia-smi's header: the newest CUDA it runs
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -263,10 +273,12 @@ def gpu_candidate(root: Path, *, nvidia: bool = True) -> Installed | None:
 
 def probe(*, root: Path, env: Mapping[str, str], cache_dir: Path | None = None, max_age: float = 0.0,
           bundle: Path | None = None, nvidia_smi: str | None = None, proc_version: Path | None = PROC_VERSION,
-          smi_timeout: float = SMI_TIMEOUT, prefer: str | None = None) -> ProbeResult:
+          smi_timeout: float = SMI_TIMEOUT, prefer: str | None = None,
+          lib_dirs: Sequence[Path] | None = None) -> ProbeResult:
     """Probe now, or return the cached result when it is younger than max_age and about the same bundle (and
     preference). `bundle` is an unpacked bundle directory to probe instead of the installed one; `prefer`
-    (cuda, vulkan, cpu) is honoured when that backend works here."""
+    (cuda, vulkan, cpu) is honoured when that backend works here. `lib_dirs`: this machine's library
+    directories, where a failed CUDA backend's imports are looked up (default: ldconfig's, then the usual)."""
     target: tuple[Path, Manifest] | None
     if bundle is not None:
         target = (bundle.resolve(), read_manifest(bundle))
@@ -284,8 +296,9 @@ def probe(*, root: Path, env: Mapping[str, str], cache_dir: Path | None = None, 
             return replace(last, cached=True)
     token = take_token(cache_dir) if cache_dir is not None else 0
     scan = scan_gpus(env=env, nvidia_smi=nvidia_smi, proc_version=proc_version, timeout=smi_timeout)
+    machine = Machine(env=env, smi_timeout=smi_timeout, lib_dirs=tuple(lib_dirs) if lib_dirs is not None else None)
     result = _probe_now(target, context, scan=scan, token=token, started=int(time.time()), prefer=prefer,
-                        wine_prefix=cache_dir / "wine" if cache_dir is not None else None)
+                        wine_prefix=cache_dir / "wine" if cache_dir is not None else None, machine=machine)
     if cache_dir is not None:
         store_result(cache_dir, result)
     return result
@@ -323,7 +336,8 @@ def server_flags(chosen: Backend, manifest: Manifest, device: str | None) -> tup
 
 
 def _probe_now(target: tuple[Path, Manifest] | None, context: dict[str, Any], *, scan: GpuScan, token: int,
-               started: int, wine_prefix: Path | None, prefer: str | None = None) -> ProbeResult:
+               started: int, wine_prefix: Path | None, prefer: str | None = None,
+               machine: Machine | None = None) -> ProbeResult:
     facts: dict[str, Any] = {**scan.to_json(), **context, "host": platforms.host_name()}
     facts["gpu"] = ", ".join(g.name for g in scan.gpus) or ("an NVIDIA GPU" if scan.present else None)
 
@@ -357,7 +371,10 @@ def _probe_now(target: tuple[Path, Manifest] | None, context: dict[str, Any], *,
         out: VerifyReport | VerifyError = listed["report"]
         return out
 
-    cuda = _cuda_verdict(manifest, scan, facts, list_devices) if "cuda" in gpu_backends else None
+    machine = machine or Machine(env={}, smi_timeout=SMI_TIMEOUT, lib_dirs=None)
+    cuda = (_cuda_verdict(manifest, scan, facts, list_devices,
+                          diagnose=lambda: diagnose_cuda(root, manifest, scan, machine=machine))
+            if "cuda" in gpu_backends else None)
     vulkan = _vulkan_verdict(list_devices) if "vulkan" in gpu_backends else None
     if prefer == "cpu":
         working = next((v for v in (cuda, vulkan) if v is not None and v[0] in (Reason.OK, Reason.VULKAN_OK)), None)
@@ -367,7 +384,8 @@ def _probe_now(target: tuple[Path, Manifest] | None, context: dict[str, Any], *,
         not_cuda = ("Vulkan was asked for" if prefer == "vulkan" and cuda is not None and cuda[0] is Reason.OK else
                     "the bundle has no CUDA backend" if cuda is None else
                     f"CUDA is not used: {explain(cuda[0], {**facts, **cuda[1]})[0]}")
-        return done(Reason.VULKAN_OK, not_cuda=not_cuda, cuda_reason=cuda[0].value if cuda else None, **vulkan[1])
+        return done(Reason.VULKAN_OK, not_cuda=not_cuda, cuda_reason=cuda[0].value if cuda else None, **vulkan[1],
+                    **({"cuda_cause": cuda[1]["cause"]} if cuda and cuda[1].get("cause") else {}))
     if cuda is not None and (cuda[0] is not Reason.GPU_MISSING or vulkan is None):
         return done(cuda[0], vulkan_reason=vulkan[0].value if vulkan else None, **cuda[1],
                     **({"vulkan_detail": vulkan[1].get("detail")} if vulkan else {}))
@@ -379,9 +397,10 @@ Verdict = tuple[Reason, dict[str, Any]]
 ListDevices = Callable[[], "VerifyReport | VerifyError"]
 
 
-def _cuda_verdict(manifest: Manifest, scan: GpuScan, facts: dict[str, Any], list_devices: ListDevices) -> Verdict:
+def _cuda_verdict(manifest: Manifest, scan: GpuScan, facts: dict[str, Any], list_devices: ListDevices, *,
+                  diagnose: Callable[[], Diagnosis]) -> Verdict:
     """CUDA's checks, in order: an NVIDIA GPU, the driver against the bundle's floor, the backend loading
-    from the bundle and listing its device."""
+    from the bundle and listing its device; when it did not load or listed none, why (`diagnose`)."""
     if not scan.present:
         return Reason.GPU_MISSING, {"detail": scan.error or "no NVIDIA driver found"}
     floor = manifest.cuda.driver_floor if manifest.cuda is not None else None
@@ -394,9 +413,17 @@ def _cuda_verdict(manifest: Manifest, scan: GpuScan, facts: dict[str, Any], list
     dev = _device_of(list_devices, "cuda", failed=Reason.CUDA_STARTUP_FAILED,
                      not_loaded=(Reason.CUDA_UNAVAILABLE, {"detail": "the CUDA backend did not load"}),
                      no_device=(Reason.CUDA_UNAVAILABLE, {"detail": "the CUDA backend loaded but listed no device"}))
-    if not isinstance(dev, str):
+    if isinstance(dev, str):
+        return Reason.OK, {"cuda_device": dev.split(":", 1)[0]}
+    if dev[0] is not Reason.CUDA_UNAVAILABLE:
         return dev
-    return Reason.OK, {"cuda_device": dev.split(":", 1)[0]}
+    try:
+        found = diagnose()
+    except Exception as e:  # a diagnosis never takes the probe down: the old reason, with what went wrong
+        return dev[0], {**dev[1], "cause": None, "diagnosis_error": f"{type(e).__name__}: {e}"[:500]}
+    if found.cause is None:
+        return dev[0], {**dev[1], **found.to_facts()}
+    return found.cause[0], {**dev[1], **found.to_facts(), **found.cause[1]}
 
 
 def _vulkan_verdict(list_devices: ListDevices) -> Verdict:
@@ -430,6 +457,310 @@ def _device_of(list_devices: ListDevices, backend: str, *, failed: Reason, not_l
         return not_loaded
     dev = next((d for d in report.devices if d.startswith(name)), None)
     return dev if dev is not None else no_device
+
+
+# ------------------------------------------------------------------------------------ why CUDA did not come up
+
+
+@dataclass(frozen=True, kw_only=True)
+class Machine:
+    """Where a diagnosis looks: the environment nvidia-smi runs in, its timeout, this machine's library directories."""
+
+    env: Mapping[str, str]
+    smi_timeout: float
+    lib_dirs: tuple[Path, ...] | None  # None: the directories `ldconfig -p` lists, then the ELF policy's
+
+
+@dataclass(frozen=True, kw_only=True)
+class Diagnosis:
+    """What diagnose_cuda found: the cause's verdict (None: none found), what each check saw, what it could not."""
+
+    cause: Verdict | None
+    evidence: dict[str, Any]
+    errors: tuple[str, ...]
+
+    def to_facts(self) -> dict[str, Any]:
+        facts: dict[str, Any] = {"cause": None, "diagnosis": {**self.evidence, "errors": list(self.errors)}}
+        if self.cause is None and self.errors:
+            facts["diagnosis_error"] = "; ".join(self.errors)[:500]
+        return facts
+
+
+class _Look:
+    """One diagnosis's view of the bundle and the machine; nvidia-smi is asked each question once, when needed."""
+
+    def __init__(self, root: Path, manifest: Manifest, scan: GpuScan, machine: Machine) -> None:
+        self.root, self.manifest, self.scan, self.machine = root, manifest, scan, machine
+        self.evidence: dict[str, Any] = {}
+        self.errors: list[str] = []
+        self._asked: dict[tuple[str, ...], str | None] = {}
+
+    @property
+    def toolkit(self) -> str | None:
+        return self.manifest.cuda.toolkit if self.manifest.cuda is not None and self.manifest.cuda.toolkit else None
+
+    def smi(self, args: tuple[str, ...], what: str) -> str | None:
+        """nvidia-smi's stdout for `args` (its timeout, its own process group), or None with the reason in errors."""
+        if args not in self._asked:
+            out: str | None = None
+            if self.scan.nvidia_smi is None:
+                self.errors.append(f"{what}: nvidia-smi is not on PATH")
+            else:
+                try:
+                    done = proc.capture([self.scan.nvidia_smi, *args], env=self.machine.env, timeout=self.machine.smi_timeout)
+                except proc.Timeout:
+                    self.errors.append(f"{what}: nvidia-smi did not answer in {self.machine.smi_timeout:g}s")
+                except OSError as e:
+                    self.errors.append(f"{what}: nvidia-smi could not be started: {e}")
+                else:
+                    if done.returncode == 0:
+                        out = done.stdout
+                    else:
+                        last = ((done.stdout + done.stderr).strip().splitlines()[-1:] or [""])[0].strip()
+                        self.errors.append(f"{what}: nvidia-smi {' '.join(args)} exited with {done.returncode}: {last[:200]}")
+            self._asked[args] = out
+        return self._asked[args]
+
+    def compute_caps(self) -> list[tuple[int, int]] | None:
+        """Each listed GPU's compute capability (nvidia-smi --query-gpu=compute_cap), or None when not known."""
+        if "compute_caps" not in self.evidence:
+            text = self.smi(COMPUTE_CAP_ARGS, "compute capability")
+            ccs: list[tuple[int, int]] | None = None
+            if text is not None:
+                lines = [ln.strip() for ln in text.splitlines() if ln.strip()][:MAX_OUTPUT_LINES]
+                matches = [_COMPUTE_CAP.fullmatch(ln) for ln in lines]
+                if lines and all(matches):
+                    ccs = [(int(m[1]), int(m[2])) for m in matches if m]
+                else:
+                    bad = next((ln for ln, m in zip(lines, matches, strict=True) if not m), "")
+                    self.errors.append("compute capability: nvidia-smi's answer is not a compute capability like 8.6"
+                                       + (f" ({bad[:100]!r})" if bad else " (it printed nothing)"))
+            self.evidence["compute_caps"] = [f"{a}.{b}" for a, b in ccs] if ccs is not None else None
+        caps = self.evidence["compute_caps"]
+        return [(int(c.split(".")[0]), int(c.split(".")[1])) for c in caps] if caps is not None else None
+
+    def driver_cuda(self) -> tuple[int, int] | None:
+        """The newest CUDA the driver runs, from nvidia-smi's header (`CUDA Version: 12.8`), or None."""
+        if "driver_cuda" not in self.evidence:
+            text = self.smi((), "the driver's CUDA version")
+            m = _SMI_CUDA.search(text) if text is not None else None
+            if text is not None and m is None:
+                self.errors.append("the driver's CUDA version: nvidia-smi's header names no 'CUDA Version'")
+            self.evidence["driver_cuda"] = f"{m[1]}.{m[2]}" if m else None
+        got = self.evidence["driver_cuda"]
+        return (int(got.split(".")[0]), int(got.split(".")[1])) if got else None
+
+    def toolkit_floors(self) -> tuple[str | None, str | None]:
+        """(the driver floor data/cuda.json gives the bundle's toolkit on its OS, the lowest floor of a release with
+        the same major.minor, whose PTX ISA is the same) — None where the toolkit is not in the data."""
+        toolkit = self.toolkit
+        if toolkit is None:
+            return None, None
+        os_name = platforms.get(self.manifest.platform).system
+        toolkits = data.cuda_toolkits()
+        exact = toolkits.get(toolkit, {}).get("driver_floor", {}).get(os_name)
+        same = [info["driver_floor"][os_name] for v, info in toolkits.items()
+                if _major_minor(v) == _major_minor(toolkit) and os_name in info.get("driver_floor", {})]
+        lowest = min(same, key=lambda f: tuple(int(x) for x in re.findall(r"[0-9]+", f)), default=None)
+        return exact, lowest
+
+
+def _major_minor(version: str) -> tuple[int, int] | None:
+    nums = re.findall(r"[0-9]+", version)
+    return (int(nums[0]), int(nums[1])) if len(nums) >= 2 else None
+
+
+def diagnose_cuda(root: Path, manifest: Manifest, scan: GpuScan, *, machine: Machine) -> Diagnosis:
+    """Why the bundle's CUDA backend did not load or listed no device, in order: a library of ggml-cuda's static
+    import closure that neither the bundle nor this machine has (the bundle's own, then the driver's), the GPUs'
+    compute capability served by neither SASS nor PTX, PTX as their only code with a driver too old to JIT it,
+    the driver too old for the bundle's toolkit. A check that cannot be made says why; none raises."""
+    look = _Look(root, manifest, scan, machine)
+    for name, check in (("libraries", _library_cause), ("archs", _arch_cause), ("ptx", _ptx_cause),
+                        ("driver", _driver_cause)):
+        try:
+            cause = check(look)
+        except Exception as e:  # one check that fails leaves the others to run
+            look.errors.append(f"{name}: {type(e).__name__}: {e}"[:300])
+            continue
+        if cause is not None:
+            return Diagnosis(cause=cause, evidence=look.evidence, errors=tuple(look.errors))
+    return Diagnosis(cause=None, evidence=look.evidence, errors=tuple(look.errors))
+
+
+def _library_cause(look: _Look) -> Verdict | None:
+    """ggml-cuda's DT_NEEDED closure against the bundle directory and this machine's library directories (the
+    loader's view with the clean environment verify runs llama-server in): a library found nowhere, or a
+    driver library (libcuda.so.1, never bundled) this machine lacks."""
+    from ..deps.elf import ElfInfo, is_elf, ldconfig_cache, read_elf, resolve_closure, system_library_dirs
+    from ..deps.policy import linux_policy
+
+    lib_name = platforms.get(look.manifest.platform).library_file("ggml-cuda")
+    lib = look.root / lib_name
+    if not lib.is_file():
+        look.evidence["libraries"] = f"{lib_name} is not in the bundle"
+        return _library_verdict(Reason.CUDA_LIBRARY_MISSING, lib_name, ["llama-server (ggml's backend loader)"],
+                                searched=[str(look.root)])
+    if not is_elf(lib):
+        look.evidence["libraries"] = f"not checked: {lib_name} is not an ELF file (the PE closure is not checked here)"
+        look.errors.append(f"libraries: {lib_name} is not an ELF file")
+        return None
+    policy = linux_policy()
+    dirs = list(look.machine.lib_dirs) if look.machine.lib_dirs is not None else \
+        system_library_dirs(policy, ldconfig_output=ldconfig_cache())
+    closure = resolve_closure([lib], products=[look.root], policy=policy, system_dirs=dirs)
+    searched = [str(look.root), *map(str, dirs)]
+    if closure.missing:
+        name, by = next(iter(closure.missing.items()))
+        look.evidence["libraries"] = {"missing": {k: list(v) for k, v in closure.missing.items()}}
+        return _library_verdict(Reason.CUDA_LIBRARY_MISSING, name, list(by), searched=searched,
+                                also=[k for k in closure.missing if k != name])
+    root_info: ElfInfo = read_elf(lib)
+
+    def present(name: str) -> bool:
+        for d in dirs:
+            cand = d / name
+            if cand.is_file() and is_elf(cand):
+                try:
+                    info = read_elf(cand.resolve())
+                except VerifyError:
+                    continue
+                if (info.machine, info.elfclass) == (root_info.machine, root_info.elfclass):
+                    return True
+        return False
+
+    absent = [d for d in closure.driver if not present(d)]
+    look.evidence["libraries"] = {"bundled": sorted(closure.bundled), "driver": list(closure.driver),
+                                  "driver_absent": absent, "searched": searched}
+    if absent:
+        return _library_verdict(Reason.CUDA_DRIVER_LIBRARY_MISSING, absent[0], list(closure.needed_by.get(absent[0], ())),
+                                searched=[str(d) for d in dirs], also=absent[1:])
+    return None
+
+
+def _library_verdict(reason: Reason, name: str, by: list[str], *, searched: list[str], also: list[str] | None = None) -> Verdict:
+    cause = {"code": reason.value, "library": name, "needed_by": by, "searched": searched, "also_missing": also or []}
+    return reason, {"library": name, "needed_by": ", ".join(by) or "?", "cause": cause}
+
+
+def _archs_of(look: _Look) -> tuple[list[str], list[str]] | None:
+    cuda = look.manifest.cuda
+    if cuda is None or not (cuda.sass or cuda.ptx):
+        look.errors.append("archs: bundle.json records no CUDA archs")
+        return None
+    return list(cuda.sass), list(cuda.ptx)
+
+
+def _arch_facts(look: _Look, ccs: list[tuple[int, int]], sass: list[str], ptx: list[str]) -> dict[str, Any]:
+    from ..backends.cuda.report import arch_fix
+
+    shown = ", ".join(dict.fromkeys(f"{a}.{b}" for a, b in ccs))
+    fixes = "; ".join(dict.fromkeys(arch_fix(cc, look.toolkit or "?") for cc in ccs))
+    return {"compute_cap": shown, "bundle_sass": ", ".join(sass) or "none", "bundle_ptx": ", ".join(ptx) or "none",
+            "arch_fix": fixes}
+
+
+def _arch_cause(look: _Look) -> Verdict | None:
+    """No listed GPU has SASS or PTX in the bundle that runs on it (the rules of backends.cuda.report)."""
+    from ..backends.cuda.report import Status, serving
+
+    archs = _archs_of(look)
+    ccs = look.compute_caps()
+    if archs is None or not ccs:
+        return None
+    sass, ptx = archs
+    served = {f"{a}.{b}": serving((a, b), sass=sass, ptx=ptx) for a, b in ccs}
+    look.evidence["served"] = {cc: {"status": str(s), "via": via} for cc, (s, via) in served.items()}
+    if any(s is not Status.UNSUPPORTED for s, _via in served.values()):
+        return None
+    more = _arch_facts(look, ccs, sass, ptx)
+    cause = {"code": Reason.CUDA_ARCH_UNSUPPORTED.value, "compute_cap": list(served), "sass": sass, "ptx": ptx,
+             "toolkit": look.toolkit}
+    return Reason.CUDA_ARCH_UNSUPPORTED, {**more, "cause": cause}
+
+
+def _ptx_cause(look: _Look) -> Verdict | None:
+    """No GPU has SASS, one runs PTX through the JIT, and the driver cannot JIT the PTX of the bundle's toolkit: it
+    supports an older CUDA (nvidia-smi's header), or, without that header, it is older than every driver of
+    that toolkit's major.minor in data/cuda.json."""
+    from ..backends.cuda.report import Status, serving
+
+    archs = _archs_of(look)
+    ccs = look.compute_caps()
+    toolkit = look.toolkit
+    if archs is None or not ccs or toolkit is None or _major_minor(toolkit) is None:
+        return None
+    sass, ptx = archs
+    served = [(cc, *serving(cc, sass=sass, ptx=ptx)) for cc in ccs]
+    if any(s is Status.SASS for _cc, s, _via in served):
+        return None
+    jit = [(cc, via) for cc, s, via in served if s is Status.PTX_JIT]
+    if not jit:
+        return None
+    too_old = _driver_behind(look, toolkit, for_ptx=True)
+    if too_old is None:
+        return None
+    evidence, basis, floor = too_old
+    more = _arch_facts(look, [cc for cc, _via in jit], sass, ptx)
+    via = ", ".join(dict.fromkeys(v for _cc, v in jit if v))
+    cause = {"code": Reason.CUDA_PTX_TOO_NEW.value, "compute_cap": [f"{a}.{b}" for (a, b), _v in jit], "ptx": via,
+             "toolkit": toolkit, "driver": look.scan.driver, "driver_cuda": look.evidence.get("driver_cuda"),
+             "basis": basis, "toolkit_floor": floor}
+    return Reason.CUDA_PTX_TOO_NEW, {**more, "ptx_via": via, "toolkit": toolkit, "toolkit_floor": floor or "?",
+                                     "driver_evidence": evidence, "cause": cause}
+
+
+def _driver_behind(look: _Look, toolkit: str, *, for_ptx: bool) -> tuple[str, str, str | None] | None:
+    """(words, basis, floor) when the driver is behind `toolkit`, else None. With nvidia-smi's header: its CUDA
+    version below the toolkit's major.minor (PTX) or major (the runtime, by minor-version compatibility);
+    without it: the driver older than data/cuda.json's floor (PTX: the lowest of the same major.minor)."""
+    exact, lowest = look.toolkit_floors()
+    floor = lowest if for_ptx else exact
+    need = _major_minor(toolkit)
+    assert need is not None
+    have = look.driver_cuda()
+    if have is not None:
+        behind = have < need if for_ptx else have[0] < need[0]
+        return (f"it supports CUDA {have[0]}.{have[1]}", "nvidia-smi: CUDA Version", floor) if behind else None
+    driver = look.scan.driver
+    if floor is None or driver is None or not is_driver_version(driver):
+        look.errors.append(f"driver: CUDA {toolkit}'s driver floor is not in data/cuda.json" if floor is None
+                           else "driver: the driver version is not known")
+        return None
+    if not driver_older(driver, floor):
+        return None
+    what = (f"the oldest driver data/cuda.json gives for CUDA {need[0]}.{need[1]}" if for_ptx else
+            f"the driver of CUDA {toolkit}'s installer in data/cuda.json")
+    return f"it is older than {floor}, {what}", "data/cuda.json driver floor", floor
+
+
+def _driver_cause(look: _Look) -> Verdict | None:
+    """The driver is too old for the bundle's CUDA runtime. Below the floor bundle.json records is driver_too_old,
+    decided before the bundle runs; here: when bundle.json records no floor, below the toolkit's floor in
+    data/cuda.json (or nvidia-smi's older CUDA major); with a floor it meets, nvidia-smi saying it runs an older
+    CUDA major than the toolkit's (a floor recorded too low)."""
+    toolkit, driver = look.toolkit, look.scan.driver
+    if toolkit is None or _major_minor(toolkit) is None:
+        return None
+    recorded = look.manifest.cuda.driver_floor if look.manifest.cuda is not None else None
+    if recorded:  # the bundle's own floor is met: only the driver's CUDA version can still say it is behind
+        have = look.driver_cuda()
+        need = _major_minor(toolkit)
+        if have is None or need is None or have[0] >= need[0]:
+            return None
+        found: tuple[str, str, str | None] | None = (f"it supports CUDA {have[0]}.{have[1]}", "nvidia-smi: CUDA Version",
+                                                     look.toolkit_floors()[0])
+    else:
+        found = _driver_behind(look, toolkit, for_ptx=False)
+    if found is None:
+        return None
+    evidence, basis, floor = found
+    if not recorded:
+        evidence += "; the bundle records no driver floor"
+    cause = {"code": Reason.CUDA_DRIVER_TOO_OLD_FOR_TOOLKIT.value, "driver": driver, "toolkit": toolkit,
+             "driver_cuda": look.evidence.get("driver_cuda"), "toolkit_floor": floor, "basis": basis}
+    return Reason.CUDA_DRIVER_TOO_OLD_FOR_TOOLKIT, {"toolkit": toolkit, "toolkit_floor": floor or "?",
+                                                   "driver_evidence": evidence, "cause": cause}
 
 
 # ------------------------------------------------------------------------------------ cache + tokens

@@ -221,3 +221,29 @@ def _fix(cc: tuple[int, int], supported: Sequence[str], toolkit: str) -> str:
         return f"CUDA {toolkit} cannot build SASS for {cc[0]}.{cc[1]}; a newer toolkit can"
     best = next((c for c in fits if c.version == cc), None) or next((c for c in fits if c.version[1] == 0), None)
     return f"add {(best or max(fits, key=Code.rank)).name}-real to the recipe"
+
+
+def serving(cc: tuple[int, int], *, sass: Sequence[str], ptx: Sequence[str]) -> tuple[Status, str | None]:
+    """How a GPU of compute capability `cc` runs code with these SASS and PTX arch names (bundle.json's
+    cuda.archs): the best matching SASS, else the best matching PTX through the driver's JIT, else nothing.
+    (status, the code's label: "sm_90", "compute_75"; None when unsupported.)"""
+    for codes, status in (([Code(name=s, ptx=False) for s in sass], Status.SASS),
+                          ([Code(name=p, ptx=True) for p in ptx], Status.PTX_JIT)):
+        best = max((c for c in codes if c.runs_on(cc)), key=Code.rank, default=None)
+        if best is not None:
+            return status, best.label
+    return Status.UNSUPPORTED, None
+
+
+def arch_fix(cc: tuple[int, int], toolkit: str, *, toolkits: Mapping[str, Any] | None = None) -> str:
+    """What a recipe on `toolkit` adds for native SASS on `cc` (as `llamabundle archs` says it), or that the
+    toolkit cannot (data: cuda.json)."""
+    toolkits = data.cuda_toolkits() if toolkits is None else toolkits
+    if toolkit not in toolkits:
+        return f"a recipe whose CUDA archs include {cc[0]}{cc[1]}-real"
+    supported = list(toolkits[toolkit]["archs"])
+    lowest = min((Code(name=s, ptx=False) for s in supported), key=Code.rank)
+    if cc < lowest.version:
+        return (f"CUDA {toolkit} cannot target it (nothing below sm_{lowest.name}); "
+                f"a recipe on an older toolkit with {cc[0]}{cc[1]}-real can")
+    return _fix(cc, supported, toolkit)
