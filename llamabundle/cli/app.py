@@ -15,7 +15,7 @@ from ..errors import UsageError
 from ..lazy import lazy_import
 from ..recipe import load_recipe
 from .context import Ctx, pass_ctx
-from .options import JSON_OPT
+from .options import JSON_OPT, InputFile
 from .output import emit
 
 if TYPE_CHECKING:
@@ -26,7 +26,7 @@ else:
     install_mod = lazy_import("llamabundle.runtime.install")
     probe_mod = lazy_import("llamabundle.runtime.probe")
     doctor_mod = lazy_import("llamabundle.runtime.doctor")
-DEFAULT_TTL = 300.0  # runtime.probe.DEFAULT_TTL (a test checks they agree), spelled out for a fast start
+DEFAULT_TTL = 30.0  # runtime.probe.DEFAULT_TTL (a test checks they agree), spelled out for a fast start
 
 _DEST = click.option("--dest", type=click.Path(file_okay=False, path_type=Path),
                      help="Install root (default: $LLAMABUNDLE_DATA_DIR or the user data directory).")
@@ -78,16 +78,30 @@ def probe_cmd(c: Ctx, as_json: bool, bundle: Path | None, dest: Path | None, nvi
 @_DEST
 @click.option("--expect-commit", metavar="C", help="Refuse a bundle of another llama.cpp commit (default with --recipe: its commit).")
 @click.option("--expect-toolkit", metavar="V", help="Refuse a bundle of another CUDA toolkit (default with --recipe: its toolkit).")
+@click.option("--expect-sha256", "expect_sha256", metavar="HEX",
+              help="Refuse a bundle whose zip has another sha256 (checked on the downloaded bytes, before anything is unpacked).")
+@click.option("--digests", "digests_path", metavar="FILE", type=InputFile(exists=True),
+              help="Refuse a bundle whose zip is not in this digest list (SHA256SUMS lines: `<sha256>  <zip name or key>`).")
 @click.option("--if-needed", is_flag=True, help="Probe first; install only on binary_missing_nvidia_detected, then probe again.")
 @JSON_OPT
 @pass_ctx
 def install_cmd(c: Ctx, store_url: str | None, recipe_path: Path | None, key_: str | None, dest: Path | None,
-                expect_commit: str | None, expect_toolkit: str | None, if_needed: bool, as_json: bool) -> None:
-    """Download a bundle, check everything in it, and install it atomically (the previous one stays until then)."""
+                expect_commit: str | None, expect_toolkit: str | None, expect_sha256: str | None,
+                digests_path: Path | None, if_needed: bool, as_json: bool) -> None:
+    """Download a bundle, check everything in it, and install it atomically (the previous one stays until then).
+    With --expect-sha256 or --digests, only the pinned zip is installed."""
     if (recipe_path is None) == (key_ is None):
         raise UsageError("pass exactly one of --recipe and --key", fix="llamabundle install --store S --recipe R")
     if key_ is not None and not re.fullmatch(r"[0-9a-f]{64}", key_):
         raise UsageError(f"'{key_}' is not a key", fix="a key is 64 hex digits (llamabundle key RECIPE)")
+    if expect_sha256 is not None and digests_path is not None:
+        raise UsageError("pass at most one of --expect-sha256 and --digests", fix="pin the zip by one of them")
+    if if_needed and (expect_sha256 is not None or digests_path is not None):
+        raise UsageError("--expect-sha256 and --digests do not work with --if-needed yet",
+                         why="the on-demand install does not take a pin", fix="run `llamabundle probe`; when it says "
+                         "binary_missing_nvidia_detected, run this install without --if-needed")
+    sha = install_mod.parse_sha256(expect_sha256) if expect_sha256 is not None else None
+    digests = install_mod.load_digests(digests_path) if digests_path is not None else None
     if recipe_path is not None:
         r = load_recipe(recipe_path, env=c.env)
         key_ = r.key()
@@ -100,14 +114,16 @@ def install_cmd(c: Ctx, store_url: str | None, recipe_path: Path | None, key_: s
                              commit=expect_commit, toolkit=expect_toolkit)
         emit(res.to_json()) if as_json else _print_probe(res)
         return
-    out = install_mod.install_bundle(store, key_, root=root, log=c.log, commit=expect_commit, toolkit=expect_toolkit)
+    out = install_mod.install_bundle(store, key_, root=root, log=c.log, commit=expect_commit, toolkit=expect_toolkit,
+                                     expect_sha256=sha, digests=digests)
     if as_json:
         emit(out.to_json())
     elif out.reused:
         click.echo(f"already installed and intact: {out.installed.name} ({out.installed.key[:12]}) {out.installed.path}")
     else:
         click.echo(f"installed {out.installed.name} ({out.installed.key[:12]}): {out.installed.path}"
-                   + (f" (replaced {out.replaced[:12]})" if out.replaced else ""))
+                   + (f" (replaced {out.replaced[:12]})" if out.replaced else "")
+                   + (f" (zip sha256 pinned by {out.pinned.where})" if out.pinned else ""))
 
 
 @click.command("list")

@@ -6,7 +6,13 @@ is downloaded and extracted into `bundles/<name>/.stage-*/`, checked there, rena
 and only then does the pointer move to it; the old version is removed after that. A SIGKILL at any
 instant leaves the pointer on a complete, checked install; the next install of that name cleans up the
 leftovers under the same per-name file lock. Every decision about a slot (what is installed, what to
-replace, what to remove) is made holding that lock, from the first read to the last write."""
+replace, what to remove) is made holding that lock, from the first read to the last write.
+
+A pin (`expect_sha256`, or a `DigestList` the app ships) is trust that does not rest on the release alone: a
+release whose zip and bundle.json were both replaced still agrees with itself, but not with the pin. The
+zip's sha256 is compared with the pin before the download (as the store lists it) and on the downloaded
+bytes before anything is unpacked; the pointer records the zip's sha256, so that an install is reused
+under a pin only when it came from the pinned zip."""
 
 from __future__ import annotations
 
@@ -15,7 +21,7 @@ import os
 import re
 import secrets
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +31,7 @@ from filelock import FileLock, Timeout
 
 from .. import platforms, scratch
 from ..archive import extract_zip
-from ..bundle import read_manifest
+from ..bundle import read_manifest, sha256_file
 from ..bundle.manifest import Expect, Manifest, trust
 from ..errors import StoreError, UsageError, VerifyError, disk_fix
 from ..log import Log
@@ -39,6 +45,8 @@ LOCK_TIMEOUT = 600
 STAGE = ".stage-"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,99}")
 Hook = Callable[[str], None]  # called at "downloaded", "extracted", "verified", "swapping", "swapped"
+_SHA256 = re.compile(r"[0-9a-fA-F]{64}")
+EXPECT_SOURCE = "--expect-sha256"
 
 
 class BundleInvalid(VerifyError):
@@ -62,6 +70,7 @@ class Installed:
     path: Path
     installed_at: str
     manifest: Manifest
+    zip_sha256: str | None = None  # the sha256 of the zip it was unpacked from (None: an install that predates it)
 
     @property
     def backends(self) -> list[str]:
@@ -81,13 +90,122 @@ class Installed:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Pin:
+    """The sha256 the bundle's zip must have, from outside the release: --expect-sha256 or a digest list."""
+
+    sha256: str
+    source: str  # EXPECT_SOURCE, or "digests:<file>"
+    path: Path | None = None  # the digest list, and the line that gave the sha256
+    line: int | None = None
+
+    @property
+    def where(self) -> str:
+        return f"{self.path}:{self.line}" if self.path is not None else self.source
+
+    def to_json(self) -> dict[str, Any]:
+        return {"sha256": self.sha256, "source": self.source}
+
+    def fix(self, zip_name: str) -> str:
+        trusted = (f"from a source you trust (the release job's output, or `gh attestation verify {zip_name} --repo "
+                   "OWNER/REPO` on the downloaded zip)")
+        if self.path is None:
+            return (f"do not install it. If the bundle was rebuilt on purpose, pass its new sha256 {trusted}; "
+                    "otherwise the release was replaced: report it and publish the bundle again from a trusted build")
+        return (f"do not install it. If the bundle was rebuilt on purpose, put its new sha256 {trusted} on line "
+                f"{self.line} of {self.path} and ship the list again; otherwise the release was replaced: report it "
+                "and publish the bundle again from a trusted build")
+
+
+def parse_sha256(text: str, *, what: str = EXPECT_SOURCE) -> str:
+    """A sha256 given by hand (64 hex digits, either case), in lower case; else a UsageError (exit 2)."""
+    if not _SHA256.fullmatch(text):
+        raise UsageError(f"{what} '{text}' is not a sha256", why="a sha256 is 64 hex digits",
+                         fix="pass the bundle zip's sha256 as `sha256sum BUNDLE.zip` prints it (or its release's SHA256SUMS line)")
+    return text.lower()
+
+
+@dataclass(frozen=True, kw_only=True)
+class DigestList:
+    """A digest list an app ships: the SHA256SUMS format a store publishes beside each zip (`<sha256>  <name>`
+    lines; store.local's grammar), e.g. the SHA256SUMS assets of the releases it installs, concatenated. A name is
+    a bundle zip's name as its release names it, or a cache key. Blank lines and `#` comments are skipped."""
+
+    path: Path
+    entries: Mapping[str, tuple[str, int]]  # name -> (sha256, line)
+
+    @property
+    def source(self) -> str:
+        return f"digests:{self.path}"
+
+    def pin_for(self, entry: Entry) -> Pin:
+        """The pin of the store's entry: the line naming its zip (or its key). Not listed: refused (exit 5)."""
+        as_text = os.fsencode(entry.zip_name).decode("utf-8", "surrogateescape")  # a local store's name is fsdecoded
+        found = {name: self.entries[name] for name in dict.fromkeys((entry.zip_name, as_text, entry.key))
+                 if name in self.entries}
+        if not found:
+            raise _invalid(entry.key, f"{entry.zip_name} is not in the digest list {self.path}",
+                           why="only bundles whose zip sha256 the digest list holds are installed",
+                           fix=f"if this bundle is one to install, add the line `<sha256>  {entry.zip_name}` (its release's "
+                               f"SHA256SUMS line) to {self.path}, with the sha256 taken from a source you trust (the release "
+                               f"job's output, or `gh attestation verify {entry.zip_name} --repo OWNER/REPO` on the zip), "
+                               "and ship the updated list")
+        (sha, line), *others = found.values()
+        if any(o[0] != sha for o in others):
+            lines = sorted(n for _sha, n in found.values())
+            raise UsageError(f"{self.path}: lines {lines[0]} and {lines[1]} give two sha256 for {entry.zip_name} "
+                             f"(by its name and by its key {entry.key[:12]})", why="a digest list names one zip once",
+                             fix=f"keep the line with the sha256 you trust in {self.path}", file=str(self.path), line=lines[1])
+        return Pin(sha256=sha, source=self.source, path=self.path, line=line)
+
+
+def load_digests(path: Path) -> DigestList:
+    """Parse a digest list; a file that is not one is a UsageError (exit 2) naming file:line."""
+    fix = f"correct {path}: each line is `<sha256>  <zip name>`, as in a release's SHA256SUMS"
+    if path.exists() and not path.is_file():  # a FIFO or device is never opened (reading a FIFO blocks)
+        raise UsageError(f"the digest list {path} is not a regular file", fix="pass a digest list file")
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise UsageError(f"cannot read the digest list {path}", why=e.strerror or str(e), fix=disk_fix(e)) from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        n = raw[:e.start].count(b"\n") + 1
+        raise UsageError(f"{path}:{n}: the digest list is not UTF-8 text", why=e.reason, fix=fix,
+                         file=str(path), line=n) from None
+    from ..store.local import _SUMS_LINE  # the grammar of SHA256SUMS, as the stores write and read it
+
+    entries: dict[str, tuple[str, int]] = {}
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        m = _SUMS_LINE.fullmatch(line)
+        name = m.group(2) if m else ""
+        if m is None or "/" in name or "\\" in name or name in (".", ".."):
+            raise UsageError(f"{path}:{n}: not a digest line: {line[:80]!r}",
+                             why="a line is `<sha256>  <name>`: 64 lower-case hex digits, two spaces (or a space and `*`), "
+                                 "and a bundle zip's file name (no directory) or a cache key", fix=fix, file=str(path), line=n)
+        if name in entries and entries[name][0] != m.group(1):
+            raise UsageError(f"{path}:{n}: a second sha256 for {name} (line {entries[name][1]} gives another)",
+                             why="a digest list names one zip once", fix=f"keep the line with the sha256 you trust in {path}",
+                             file=str(path), line=n)
+        entries.setdefault(name, (m.group(1), n))
+    if not entries:
+        raise UsageError(f"the digest list {path} lists no bundle", why="it holds no `<sha256>  <zip name>` line",
+                         fix=fix, file=str(path))
+    return DigestList(path=path, entries=entries)
+
+
+@dataclass(frozen=True, kw_only=True)
 class InstallOutcome:
     installed: Installed
     reused: bool  # the same key was already installed and intact
     replaced: str | None  # the key of the install this one replaced
+    pinned: Pin | None = None  # the pin the zip was checked against
 
     def to_json(self) -> dict[str, Any]:
-        return {"schema": 1, **self.installed.to_json(), "reused": self.reused, "replaced": self.replaced}
+        return {"schema": 1, **self.installed.to_json(), "reused": self.reused, "replaced": self.replaced,
+                "pinned": self.pinned.to_json() if self.pinned is not None else None}
 
 
 def check_bundle(path: Path, *, key: str, platform: str, commit: str | None = None,
@@ -128,27 +246,36 @@ def _current(slot: Path) -> Installed | None:
         manifest = read_manifest(slot / version)
     except (OSError, ValueError, KeyError, TypeError, VerifyError):
         return None
+    zip_sha = ptr.get("zip_sha256")
     return Installed(name=slot.name, key=manifest.key, path=slot / version, installed_at=str(ptr.get("installed_at", "")),
-                     manifest=manifest)
+                     manifest=manifest,
+                     zip_sha256=zip_sha if isinstance(zip_sha, str) and re.fullmatch(r"[0-9a-f]{64}", zip_sha) else None)
 
 
 def install_bundle(store: Store, key: str, *, root: Path, log: Log, commit: str | None = None, toolkit: str | None = None,
-                   platform: str | None = None, hook: Hook | None = None) -> InstallOutcome:
+                   platform: str | None = None, hook: Hook | None = None, expect_sha256: str | None = None,
+                   digests: DigestList | None = None) -> InstallOutcome:
     """Install the store's bundle `key` under root, replacing the install of the same name only once the new
-    one is checked. `hook` is called at the named points (tests kill the process there)."""
+    one is checked. `expect_sha256` (or the line of `digests` naming the zip or the key) pins the zip's sha256:
+    another zip is refused (exit 5) before anything is unpacked, and a bundle the list lacks is refused too.
+    `hook` is called at the named points (tests kill the process there)."""
+    if expect_sha256 is not None and digests is not None:
+        raise UsageError("pass at most one of --expect-sha256 and --digests", fix="pin the zip by one of them")
+    sha = parse_sha256(expect_sha256) if expect_sha256 is not None else None
     try:
         entry = store.lookup(key)
     except VerifyError as e:  # the store's bundle.json or zip is not what it claims: refused before any download
         raise _invalid(key, e.what, e.why, fix=e.fix) from None
     if entry is None:
         raise UsageError(f"no bundle with key {key[:12]} in {store.url}", fix="build and publish it first: llamabundle build RECIPE")
+    pin = Pin(sha256=sha, source=EXPECT_SOURCE) if sha is not None else digests.pin_for(entry) if digests else None
     name = entry.manifest.name
     if not _NAME.fullmatch(name):
         raise _invalid(key, f"the store names it {name!r}, which is not a usable bundle name")
     try:
         with _slot_lock(root, name, doing="installing or removing"):
             return _install_locked(store, entry, root / BUNDLES / name, log=log, platform=platform or platforms.host_name(),
-                                   commit=commit, toolkit=toolkit, hook=hook or (lambda _point: None))
+                                   commit=commit, toolkit=toolkit, hook=hook or (lambda _point: None), pin=pin)
     except OSError as e:
         raise _os_error(f"cannot install {name} into {root}", e) from None
 
@@ -177,8 +304,15 @@ def _os_error(what: str, e: OSError) -> StoreError:
     return StoreError(what, why=f"{e.strerror or e}{where}", fix=disk_fix(e))
 
 
+def _pin_refused(entry: Entry, pin: Pin, got: str, *, where: str) -> BundleInvalid:
+    return _invalid(entry.key, f"{entry.zip_name} has sha256 {got}, not the {pin.sha256} pinned by {pin.where}",
+                    why=f"{where}: the zip is not the pinned one (a release whose zip and bundle.json were both replaced "
+                        "still agrees with itself; only the pin, from outside the release, tells)",
+                    fix=pin.fix(entry.zip_name))
+
+
 def _install_locked(store: Store, entry: Entry, slot: Path, *, log: Log, platform: str, commit: str | None,
-                    toolkit: str | None, hook: Hook) -> InstallOutcome:
+                    toolkit: str | None, hook: Hook, pin: Pin | None) -> InstallOutcome:
     key = entry.key
     slot.mkdir(parents=True, exist_ok=True)
     old = _current(slot)
@@ -189,12 +323,17 @@ def _install_locked(store: Store, entry: Entry, slot: Path, *, log: Log, platfor
             shutil.rmtree(leftover)
         else:
             leftover.unlink()
-    if old is not None and old.key == key:
+    if old is not None and old.key == key and (pin is None or old.zip_sha256 == pin.sha256):
         try:
             check_bundle(old.path, key=key, platform=platform, commit=commit, toolkit=toolkit)
-            return InstallOutcome(installed=old, reused=True, replaced=None)
+            return InstallOutcome(installed=old, reused=True, replaced=None, pinned=pin)
         except BundleInvalid as e:
             log.warn(f"the installed {slot.name} ({key[:12]}) fails its check ({e.what}); installing it again")  # noqa: G010 - Log.warn
+    elif old is not None and old.key == key and pin is not None:
+        log.info(f"the installed {slot.name} ({key[:12]}) is not known to come from the zip pinned by {pin.where}; "
+                 "installing it again")
+    if pin is not None and entry.zip_sha256 != pin.sha256:  # refused before any download, the old install untouched
+        raise _pin_refused(entry, pin, entry.zip_sha256, where=f"{store.url} lists it so (nothing was downloaded)")
     version = f"{key[:12]}-{secrets.token_hex(4)}"
     stage = scratch.make_dir(slot, STAGE)
     swapped = False
@@ -204,6 +343,11 @@ def _install_locked(store: Store, entry: Entry, slot: Path, *, log: Log, platfor
                 zip_path = store.fetch(entry, stage / "download")
             except VerifyError as e:
                 raise _invalid(key, e.what, e.why) from None
+            zip_sha = entry.zip_sha256  # what the store checked the download against
+            if pin is not None:  # the downloaded bytes themselves, before anything is unpacked
+                zip_sha = sha256_file(zip_path)
+                if zip_sha != pin.sha256:
+                    raise _pin_refused(entry, pin, zip_sha, where=f"the zip downloaded from {store.url}")
         hook("downloaded")
         with log.step(f"extract and check {slot.name} ({key[:12]})"):
             try:
@@ -215,8 +359,8 @@ def _install_locked(store: Store, entry: Entry, slot: Path, *, log: Log, platfor
         hook("verified")
         os.replace(stage / version, slot / version)
         hook("swapping")
-        write_atomic(slot / POINTER, json.dumps({"dir": version, "key": key, "installed_at": utc_timestamp()},
-                                                sort_keys=True) + "\n")
+        write_atomic(slot / POINTER, json.dumps({"dir": version, "key": key, "installed_at": utc_timestamp(),
+                                                 "zip_sha256": zip_sha}, sort_keys=True) + "\n")
         swapped = True
         hook("swapped")
     finally:
@@ -227,8 +371,8 @@ def _install_locked(store: Store, entry: Entry, slot: Path, *, log: Log, platfor
         shutil.rmtree(old.path, ignore_errors=True)
     new = _current(slot)
     assert new is not None and new.key == key
-    log.info(f"installed {slot.name} ({key[:12]}) in {new.path}")
-    return InstallOutcome(installed=new, reused=False, replaced=old.key if old is not None else None)
+    log.info(f"installed {slot.name} ({key[:12]}) in {new.path}" + (f", its zip pinned by {pin.where}" if pin else ""))
+    return InstallOutcome(installed=new, reused=False, replaced=old.key if old is not None else None, pinned=pin)
 
 
 def uninstall(root: Path, what: str) -> Installed:

@@ -247,6 +247,31 @@ def test_release_checks_then_builds_only_on_a_miss() -> None:
         assert ON_MISS in conjuncts(condition(s)), f"step {s.get('name') or s.get('uses')} also runs on a hit"
 
 
+def test_each_published_zip_gets_a_build_provenance_attestation() -> None:
+    """actions/attest-build-provenance signs the zip the build published (Sigstore, through the job's OIDC token),
+    pinned by commit SHA with its release tag beside it; only the publishing job may mint the token and write
+    attestations. Consumers check it with `gh attestation verify` (README); install does not (no Sigstore here)."""
+    steps = release_steps()
+    [attest] = uses_steps(steps, "actions/attest-build-provenance")
+    action, sha = attest["uses"].split("@")
+    assert action == "actions/attest-build-provenance" and re.fullmatch(r"[0-9a-f]{40}", sha)
+    [line] = [ln for ln in RELEASE.read_text(encoding="utf-8").splitlines() if f"uses: {attest['uses']}" in ln]
+    assert VERSION_COMMENT.search(line), line
+    build = step_running(steps, "llamabundle build")
+    assert "--publish" in build["run"] and attest["with"] == {"subject-path": "${{ steps.build.outputs.zip }}"}
+    assert steps.index(build) < steps.index(attest) and condition(attest) == ON_MISS
+    # the permissions it needs, on the job that attests, and nowhere else
+    wf = load(RELEASE)
+    assert wf["permissions"] == {}
+    assert {"id-token", "attestations"} <= {k for k, v in release_job()["permissions"].items() if v == "write"}
+    for path in workflow_files():
+        for name, job in load(path)["jobs"].items():
+            if (path, name) != (RELEASE, "bundle"):
+                assert "id-token" not in (job.get("permissions") or {}), f"{path.name}: {name}"
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "gh attestation verify" in readme and "--repo" in readme
+
+
 def test_the_compiler_cache_is_saved_even_when_the_build_fails() -> None:
     """A cold CUDA build takes hours: what it compiled is kept when it fails or runs out of time (the build step
     stops before the job's limit), so that a re-run of the job resumes from it."""
