@@ -1,5 +1,5 @@
 """The store protocol (DESIGN §6) and the values stores hand back: `Store` (lookup(key) -> Entry | None,
-fetch(entry, dest), publish(zip, manifest)), `Entry` and `Published`.
+list_entries(), fetch(entry, dest), publish(zip, manifest)), `Entry` and `Published`.
 
 Only the protocol lives here: the concrete stores (store.local, store.github) import this module, and it
 imports none of them; the factory that picks one for a URL is `llamabundle.store.open_store`."""
@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from ..bundle.manifest import Manifest
     from ..net import Sink
 
@@ -35,6 +37,11 @@ class Store(Protocol):
     url: str
 
     def lookup(self, key: str) -> Entry | None: ...
+
+    def list_entries(self) -> Sequence[Entry]:
+        """Every complete entry of the store (what lookup would hit), each checked as lookup checks it, one per
+        key, sorted by key. An incomplete entry is left out; a damaged one raises, as its lookup does."""
+        ...
 
     def fetch(self, entry: Entry, dest: Path, *, sink: Sink | None = None) -> Path:
         """Download the entry's zip into dest (a directory); return the verified zip's path. `sink`, when

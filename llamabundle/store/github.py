@@ -183,6 +183,36 @@ class GitHubStore:
         raise StoreError(f"cannot take the tag {tag} in {self.repo}", why="other publishers kept taking it over",
                          fix="retry later")
 
+    def list_entries(self, *, per_page: int = 100, max_pages: int = 1000) -> list[GitHubEntry]:
+        """Every published release that is a complete entry, one per key (the newest release of a key, as
+        GitHub lists them newest first), sorted by key. The releases are listed `per_page` at a time until a
+        page is short (or brings no release not seen before); a release without bundle.json or a single
+        uploaded .zip is not an entry and is left out; one whose bundle.json is not a consistent manifest is
+        refused as lookup refuses it."""
+        seen: set[int] = set()
+        found: dict[str, GitHubEntry] = {}
+        for page in range(1, max_pages + 1):
+            r = self._api("GET", f"{self._repo_api}/releases?per_page={per_page}&page={page}", ok=(200,),
+                          what="list releases")
+            listed = self._json(r, "the release list")
+            if not isinstance(listed, list):
+                raise StoreError(f"GitHub answered something that is not a release list for {self.repo}",
+                                 why=f"HTTP {r.status_code}: a JSON {type(listed).__name__}",
+                                 fix="check GITHUB_API_URL (or LLAMABUNDLE_GITHUB_API_URL)")
+            rels = [x for x in listed if isinstance(x, dict) and isinstance(x.get("id"), int)]
+            new = [x for x in rels if x["id"] not in seen]
+            seen.update(x["id"] for x in new)
+            for rel in new:
+                if rel.get("draft"):
+                    continue
+                entry = self._entry_from_release(rel, None)
+                if entry is not None and entry.key not in found:
+                    found[entry.key] = entry
+            if len(listed) < per_page or not new:
+                return [found[k] for k in sorted(found)]
+        raise StoreError(f"{self.repo} has more than {max_pages * per_page} releases", why="listing stopped there",
+                         fix="delete old releases, or list them with the GitHub API yourself")
+
     # --------------------------------------------------------------------------- lookup
 
     def _release_by_key(self, key: str, *, max_pages: int = 10) -> dict[str, Any] | None:
@@ -210,7 +240,9 @@ class GitHubStore:
         self._trust_upload(rel)
         return rel
 
-    def _entry_from_release(self, rel: dict[str, Any], key: str) -> GitHubEntry | None:
+    def _entry_from_release(self, rel: dict[str, Any], key: str | None) -> GitHubEntry | None:
+        """The release's entry; its bundle.json must be a manifest of `key` (None: of whatever key it names,
+        still the sha256 of its inputs, as when listing)."""
         assets = [a for a in rel.get("assets") or [] if isinstance(a, dict)]
         manifest_asset = next((a for a in assets if a.get("name") == MANIFEST), None)
         zips = [a for a in assets if str(a.get("name", "")).endswith(".zip")]
@@ -244,7 +276,7 @@ class GitHubStore:
                 raise StoreError(f"release {tag} in {self.repo} gives no sha256 for {z['name']}",
                                  why=f"the asset has no digest and {SUMS} does not list it",
                                  fix=f"delete the release {tag} and publish again")
-        return GitHubEntry(key=key, zip_name=z["name"], zip_sha256=sha, zip_size=zip_size,
+        return GitHubEntry(key=manifest.key, zip_name=z["name"], zip_sha256=sha, zip_size=zip_size,
                            manifest=manifest, location=z.get("browser_download_url") or z.get("url", ""),
                            asset_url=z["url"], release_id=int(rel["id"]))
 

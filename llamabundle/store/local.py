@@ -32,6 +32,7 @@ LOCK_TIMEOUT = 600
 PUBLISH_PREFIX = ".publish-"
 CHUNK = 1 << 20
 _SUMS_LINE = re.compile(r"([0-9a-f]{64}) [ *](.+)")
+_KEY_DIR = re.compile(r"[0-9a-f]{64}")
 _REFUSED = re.compile(r"^bundle [0-9a-f]{1,12} refused: ")  # check_consistent's prefix, said once by the entry
 
 
@@ -101,6 +102,23 @@ class LocalStore:
             raise VerifyError(f"{zip_path} does not match its SHA256SUMS", why="the stored zip was changed or damaged",
                               fix=damaged)
         return Entry(key=key, zip_name=zip_name, zip_sha256=digest, zip_size=size, manifest=m, location=str(zip_path))
+
+    def list_entries(self) -> list[Entry]:
+        """Every complete entry, sorted by key: each `<key>/` directory looked up as lookup(key) does (a partial
+        one is left out, a damaged one raises). A store directory that does not exist is an error here: listing
+        it is asking what it holds, and a mistyped path must not read as an empty store."""
+        self._check_root()
+        if not self.root.is_dir():
+            raise StoreError(f"store {self.root} does not exist", why="a local store is a directory (publish creates it)",
+                             fix="check --store; an empty store is an empty directory")
+        self._sweep()
+        try:
+            names = sorted(os.listdir(self.root))
+        except OSError as e:
+            raise StoreError(f"cannot list the store {self.root}", why=e.strerror or str(e),
+                             fix="check the store's permissions") from None
+        found = (self.lookup(n) for n in names if _KEY_DIR.fullmatch(n) and (self.root / n).is_dir())
+        return [e for e in found if e is not None]
 
     def fetch(self, entry: Entry, dest: Path, *, sink: Sink | None = None) -> Path:
         """Copy the zip into dest under a name of this process's own, check it, and rename it into place: any

@@ -87,7 +87,8 @@ def json_commands() -> list[str]:
 def test_every_reporting_command_has_json_and_a_schema() -> None:
     commands = json_commands()
     assert {"key", "show", "check", "build", "fetch", "verify", "publish", "deps", "archs", "install", "list",
-            "uninstall", "probe", "doctor", "plan", "toolkit plan", "toolkit install", "recipe lint"} <= set(commands)
+            "uninstall", "probe", "doctor", "plan", "toolkit plan", "toolkit install", "recipe lint",
+            "telemetry"} <= set(commands)
     for cmd in commands:
         schema(cmd.replace(" ", "-"))  # exists and is JSON
     files = {p.name for p in SCHEMAS.iterdir() if p.name.endswith(".schema.json")}
@@ -268,6 +269,27 @@ def test_install_list_uninstall_probe_doctor(tmp_path: Path, capsys: pytest.Capt
     assert json_of(capsys, "list", "list", "--dest", data_dir)["bundles"] == []
 
 
+def test_telemetry(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import subprocess
+
+    m = publish_cuda(tmp_path / "store", tmp_path)
+    data_dir = tmp_path / "data"
+    json_of(capsys, "install", "install", "--store", tmp_path / "store", "--key", m.key, "--dest", data_dir)
+    smi = fake_smi(tmp_path / "bin", "0, NVIDIA H200, 580.95.05, 37, 1234, 143771")
+    idle = json_of(capsys, "telemetry", "telemetry", "--dest", data_dir, "--nvidia-smi", smi)
+    assert (idle["active"], idle["reason"], idle["sampled_at"]) == (False, "server_not_running", None)
+    server = Path(json_of(capsys, "list", "list", "--dest", data_dir)["bundles"][0]["path"]) / "llama-server"
+    server.unlink()
+    shutil.copy(shutil.which("sleep") or "/bin/sleep", server)  # a real process running from the bundle
+    p = subprocess.Popen([server, "60"], stdin=subprocess.DEVNULL)
+    try:
+        data = json_of(capsys, "telemetry", "telemetry", "--dest", data_dir, "--nvidia-smi", smi, "--pid", p.pid)
+    finally:
+        p.kill()
+        p.wait()
+    assert data["active"] is True and data["gpus"][0]["memory_used_mib"] == 1234 and ISO.match(data["sampled_at"])
+
+
 def test_install_if_needed_is_a_probe_result(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                              capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("PATH", str(tmp_path / "nothing"))  # no nvidia-smi: gpu_missing, nothing installed
@@ -407,3 +429,20 @@ def test_verify_of_a_zip_names_the_zip_not_the_temp_dir(tmp_path: Path, capsys: 
     assert "llamabundle-verify-" not in json.dumps(data)
     code, _, err = run(capsys, "verify", stage, "--level", "load")  # a directory: its copy is named as the directory
     assert code == 5 and f"{stage / 'llama-server'}: error while loading" in err and "llamabundle-verify-" not in err
+
+
+@pytest.mark.parametrize("name", ["doctor", "install"])
+def test_the_probe_result_inside_other_schemas_is_the_probe_schema(name: str) -> None:
+    """doctor and install embed a probe result ($defs/probe): the same definition as probe's own schema (its
+    reason codes, backends and facts), so a new reason code cannot pass one schema and fail another."""
+    own = {k: v for k, v in schema("probe").items() if k not in ("$schema", "title")}
+    embedded = schema(name)["$defs"]["probe"]
+    if "ok" not in embedded["properties"]:  # doctor's last probe is a record, not a command's answer
+        own = {**own, "properties": {k: v for k, v in own["properties"].items() if k != "ok"},
+               "required": [r for r in own["required"] if r != "ok"]}
+    assert embedded == own
+
+
+def test_probe_schema_names_every_reason_code() -> None:
+    from llamabundle.runtime import reasons
+    assert set(schema("probe")["properties"]["reason"]["enum"]) == set(reasons())

@@ -178,6 +178,8 @@ ENV_NAMES = {"environ", "environb", "getenv", "getenvb", "putenv", "unsetenv"}
 ALLOWED = {
     "settings.py",  # the reader (it takes a Mapping; the CLI hands it os.environ)
     "proc.py",  # may build a child process's environment from this one's
+    "api.py",  # the Python API, an entry point like the CLI: one snapshot when the app passes no env
+    "backends/cuda/nvcc_launch.py",  # a standalone script CMake runs in front of nvcc (sets LD_PRELOAD and PWD for it)
 }
 CLI_SNAPSHOTS = 1  # the cli package takes one snapshot, dict(os.environ), and builds Settings from it
 

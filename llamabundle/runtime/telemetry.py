@@ -1,0 +1,369 @@
+"""Live GPU telemetry of a running CUDA llama-server of a bundle: the driver version and, per GPU, its
+utilisation and VRAM used/total, from `nvidia-smi --query-gpu=index,name,driver_version,utilization.gpu,
+memory.used,memory.total --format=csv,noheader,nounits`.
+
+Telemetry is only read while the server runs: the caller names the llama-server's PID, and the process must be
+alive (not a zombie) and its executable (/proc/PID/exe, symlinks resolved by the kernel) must lie inside an
+installed bundle with a CUDA backend, or inside the bundle directory given. Otherwise the result is inactive
+with a stable reason code (`Inactive`) and nvidia-smi is not run.
+
+A sample (nvidia-smi's answer, or why there is none) is cached as JSON in the runtime cache directory, beside
+probe's cache, and served while it is younger than `max_age` (default 5 s) and from the same nvidia-smi. The
+server check is never cached: it runs on every call. Concurrent callers share one nvidia-smi run: the refresh
+holds a file lock, and a caller that waited on it reads the sample the holder wrote instead of running
+nvidia-smi again. Each sample carries a token taken (probe's counter, `probe.take_token`) before nvidia-smi
+runs; the cache is replaced atomically and only when it holds no sample with a newer token, so an older
+sample that finishes last never overwrites a newer one. nvidia-smi runs through proc.capture with probe's
+timeout; nothing here raises to the caller: a failure is an inactive result with its reason."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock
+from filelock import Timeout as LockTimeout
+
+from .. import proc
+from ..bundle import read_manifest
+from ..errors import VerifyError
+from . import parse_utc_timestamp, utc_timestamp, write_atomic
+from .install import list_installed
+from .probe import MAX_OUTPUT_LINES, SMI_TIMEOUT, _lock, _mib, is_driver_version, take_token
+
+NVIDIA_SMI_ARGS = ("--query-gpu=index,name,driver_version,utilization.gpu,memory.used,memory.total",
+                   "--format=csv,noheader,nounits")
+DEFAULT_MAX_AGE = 5.0
+CACHE = "telemetry.json"
+REFRESH_LOCK = "telemetry.lock"
+LOCK_GRACE = 5.0  # seconds a caller waits for the refresh lock beyond the holder's nvidia-smi timeout
+PROC = Path("/proc")
+
+
+class Inactive(StrEnum):
+    """Why there is no telemetry (stable strings)."""
+
+    SERVER_NOT_RUNNING = "server_not_running"
+    NOT_BUNDLE_SERVER = "not_bundle_server"
+    NO_NVIDIA_SMI = "no_nvidia_smi"
+    NVIDIA_SMI_FAILED = "nvidia_smi_failed"
+
+
+@dataclass(frozen=True, kw_only=True)
+class GpuStat:
+    index: int
+    name: str
+    utilization_pct: int | None  # None: nvidia-smi said [N/A] (a MIG instance, some GPUs)
+    memory_used_mib: int | None
+    memory_total_mib: int | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"index": self.index, "name": self.name, "utilization_pct": self.utilization_pct,
+                "memory_used_mib": self.memory_used_mib, "memory_total_mib": self.memory_total_mib}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Server:
+    """A running llama-server of a bundle."""
+
+    pid: int
+    exe: str
+    bundle_dir: str
+    bundle_key: str | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Sample:
+    """One run of nvidia-smi (what is cached): its GPUs, or why it gave none."""
+
+    token: int  # taken before nvidia-smi ran: a sample with a newer token is never overwritten by this one
+    sampled_at: int  # Unix seconds when it started (JSON: utc_timestamp)
+    nvidia_smi: str
+    gpus: tuple[GpuStat, ...]
+    driver: str | None  # the first GPU's driver version
+    failure: str | None  # why there are no GPUs (the reason is nvidia_smi_failed), else None
+    warning: str | None = None  # lines of nvidia-smi's output that were not understood, left out
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema": 1, "token": self.token, "sampled_at": utc_timestamp(self.sampled_at),
+                "nvidia_smi": self.nvidia_smi, "driver": self.driver, "gpus": [g.to_json() for g in self.gpus],
+                "failure": self.failure, "warning": self.warning}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Sample:
+        gpus = tuple(GpuStat(index=int(g["index"]), name=str(g["name"]), utilization_pct=_opt_int(g["utilization_pct"]),
+                             memory_used_mib=_opt_int(g["memory_used_mib"]), memory_total_mib=_opt_int(g["memory_total_mib"]))
+                     for g in data["gpus"])
+        return cls(token=int(data["token"]), sampled_at=parse_utc_timestamp(data["sampled_at"]),
+                   nvidia_smi=str(data["nvidia_smi"]), gpus=gpus, failure=_opt_str(data["failure"]),
+                   warning=_opt_str(data.get("warning")), driver=_opt_str(data["driver"]))
+
+
+def _opt_int(value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{value!r} is not an integer")
+    return value
+
+
+def _opt_str(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Telemetry:
+    active: bool
+    reason: Inactive | None  # None when active
+    detail: str  # what was found, in words
+    pid: int | None
+    server: Server | None = None
+    nvidia_smi: str | None = None
+    sample: Sample | None = None
+    cached: bool = False
+    age_s: float | None = None  # how old the sample is
+
+    def to_json(self) -> dict[str, Any]:
+        s, srv = self.sample, self.server
+        return {"active": self.active, "reason": self.reason.value if self.reason else None, "detail": self.detail,
+                "pid": self.pid, "server_exe": srv.exe if srv else None, "bundle_dir": srv.bundle_dir if srv else None,
+                "bundle_key": srv.bundle_key if srv else None, "nvidia_smi": self.nvidia_smi,
+                "driver": s.driver if s and self.active else None,
+                "gpus": [g.to_json() for g in s.gpus] if s and self.active else [],
+                "token": s.token if s else 0, "sampled_at": utc_timestamp(s.sampled_at) if s else None,
+                "age_s": round(self.age_s, 3) if self.age_s is not None else None, "cached": self.cached}
+
+
+# ------------------------------------------------------------------------------------ nvidia-smi's answer
+
+
+def read_query(text: str) -> tuple[list[GpuStat], str | None, list[str]]:
+    """`nvidia-smi --query-gpu=index,name,driver_version,utilization.gpu,memory.used,memory.total
+    --format=csv,noheader,nounits` output: the GPUs, the driver version (the first GPU's), and for each other
+    non-empty line what is wrong with it (the line is not a GPU)."""
+    gpus: list[GpuStat] = []
+    driver: str | None = None
+    bad: list[str] = []
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    for line in lines[:MAX_OUTPUT_LINES]:
+        head, _, rest = line.partition(",")
+        fields = [f.strip() for f in rest.rsplit(",", 4)]  # a GPU's name may hold a comma, the numbers do not
+        why = None
+        if not rest or len(fields) != 5:
+            why = "not 6 comma-separated fields"
+        else:
+            name, drv, util, used, total = fields
+            (util_v, util_ok), (used_v, used_ok), (total_v, total_ok) = _mib(util), _mib(used), _mib(total)
+            if not head.strip().isascii() or not head.strip().isdigit() or len(head.strip()) > 3:
+                why = f"index {head.strip()[:40]!r} is not a GPU index"
+            elif not name or not name.isprintable() or len(name) > 200:
+                why = "no GPU name" if not name else "the GPU name is not printable text of at most 200 characters"
+            elif not is_driver_version(drv):
+                why = f"driver version {drv[:40]!r} is not a version like 580.65.06"
+            elif not util_ok or (util_v is not None and util_v > 100):
+                why = f"utilization.gpu {util[:40]!r} is not a percentage"
+            elif not used_ok:
+                why = f"memory.used {used[:40]!r} is not a whole number of MiB"
+            elif not total_ok:
+                why = f"memory.total {total[:40]!r} is not a whole number of MiB"
+            else:
+                gpus.append(GpuStat(index=int(head.strip()), name=name, utilization_pct=util_v, memory_used_mib=used_v,
+                                    memory_total_mib=total_v))
+                driver = driver or drv
+                continue
+        bad.append(f"{line[:100]!r}: {why}")
+    if len(lines) > MAX_OUTPUT_LINES:
+        bad.append(f"{len(lines) - MAX_OUTPUT_LINES} more lines after the first {MAX_OUTPUT_LINES}, not read")
+    return gpus, driver, bad
+
+
+def sample_gpus(exe: str, *, env: Mapping[str, str], token: int, started: int, timeout: float = SMI_TIMEOUT) -> Sample:
+    """Run nvidia-smi's query once (its own process group, ended with what it started on the timeout). Never
+    raises: a failure is a sample without GPUs that says why."""
+    failure: str | None = None
+    warning: str | None = None
+    gpus: list[GpuStat] = []
+    driver: str | None = None
+    try:
+        done = proc.capture([exe, *NVIDIA_SMI_ARGS], env=env, timeout=timeout)
+    except proc.Timeout:
+        failure = f"nvidia-smi did not answer in {timeout:g}s (it was stopped, with what it started)"
+    except OSError as e:
+        failure = f"nvidia-smi could not be started: {e}"
+    else:
+        last = ((done.stdout + done.stderr).strip().splitlines()[-1:] or [""])[0].strip()
+        if done.returncode != 0:
+            failure = f"nvidia-smi exited with {done.returncode}: {last}"
+        else:
+            gpus, driver, bad = read_query(done.stdout)
+            if not gpus:
+                failure = ("nvidia-smi listed no GPU: " + ("; ".join(bad[:3]) if bad else "it printed nothing"))
+            elif bad:
+                warning = f"nvidia-smi printed {len(bad)} line(s) that are not GPUs, left out: " + "; ".join(bad[:3])
+    return Sample(token=token, sampled_at=started, nvidia_smi=exe, gpus=tuple(gpus),
+                  driver=driver, failure=failure[:500] if failure else None,
+                  warning=warning[:500] if warning else None)
+
+
+# ------------------------------------------------------------------------------------ the server
+
+
+def find_server(pid: int | None, *, root: Path, bundle: Path | None = None,
+                proc_root: Path = PROC) -> Server | tuple[Inactive, str]:
+    """The running llama-server `pid` of a CUDA bundle installed under root (or of `bundle`), or why it is not."""
+    if pid is None:
+        return Inactive.SERVER_NOT_RUNNING, "no server PID was given (--pid)"
+    if pid <= 0:
+        return Inactive.SERVER_NOT_RUNNING, f"{pid} is not a process id"
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return Inactive.SERVER_NOT_RUNNING, f"process {pid} is not running"
+    except PermissionError:
+        pass  # it exists, as another user's process: /proc says more
+    except (OSError, OverflowError) as e:
+        return Inactive.SERVER_NOT_RUNNING, f"process {pid} cannot be checked: {getattr(e, 'strerror', None) or e}"
+    try:
+        stat = (proc_root / str(pid) / "stat").read_text(encoding="utf-8", errors="replace")
+        state = stat.rpartition(")")[2].split()[:1]
+    except OSError:
+        state = []
+    if state in (["Z"], ["X"]):
+        return Inactive.SERVER_NOT_RUNNING, f"process {pid} has exited (a zombie, not yet reaped)"
+    try:
+        exe = os.readlink(proc_root / str(pid) / "exe")
+    except FileNotFoundError:
+        return Inactive.SERVER_NOT_RUNNING, f"process {pid} is not running"
+    except OSError as e:
+        return Inactive.NOT_BUNDLE_SERVER, f"the executable of process {pid} cannot be read ({e.strerror or e})"
+    if exe.endswith(" (deleted)"):
+        return Inactive.NOT_BUNDLE_SERVER, f"process {pid} runs {exe}: its executable was removed (an older install)"
+    path = Path(exe)
+    if bundle is not None:
+        where = bundle.expanduser().resolve()
+        if not path.is_relative_to(where):
+            return Inactive.NOT_BUNDLE_SERVER, f"process {pid} runs {exe}, which is not in {where}"
+        try:
+            key: str | None = read_manifest(where).key
+        except (VerifyError, OSError, ValueError):
+            key = None
+        return Server(pid=pid, exe=exe, bundle_dir=str(where), bundle_key=key)
+    installed = list_installed(root)
+    inside = next((i for i in installed if path.is_relative_to(i.path.resolve())), None)
+    if inside is None:
+        return Inactive.NOT_BUNDLE_SERVER, (f"process {pid} runs {exe}, which is in no bundle installed in {root}"
+                                            + ("" if installed else " (none is installed)"))
+    if "cuda" not in inside.backends:
+        return Inactive.NOT_BUNDLE_SERVER, f"process {pid} runs {exe} of {inside.name}, which has no CUDA backend"
+    return Server(pid=pid, exe=exe, bundle_dir=str(inside.path.resolve()), bundle_key=inside.key)
+
+
+# ------------------------------------------------------------------------------------ cache
+
+
+def read_sample(cache_dir: Path) -> Sample | None:
+    try:
+        return Sample.from_json(json.loads((cache_dir / CACHE).read_text(encoding="utf-8")))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def store_sample(cache_dir: Path, sample: Sample) -> bool:
+    """Write the sample unless one whose token is newer is already there (probe's cache lock). True if written."""
+    with _lock(cache_dir):
+        last = read_sample(cache_dir)
+        if last is not None and last.token > sample.token:
+            return False
+        write_atomic(cache_dir / CACHE, json.dumps(sample.to_json(), indent=2, sort_keys=True) + "\n")
+        return True
+
+
+def _fresh(cache_dir: Path | None, exe: str, max_age: float, now: float) -> Sample | None:
+    if cache_dir is None or max_age <= 0:
+        return None
+    last = read_sample(cache_dir)
+    if last is None or last.nvidia_smi != exe or not 0 <= now - last.sampled_at < max_age:
+        return None
+    return last
+
+
+def _refresh(exe: str, *, env: Mapping[str, str], cache_dir: Path | None, max_age: float, timeout: float,
+             lock_timeout: float, clock: Callable[[], float]) -> tuple[Sample, bool]:
+    """(the sample, whether it came from the cache): one nvidia-smi run for all callers waiting on the lock."""
+    if cache_dir is None:
+        return sample_gpus(exe, env=env, token=0, started=int(clock()), timeout=timeout), False
+    lock = FileLock(str(cache_dir / REFRESH_LOCK), timeout=lock_timeout)
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        lock.acquire()
+        locked = True
+    except (LockTimeout, OSError):  # a holder that hangs, or a cache that cannot be locked: run it unlocked
+        locked = False
+    try:
+        if locked:
+            last = _fresh(cache_dir, exe, max_age, clock())  # a caller before us refreshed it while we waited
+            if last is not None:
+                return last, True
+        try:
+            token = take_token(cache_dir)
+        except OSError:
+            token = 0
+        sample = sample_gpus(exe, env=env, token=token, started=int(clock()), timeout=timeout)
+        try:
+            store_sample(cache_dir, sample)
+        except OSError:
+            pass
+        return sample, False
+    finally:
+        if locked:
+            lock.release()
+
+
+def _smi(env: Mapping[str, str], nvidia_smi: str | None) -> str | tuple[Inactive, str]:
+    if nvidia_smi is None:
+        found = shutil.which("nvidia-smi", path=env.get("PATH"))
+        return found if found else (Inactive.NO_NVIDIA_SMI, "nvidia-smi is not on PATH")
+    p = Path(nvidia_smi)
+    if not p.is_file() or not os.access(p, os.X_OK):
+        return Inactive.NO_NVIDIA_SMI, f"{nvidia_smi} is not an executable file"
+    return str(p)
+
+
+# ------------------------------------------------------------------------------------ telemetry
+
+
+def read_telemetry(*, root: Path, env: Mapping[str, str], pid: int | None, cache_dir: Path | None = None,
+                   bundle: Path | None = None, nvidia_smi: str | None = None, max_age: float = DEFAULT_MAX_AGE,
+                   timeout: float = SMI_TIMEOUT, lock_timeout: float | None = None,
+                   clock: Callable[[], float] = time.time, proc_root: Path = PROC) -> Telemetry:
+    """The telemetry of the CUDA llama-server `pid` (of a bundle installed under root, or of `bundle`): a cached
+    sample younger than max_age, else one nvidia-smi run shared with concurrent callers. Never raises for what
+    it finds: a server that is not running or not a bundle's, or nvidia-smi missing or failing, is an inactive
+    result with its reason. `lock_timeout`: how long to wait for another caller's refresh (default: the
+    nvidia-smi timeout and a grace), then nvidia-smi runs anyway."""
+    server = find_server(pid, root=root, bundle=bundle, proc_root=proc_root)
+    if not isinstance(server, Server):
+        return Telemetry(active=False, reason=server[0], detail=server[1], pid=pid)
+    exe = _smi(env, nvidia_smi)
+    if not isinstance(exe, str):
+        return Telemetry(active=False, reason=exe[0], detail=exe[1], pid=pid, server=server)
+    sample = _fresh(cache_dir, exe, max_age, clock())
+    cached = sample is not None
+    if sample is None:
+        sample, cached = _refresh(exe, env=env, cache_dir=cache_dir, max_age=max_age, timeout=timeout,
+                                  lock_timeout=timeout + LOCK_GRACE if lock_timeout is None else lock_timeout,
+                                  clock=clock)
+    result = Telemetry(active=sample.failure is None, reason=Inactive.NVIDIA_SMI_FAILED if sample.failure else None,
+                       detail="", pid=pid, server=server, nvidia_smi=exe, sample=sample, cached=cached,
+                       age_s=max(0.0, clock() - sample.sampled_at))
+    if sample.failure:
+        return replace(result, detail=sample.failure)
+    words = f"llama-server {pid} ({server.exe}) runs; {len(sample.gpus)} GPU(s), driver {sample.driver}"
+    return replace(result, detail=words + (f"; {sample.warning}" if sample.warning else ""))
