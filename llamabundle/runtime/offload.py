@@ -12,7 +12,8 @@ How llama.cpp is modelled (pinned commit 0c1e57098bba; file:line in data/offload
   the CPU.
 * KV cache. llama.cpp pads -c to a multiple of 256; with --parallel P (llama-server given an explicit
   -np runs without --kv-unified) each of the P slots gets pad(c / P, 256) cells, so the cache holds
-  P * pad(c / P, 256) cells: -c is the total over all slots, as in llama-server. A block's K and V
+  P * pad(c / P, 256) cells: -c is the total over all slots, as in llama-server. A unified cache (-kvu, or
+  llama-server without -np: 4 slots, unified) holds pad(c, 256) cells that every slot sees. A block's K and V
   live with the block: cells * n_head_kv(i) * (head_dim_k + head_dim_v) * bytes(kv type), with
   head_count_kv per block when the GGUF stores an array. Sliding-window (iSWA) and recurrent caches
   are not modelled: for them the estimate is the full-attention upper bound.
@@ -22,6 +23,12 @@ How llama.cpp is modelled (pinned commit 0c1e57098bba; file:line in data/offload
   one output per slot. Fitted to the compute buffers the pinned llama-server reported for synthetic
   models (see data/offload.json); bench/offload_compare.py measures the CUDA ones. It is counted at
   every -ngl, 0 included: a CUDA build still allocates a GPU compute buffer to offload large batches.
+  Partial offload: ggml's scheduler runs an op whose weight is in host memory on the GPU when its batch
+  is at least 32 rows (op offload, ggml-backend.cpp:970, ggml-cuda.cu:5651) and copies the weight into
+  the GPU compute buffer first; so while any block tensor is on the CPU (-ngl <= N or --n-cpu-moe > 0)
+  the compute buffer also holds the largest such tensor (a weight of 2+ dimensions of a CPU block, or an
+  expert tensor kept on the CPU). Without this term the estimate was 0.74-0.78 of what an H200 reported
+  at partial offload; with it 1.01-1.07 (bench/results/offload-h200.md, tests/unit/test_offload_live.py).
 * Headroom: a share of the free VRAM plus a fixed amount (default 5%+256MiB) for the CUDA context,
   cuBLAS workspace and fragmentation.
 
@@ -31,15 +38,21 @@ every expert on the CPU. The plan takes the first rung that fits at the requeste
 is not the top rung it halves the context (never below --min-ctx) as long as each halving moves the
 plan at least one rung up: a layer on the CPU costs more speed than context the caller may not use.
 A model does not fit when even -ngl 0 at the minimum context needs more than the free VRAM.
+
+A live plan (`plan_for_app`) starts from the flags an app launches llama-server with: it keeps their
+context, slots and cache types, and only ever offloads more: the ladder is cut off at the app's -ngl and
+--n-cpu-moe, and when even the app's own choice does not fit it is kept, with a warning.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass
+import shlex
+import shutil
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
-from functools import cache
+from functools import cache, cached_property
 from pathlib import Path
 from typing import Any
 
@@ -152,6 +165,21 @@ class ModelInfo:
     def total_bytes(self) -> int:
         return sum(t.n_bytes for t in self.tensors)
 
+    @cached_property
+    def largest_weights(self) -> tuple[tuple[int, int], ...]:
+        """Per block: (its largest tensor of 2+ dimensions that is not an expert tensor, its largest expert
+        tensor): what op offload copies into the GPU compute buffer when that tensor is on the CPU."""
+        k = knowledge()
+        layer_re, expert_re = re.compile(k["layer_tensor_regex"]), re.compile(k["expert_tensor_regex"])
+        out = [[0, 0] for _ in range(self.n_layer)]
+        for t in self.tensors:
+            m = layer_re.match(t.name)
+            if m and int(m[1]) < self.n_layer and len(t.shape) >= 2:
+                slot = out[int(m[1])]
+                e = 1 if expert_re.match(t.name) else 0
+                slot[e] = max(slot[e], t.n_bytes)
+        return tuple((a, b) for a, b in out)
+
     def to_json(self) -> dict[str, Any]:
         return {"path": str(self.path), "architecture": self.architecture, "n_layer": self.n_layer,
                 "n_ctx_train": self.n_ctx_train, "n_embd": self.n_embd, "n_head": list(self.n_head),
@@ -231,9 +259,11 @@ def _pad(n: int, to: int) -> int:
     return (n + to - 1) // to * to
 
 
-def kv_cells(ctx: int, n_parallel: int = 1) -> tuple[int, int]:
-    """(cells in all, cells per slot) that llama.cpp allocates for -c ctx -np n_parallel."""
+def kv_cells(ctx: int, n_parallel: int = 1, *, unified: bool = False) -> tuple[int, int]:
+    """(cells in all, cells per slot) that llama.cpp allocates for -c ctx -np n_parallel [-kvu]."""
     pad = knowledge()["ctx_pad"]
+    if unified:
+        return _pad(ctx, pad), _pad(ctx, pad)
     per_slot = _pad(_pad(ctx, pad) // n_parallel, pad)
     return per_slot * n_parallel, per_slot
 
@@ -268,21 +298,35 @@ class Estimate:
                 "total": self.total}
 
 
+def offload_copy(model: ModelInfo, *, ngl: int, n_cpu_moe: int = 0) -> int:
+    """Bytes of the largest block tensor in host memory at -ngl ngl --n-cpu-moe n_cpu_moe: op offload copies
+    it into the GPU compute buffer (0 when every block tensor is on the GPU)."""
+    on_gpu = gpu_blocks(model.n_layer, ngl)
+    return max((max(w, e) if i not in on_gpu else e if i < n_cpu_moe else 0
+                for i, (w, e) in enumerate(model.largest_weights)), default=0)
+
+
 def estimate(model: ModelInfo, *, ngl: int, n_cpu_moe: int = 0, ctx: int, n_parallel: int = 1, kv_type: str = "f16",
-             flash_attn: bool = True, free_vram: int = 0, headroom: Headroom | None = None) -> Estimate:
-    """GPU bytes for llama-server -ngl ngl --n-cpu-moe n_cpu_moe -c ctx -np n_parallel (see the module doc)."""
+             kv_type_v: str | None = None, kv_unified: bool = False, n_ubatch: int | None = None,
+             op_offload: bool = True, flash_attn: bool = True, free_vram: int = 0,
+             headroom: Headroom | None = None) -> Estimate:
+    """GPU bytes for llama-server -ngl ngl --n-cpu-moe n_cpu_moe -c ctx -np n_parallel (see the module doc);
+    kv_type_v defaults to kv_type, n_ubatch to data/offload.json's (llama.cpp's) 512."""
     k = knowledge()
     blocks = gpu_blocks(model.n_layer, ngl)
     weights = sum(model.layer_bytes[i] - (model.expert_bytes[i] if i < n_cpu_moe else 0) for i in blocks)
     weights += model.output_bytes if ngl >= 1 else 0
-    cells, per_slot = kv_cells(ctx, n_parallel)
+    cells, per_slot = kv_cells(ctx, n_parallel, unified=kv_unified)
     kv = sum(cells * (_row_bytes(model.n_head_kv[i] * model.head_dim_k, kv_type)
-                      + _row_bytes(model.n_head_kv[i] * model.head_dim_v, kv_type)) for i in blocks)
+                      + _row_bytes(model.n_head_kv[i] * model.head_dim_v, kv_type_v or kv_type)) for i in blocks)
     c = k["compute"]
     per_token = (c["fa_mask_bytes"] if flash_attn else c["mask_bytes"]) * per_slot + c["float_bytes"] * max(
         c["attn_embd"] * model.n_embd + (0 if flash_attn else max(model.n_head, default=0) * per_slot),
         c["ffn_ff"] * model.n_ff + c["ffn_embd"] * model.n_embd)
-    compute = min(k["n_ubatch"], cells) * per_token + n_parallel * model.n_vocab * c["float_bytes"]
+    tokens = min(n_ubatch or k["n_ubatch"], cells)
+    compute = tokens * per_token + n_parallel * model.n_vocab * c["float_bytes"]
+    if op_offload and tokens >= k["op_offload_min_batch"]:
+        compute += offload_copy(model, ngl=ngl, n_cpu_moe=n_cpu_moe)
     return Estimate(weights=weights, kv=kv, compute=compute, headroom=(headroom or parse_headroom()).of(free_vram))
 
 
@@ -300,6 +344,9 @@ class Plan:
     headroom: Headroom
     estimate: Estimate
     reasons: tuple[str, ...]
+    kv_type_v: str | None = None  # None: as kv_type
+    kv_unified: bool = False
+    warnings: tuple[str, ...] = ()
 
     @property
     def blocks_on_gpu(self) -> int:
@@ -313,15 +360,23 @@ class Plan:
         out = ["-ngl", str(self.ngl), "-c", str(self.ctx), "-np", str(self.n_parallel)]
         if self.model.is_moe:
             out += ["--n-cpu-moe", str(self.n_cpu_moe)]
-        if self.kv_type != "f16":
-            out += ["-ctk", self.kv_type, "-ctv", self.kv_type]
+        if self.kv_type != "f16" or self.v_type != "f16":
+            out += ["-ctk", self.kv_type, "-ctv", self.v_type]
+        if self.kv_unified:
+            out.append("-kvu")
         return out + ["-fa", "on" if self.flash_attn else "off"]
+
+    @property
+    def v_type(self) -> str:
+        return self.kv_type_v or self.kv_type
 
     def to_json(self) -> dict[str, Any]:
         return {"schema": 1, "model": self.model.to_json(), "free_vram": self.free_vram, "ngl": self.ngl,
                 "n_cpu_moe": self.n_cpu_moe, "moe": self.model.is_moe, "ctx": self.ctx,
-                "ctx_requested": self.ctx_requested, "kv_cells": kv_cells(self.ctx, self.n_parallel)[0],
-                "n_parallel": self.n_parallel, "kv_type": self.kv_type, "flash_attn": self.flash_attn,
+                "ctx_requested": self.ctx_requested,
+                "kv_cells": kv_cells(self.ctx, self.n_parallel, unified=self.kv_unified)[0],
+                "n_parallel": self.n_parallel, "kv_type": self.kv_type, "kv_type_v": self.v_type,
+                "kv_unified": self.kv_unified, "flash_attn": self.flash_attn, "warnings": list(self.warnings),
                 "blocks_on_gpu": self.blocks_on_gpu, "output_on_gpu": self.output_on_gpu, "headroom": str(self.headroom),
                 "bytes": self.estimate.to_json(), "reasons": list(self.reasons), "flags": self.flags()}
 
@@ -330,26 +385,36 @@ def _mib(n: int) -> str:
     return f"{n / MiB:,.1f} MiB"
 
 
-def _rungs(model: ModelInfo) -> list[tuple[int, int]]:
-    """(ngl, n_cpu_moe) from everything on the GPU to nothing on it."""
+def _rungs(model: ModelInfo, *, min_ngl: int = 0, max_n_cpu_moe: int | None = None) -> list[tuple[int, int]]:
+    """(ngl, n_cpu_moe) from everything on the GPU to nothing on it; with an app's floor, every rung is
+    raised to at least its -ngl and at most its --n-cpu-moe (the last rung is then the app's own choice)."""
     n = model.n_layer
     if not model.is_moe:
-        return [(ngl, 0) for ngl in range(n + 1, -1, -1)]
-    return [(n + 1, m) for m in range(n + 1)] + [(ngl, n) for ngl in range(n, -1, -1)]
+        ladder = [(ngl, 0) for ngl in range(n + 1, -1, -1)]
+    else:
+        ladder = [(n + 1, m) for m in range(n + 1)] + [(ngl, n) for ngl in range(n, -1, -1)]
+    lo, cap = min(max(min_ngl, 0), n + 1), n if max_n_cpu_moe is None else min(max(max_n_cpu_moe, 0), n)
+    return list(dict.fromkeys((max(g, lo), min(m, cap)) for g, m in ladder))
 
 
 def plan_offload(model: ModelInfo, *, free_vram: int, ctx: int | None = None, min_ctx: int | None = None,
-                 n_parallel: int = 1, kv_type: str | None = None, flash_attn: bool = True,
-                 headroom: Headroom | None = None) -> Plan:
+                 n_parallel: int = 1, kv_type: str | None = None, kv_type_v: str | None = None,
+                 kv_unified: bool = False, n_ubatch: int | None = None, op_offload: bool = True,
+                 flash_attn: bool = True, headroom: Headroom | None = None, min_ngl: int | None = None,
+                 max_n_cpu_moe: int | None = None) -> Plan:
     """The most-offloaded -ngl (and --n-cpu-moe) that fits in free_vram, shrinking the context first
-    when that keeps more on the GPU (see the module doc). Raises UsageError when nothing fits."""
+    when that keeps more on the GPU (see the module doc). Raises UsageError when nothing fits.
+    min_ngl / max_n_cpu_moe (an app's own flags) bound the ladder: the plan never offloads less than they
+    do, and when even they do not fit they are kept, with a warning, instead of an error."""
     k = knowledge()
     kv_type = kv_type or k["default_kv_type"]
-    if kv_type not in k["kv_types"]:
-        raise UsageError(f"unknown KV cache type '{kv_type}'", fix=f"use one of {', '.join(k['kv_types'])}")
-    if kv_type not in ("f32", "f16", "bf16") and not flash_attn:
-        raise UsageError(f"a {kv_type} KV cache needs flash attention", why="llama.cpp refuses a quantized V cache without it",
-                         fix="drop --no-flash-attn or use --kv-type f16")
+    for t in {kv_type, kv_type_v or kv_type}:
+        if t not in k["kv_types"]:
+            raise UsageError(f"unknown KV cache type '{t}'", fix=f"use one of {', '.join(k['kv_types'])}")
+    v_type = kv_type_v or kv_type
+    if v_type not in ("f32", "f16", "bf16") and not flash_attn:
+        raise UsageError(f"a {v_type} V cache needs flash attention", why="llama.cpp refuses a quantized V cache without it",
+                         fix="drop --no-flash-attn (or -fa off), or use an f16 V cache")
     headroom = headroom or parse_headroom()
     ctx = ctx or model.n_ctx_train or k["min_ctx"]
     min_ctx = min(min_ctx or k["min_ctx"], ctx)
@@ -360,10 +425,12 @@ def plan_offload(model: ModelInfo, *, free_vram: int, ctx: int | None = None, mi
         ctxs.append(ctxs[-1] // 2)
     if ctxs[-1] > min_ctx:
         ctxs.append(min_ctx)
-    rungs = _rungs(model)
+    floored = min_ngl is not None or (max_n_cpu_moe is not None and model.is_moe)
+    rungs = _rungs(model, min_ngl=min_ngl or 0, max_n_cpu_moe=max_n_cpu_moe if model.is_moe else None)
 
     def cost(rung: tuple[int, int], c: int) -> Estimate:
         return estimate(model, ngl=rung[0], n_cpu_moe=rung[1], ctx=c, n_parallel=n_parallel, kv_type=kv_type,
+                        kv_type_v=v_type, kv_unified=kv_unified, n_ubatch=n_ubatch, op_offload=op_offload,
                         flash_attn=flash_attn, free_vram=free_vram, headroom=headroom)
 
     def first_fit(c: int) -> int | None:
@@ -390,6 +457,12 @@ def plan_offload(model: ModelInfo, *, free_vram: int, ctx: int | None = None, mi
     else:
         if best not in (0, None):
             reasons.append(f"context not shrunk below {ctxs[at]} (--min-ctx {min_ctx})")
+    warnings: list[str] = []
+    if best is None and floored:  # the app's own -ngl / --n-cpu-moe: kept, the plan never offloads less
+        best, app = len(rungs) - 1, cost(rungs[-1], ctxs[at])
+        warnings.append(f"the app's {name(best)} does not fit: at context {ctxs[at]} it needs {_mib(app.total)} "
+                        f"({_mib(app.total - free_vram)} more than the {_mib(free_vram)} free); kept, since the plan "
+                        f"only ever offloads more; llama.cpp may fail to allocate its buffers")
     if best is None:
         need = cost(rungs[-1], ctxs[at])
         raise UsageError(f"{model.path.name} cannot run with {_mib(free_vram)} of free VRAM, even with every layer on the CPU",
@@ -399,11 +472,15 @@ def plan_offload(model: ModelInfo, *, free_vram: int, ctx: int | None = None, mi
     ngl, ncmoe = rungs[best]
     chosen = cost(rungs[best], ctxs[at])
     n = model.n_layer
-    if best == 0:
+    if warnings:
+        reasons.insert(0, f"{name(best)}: the app's own choice, kept although it does not fit")
+    elif best == 0:
         reasons.insert(0, f"everything fits: {n} blocks and the output layer on the GPU at context {ctxs[at]}")
     else:
         over = cost(rungs[best - 1], ctxs[at]).total - free_vram
         reasons.insert(0, f"{name(best)}: one step more ({name(best - 1)}) would need {_mib(over)} more than the free VRAM")
+    if floored and best < len(rungs) - 1:
+        reasons.append(f"{name(best)} instead of the app's {name(len(rungs) - 1)}: more of the model fits on the GPU")
     if model.is_moe and ncmoe and ngl == n + 1:
         reasons.append(f"--n-cpu-moe {ncmoe}: the expert tensors of block{'s 0-' if ncmoe > 1 else ' '}{ncmoe - 1} "
                        f"({_mib(sum(model.expert_bytes[:ncmoe]))}) stay in system RAM")
@@ -411,7 +488,246 @@ def plan_offload(model: ModelInfo, *, free_vram: int, ctx: int | None = None, mi
         reasons.append("-ngl 0: no layer fits on the GPU; llama.cpp computes on the CPU (probe reason cuda_gpu_layers_zero)")
     return Plan(model=model, free_vram=free_vram, ngl=ngl, n_cpu_moe=ncmoe, ctx=ctxs[at], ctx_requested=ctx,
                 n_parallel=n_parallel, kv_type=kv_type, flash_attn=flash_attn, headroom=headroom, estimate=chosen,
-                reasons=tuple(reasons))
+                reasons=tuple(reasons), kv_type_v=kv_type_v, kv_unified=kv_unified, warnings=tuple(warnings))
+
+
+# ---------------------------------------------------------------------------- free VRAM from the driver
+
+SMI_MEMORY_ARGS = ("--query-gpu=index,memory.free,memory.total", "--format=csv,noheader,nounits")
+_SMI_LINE = re.compile(r"([0-9]{1,3})\s*,\s*([0-9]{1,9})\s*,\s*([0-9]{1,9})")
+
+
+@dataclass(frozen=True, kw_only=True)
+class FreeVram:
+    """Free GPU memory and where it came from: nvidia-smi (with the GPU it names) or --free-vram."""
+
+    free: int
+    source: str  # "nvidia-smi" | "--free-vram"
+    gpu: int | None = None
+    total: int | None = None
+    nvidia_smi: str | None = None
+
+    def to_json(self) -> dict[str, Any] | None:
+        if self.source != "nvidia-smi":
+            return None
+        return {"index": self.gpu, "memory_free_mib": self.free // MiB, "memory_total_mib": (self.total or 0) // MiB,
+                "nvidia_smi": self.nvidia_smi}
+
+
+def parse_smi_memory(text: str, gpu: int) -> tuple[int, int]:
+    """(free, total) bytes of GPU `gpu` in `nvidia-smi --query-gpu=index,memory.free,memory.total
+    --format=csv,noheader,nounits` output. Raises ValueError saying what is wrong."""
+    seen: list[int] = []
+    for line in (ln.strip() for ln in text.splitlines() if ln.strip()):
+        m = _SMI_LINE.fullmatch(line)
+        if m is None:
+            raise ValueError(f"it printed {line[:100]!r}, not 'index, memory.free, memory.total' in MiB")
+        if int(m[1]) == gpu:
+            return int(m[2]) * MiB, int(m[3]) * MiB
+        seen.append(int(m[1]))
+    if not seen:
+        raise ValueError("it listed no GPU")
+    raise ValueError(f"it lists GPU {', '.join(map(str, seen))}, not GPU {gpu}")
+
+
+def query_free_vram(*, env: Mapping[str, str], nvidia_smi: str | None = None, gpu: int = 0,
+                    timeout: float | None = None) -> FreeVram:
+    """GPU `gpu`'s free memory as the driver reports it, through nvidia-smi (given, or found on env's PATH),
+    run by proc.capture with probe's timeout. Raises UsageError (exit 2) with a fix when it cannot be read."""
+    from .. import proc
+    from .probe import SMI_TIMEOUT
+
+    timeout = SMI_TIMEOUT if timeout is None else timeout
+    fix = "pass --free-vram SIZE (e.g. --free-vram 22GiB), or --nvidia-smi PATH for the driver's nvidia-smi"
+    what = f"cannot read the free VRAM of GPU {gpu} from nvidia-smi, and no --free-vram was given"
+    exe = nvidia_smi or shutil.which("nvidia-smi", path=env.get("PATH"))
+    if exe is None:
+        raise UsageError(what, why="nvidia-smi is not on PATH (no NVIDIA driver here?)", fix=fix)
+    try:
+        done = proc.capture([exe, *SMI_MEMORY_ARGS], env=env, timeout=timeout)
+    except proc.Timeout:
+        raise UsageError(what, why=f"{exe} did not answer in {timeout:g}s (it was stopped)", fix=fix) from None
+    except OSError as e:
+        raise UsageError(what, why=f"{exe} could not be started: {e}", fix=fix) from None
+    if done.returncode != 0:
+        last = ((done.stdout + done.stderr).strip().splitlines()[-1:] or ["it printed nothing"])[0].strip()
+        raise UsageError(what, why=f"{exe} exited with {done.returncode}: {last[:300]}", fix=fix)
+    try:
+        free, total = parse_smi_memory(done.stdout, gpu)
+    except ValueError as e:
+        raise UsageError(what, why=f"{exe}: {e}", fix=fix + "; --gpu N picks another GPU") from None
+    return FreeVram(free=free, total=total, gpu=gpu, source="nvidia-smi", nvidia_smi=exe)
+
+
+# ---------------------------------------------------------------------------- the app's llama-server flags
+
+# flag spellings of llama.cpp 0c1e570 (common/arg.cpp) that the plan reads; option -> key
+_VALUE_FLAGS = {"-ngl": "ngl", "--gpu-layers": "ngl", "--n-gpu-layers": "ngl", "-c": "ctx", "--ctx-size": "ctx",
+                "-np": "np", "--parallel": "np", "-ctk": "ctk", "--cache-type-k": "ctk", "-ctv": "ctv",
+                "--cache-type-v": "ctv", "-ncmoe": "ncmoe", "--n-cpu-moe": "ncmoe", "-ub": "ub",
+                "--ubatch-size": "ub", "-b": "b", "--batch-size": "b"}
+_BOOL_FLAGS = {"-cmoe": ("cmoe", True), "--cpu-moe": ("cmoe", True), "-kvu": ("kvu", True),
+               "--kv-unified": ("kvu", True), "-no-kvu": ("kvu", False), "--no-kv-unified": ("kvu", False),
+               "--op-offload": ("opo", True), "--no-op-offload": ("opo", False)}
+_FA_FLAGS = ("-fa", "--flash-attn")
+_FA_VALUES = {"on": True, "enabled": True, "true": True, "1": True, "off": False, "disabled": False,
+              "false": False, "0": False, "auto": None, "-1": None}
+# placement flags passed through as they are, but not modelled by the plan
+_UNMODELLED = ("-ot", "--override-tensor", "-ts", "--tensor-split", "-sm", "--split-mode", "-dev", "--device",
+               "-mg", "--main-gpu", "-ncffn", "--n-cpu-ffn")
+ALL_LAYERS = -2  # -ngl all (llama.cpp: <= -2)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServerArgs:
+    """The flags an app launches llama-server with, and what the plan reads from them (None: not given).
+    `at` maps each read key to its argv index (to replace its value). llama.cpp has no --flag=value form."""
+
+    argv: tuple[str, ...]
+    ngl: int | None = None  # -1 (auto) is None; 'all' is ALL_LAYERS
+    n_cpu_moe: int | None = None
+    cpu_moe: bool = False  # -cmoe: every expert tensor on the CPU
+    ctx: int | None = None
+    n_parallel: int | None = None  # -1 (auto) is None
+    kv_type_k: str | None = None
+    kv_type_v: str | None = None
+    flash_attn: bool | None = None  # None: auto
+    kv_unified: bool | None = None
+    n_ubatch: int | None = None
+    n_batch: int | None = None
+    op_offload: bool = True
+    unmodelled: tuple[str, ...] = ()
+    at: Mapping[str, int] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"args": list(self.argv), "ngl": self.ngl, "n_cpu_moe": self.n_cpu_moe, "cpu_moe": self.cpu_moe,
+                "ctx": self.ctx, "n_parallel": self.n_parallel, "kv_type_k": self.kv_type_k,
+                "kv_type_v": self.kv_type_v, "flash_attn": self.flash_attn}
+
+
+def parse_server_args(argv: Sequence[str] | str) -> ServerArgs:
+    """Read -ngl, -c, -np, -ctk/-ctv, --n-cpu-moe/-cmoe, -fa, -kvu, -ub/-b and --no-op-offload from llama-server
+    flags (a list, or one string split as a shell would); every other flag is kept as it is."""
+    args = tuple(shlex.split(argv) if isinstance(argv, str) else argv)
+    got: dict[str, Any] = {}
+    at: dict[str, int] = {}
+    unmodelled: list[str] = []
+    kv = set(kv_types())
+    i = 0
+    while i < len(args):
+        flag = args[i]
+        key = _VALUE_FLAGS.get(flag)
+        if key is None and flag in _FA_FLAGS:
+            if i + 1 < len(args) and args[i + 1].lower() in _FA_VALUES:
+                value, used = args[i + 1], 1
+            else:  # a bare -fa (llama.cpp before -fa took a value): on
+                value, used = "on", 0
+            got["fa"], at["fa"] = _FA_VALUES[value.lower()], i
+            i += 1 + used
+            continue
+        if key is None:
+            if flag in _BOOL_FLAGS:
+                name, on = _BOOL_FLAGS[flag]
+                got[name], at[name] = on, i
+            elif flag in _UNMODELLED:
+                unmodelled.append(flag)
+            i += 1
+            continue
+        if i + 1 < len(args):
+            value = args[i + 1]
+        else:
+            raise UsageError(f"server argument {flag} has no value", fix=f"write {flag} VALUE")
+        if key in ("ctk", "ctv"):
+            if value not in kv:
+                raise UsageError(f"server argument {flag} {value}: unknown KV cache type", fix=f"use one of {', '.join(sorted(kv))}")
+            got[key] = value
+        elif key == "ngl" and value in ("auto", "all"):
+            got[key] = None if value == "auto" else ALL_LAYERS
+        else:
+            try:
+                number = int(value)
+            except ValueError:
+                raise UsageError(f"server argument {flag} {value!r} is not a whole number",
+                                 fix=f"write {flag} N" + (" (or auto, all)" if key == "ngl" else "")) from None
+            if number < 0 and not (key in ("ngl", "np") and number <= -1):
+                raise UsageError(f"server argument {flag} {value} is negative", fix=f"write {flag} N with N >= 0")
+            got[key] = (ALL_LAYERS if number <= -2 else None if number == -1 else number) if key == "ngl" \
+                else (None if number < 0 else number) if key == "np" else number
+        at[key] = i
+        i += 2
+    if got.get("np") == 0:
+        raise UsageError("server argument -np 0: llama-server needs at least one slot", fix="write -np N with N >= 1")
+    return ServerArgs(argv=args, ngl=got.get("ngl"), n_cpu_moe=got.get("ncmoe"), cpu_moe=got.get("cmoe", False),
+                      ctx=got.get("ctx"), n_parallel=got.get("np"), kv_type_k=got.get("ctk"), kv_type_v=got.get("ctv"),
+                      flash_attn=got.get("fa"), kv_unified=got.get("kvu"), n_ubatch=got.get("ub"),
+                      n_batch=got.get("b"), op_offload=got.get("opo", True), unmodelled=tuple(dict.fromkeys(unmodelled)),
+                      at=at)
+
+
+def app_floor(model: ModelInfo, app: ServerArgs) -> tuple[int | None, int | None]:
+    """(the least -ngl, the most --n-cpu-moe) a plan may choose for this app: it never offloads less. An
+    app without --n-cpu-moe keeps on the CPU only the experts of its CPU blocks (those below N + 1 - ngl)."""
+    n = model.n_layer
+    ngl = None if app.ngl is None else n + 1 if app.ngl == ALL_LAYERS else min(app.ngl, n + 1)
+    if not model.is_moe:
+        return ngl, None
+    if app.cpu_moe:
+        return ngl, n
+    if app.n_cpu_moe is not None:
+        return ngl, min(app.n_cpu_moe, n)
+    return ngl, None if ngl is None else max(n + 1 - ngl, 0)
+
+
+def plan_for_app(model: ModelInfo, app: ServerArgs, *, free_vram: int, headroom: Headroom | None = None) -> Plan:
+    """The plan for an app's llama-server flags: their context, slots, cache types, flash attention and batch,
+    and at least their offload (see app_floor); llama-server's defaults where they give none (-c 0: the
+    trained context; no -np: 4 slots sharing one unified KV cache; -fa auto: on)."""
+    k = knowledge()
+    ctx = app.ctx or model.n_ctx_train or k["min_ctx"]
+    auto_np = app.n_parallel is None
+    n_parallel: int = k["server_auto_parallel"] if app.n_parallel is None else app.n_parallel
+    unified = True if auto_np else bool(app.kv_unified)
+    n_ubatch = min(app.n_ubatch or k["n_ubatch"], app.n_batch or 1 << 30)
+    min_ngl, max_ncmoe = app_floor(model, app)
+    plan = plan_offload(model, free_vram=free_vram, ctx=ctx, min_ctx=ctx, n_parallel=n_parallel,
+                        kv_type=app.kv_type_k or k["default_kv_type"],
+                        kv_type_v=app.kv_type_v or k["default_kv_type"], kv_unified=unified,
+                        n_ubatch=n_ubatch, op_offload=app.op_offload, flash_attn=app.flash_attn is not False,
+                        headroom=headroom, min_ngl=min_ngl, max_n_cpu_moe=max_ncmoe)
+    notes = list(plan.warnings)
+    if app.unmodelled:
+        notes.append(f"{', '.join(app.unmodelled)}: passed to llama-server as given, but not part of this estimate")
+    reasons = list(plan.reasons)
+    if auto_np:
+        reasons.append(f"no -np: llama-server runs {n_parallel} slots sharing one unified KV cache of -c cells")
+    return replace(plan, warnings=tuple(notes), reasons=tuple(reasons))
+
+
+def launch_args(plan: Plan, app: ServerArgs) -> list[str]:
+    """The app's llama-server flags with the plan's -ngl (and, for a MoE model, --n-cpu-moe) in place of
+    theirs, or added at the end. A value that already says what the plan chose is left as written (-ngl 99)."""
+    out = list(app.argv)
+    n = plan.model.n_layer
+    drop: set[int] = set()
+    add: list[str] = []
+
+    def put(key: str, flag: str, value: str) -> None:
+        if key in app.at:
+            out[app.at[key] + 1] = value
+        else:
+            add.extend([flag, value])
+
+    min_ngl, _ = app_floor(plan.model, app)
+    if min_ngl is None or plan.ngl > min_ngl:
+        put("ngl", "-ngl", str(plan.ngl))
+    if plan.model.is_moe:
+        if app.cpu_moe and plan.n_cpu_moe < n:
+            drop.add(app.at["cmoe"])
+            put("ncmoe", "--n-cpu-moe", str(plan.n_cpu_moe))
+        elif not app.cpu_moe and (app.n_cpu_moe is not None or plan.n_cpu_moe > 0):
+            if app.n_cpu_moe is None or min(app.n_cpu_moe, n) != plan.n_cpu_moe:
+                put("ncmoe", "--n-cpu-moe", str(plan.n_cpu_moe))
+    return [a for i, a in enumerate(out) if i not in drop] + add
 
 
 _BUFFER_RE = re.compile(r"(\w+):\s+(\S+)\s+(model|KV|RS|compute|output) buffer size =\s*([\d.]+) MiB")
