@@ -17,6 +17,12 @@ from typing import Any
 import platformdirs
 import pytest
 
+from llamabundle.backends.cuda.toolkit.layout import Toolkit
+from llamabundle.backends.cuda.toolkit.pypi import install_from_pypi
+from llamabundle.log import Log
+from llamabundle.recipe import load_recipe
+from llamabundle.settings import Settings
+
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "recipes" / "linux-x86_64-cpu.yaml"
 BUILD_TIMEOUT = 75 * 60
@@ -72,3 +78,15 @@ def unpacked(first_build: dict[str, Any], e2e_env: dict[str, str], store: Path, 
     res = run_cli("fetch", recipe_key, "--store", store, "--out", out, env=e2e_env)
     assert res.returncode == 0, res.stderr
     return out
+
+
+CUDA_RECIPE = REPO / "recipes" / "linux-x86_64-cuda13.0.yaml"
+
+
+@pytest.fixture(scope="session")
+def toolkit(e2e_env: dict[str, str]) -> Toolkit:
+    """The CUDA recipe's toolkit from NVIDIA's wheels on PyPI (cuda_nvrtc included), cached in the e2e cache."""
+    recipe = load_recipe(CUDA_RECIPE)
+    assert recipe.cuda is not None and "cuda_nvrtc" in recipe.cuda.components
+    return install_from_pypi(version=recipe.cuda.toolkit, platform="linux-x86_64", components=list(recipe.cuda.components),
+                             settings=Settings.from_env(e2e_env), log=Log(quiet=True))

@@ -24,15 +24,11 @@ from typing import Any
 import pytest
 
 from llamabundle.backends.cuda.toolkit.layout import Toolkit
-from llamabundle.backends.cuda.toolkit.pypi import install_from_pypi
 from llamabundle.errors import VerifyError
-from llamabundle.log import Log
 from llamabundle.recipe import canonical_json, load_recipe
-from llamabundle.settings import Settings
 from llamabundle.verify import Level, verify_bundle
-from tests.e2e.conftest import REPO, run_cli
+from tests.e2e.conftest import CUDA_RECIPE, run_cli
 
-CUDA_RECIPE = REPO / "recipes" / "linux-x86_64-cuda13.0.yaml"
 BUNDLE_TIMEOUT = 30 * 60
 KERNEL = r"""
 #include <cublas_v2.h>
@@ -63,15 +59,6 @@ def _linked_copy(src: Path, dst: Path) -> Path:
 def _rewrite_manifest(root: Path, manifest: dict[str, Any]) -> None:
     (root / "bundle.json").unlink()  # a hard link to the original: a new file, not new bytes in the old one
     (root / "bundle.json").write_text(json.dumps(manifest))
-
-
-@pytest.fixture(scope="module")
-def toolkit(e2e_env: dict[str, str]) -> Toolkit:
-    """The recipe's toolkit from NVIDIA's wheels on PyPI (cuda_nvrtc included), cached in the e2e cache."""
-    recipe = load_recipe(CUDA_RECIPE)
-    assert recipe.cuda is not None and "cuda_nvrtc" in recipe.cuda.components
-    return install_from_pypi(version=recipe.cuda.toolkit, platform="linux-x86_64", components=list(recipe.cuda.components),
-                             settings=Settings.from_env(e2e_env), log=Log(quiet=True))
 
 
 @pytest.fixture(scope="module")
