@@ -113,10 +113,11 @@ def publish(store_root: Path, tmp: Path, **kw: Any) -> Manifest:
 
 
 def fake_smi(where: Path, *lines: str, rc: int = 0, stderr: str = "", gate: Path | None = None,
-             started: Path | None = None, hang: bool = False) -> Path:
-    """An executable `nvidia-smi` printing the CSV lines; optionally it marks `started` and waits for `gate`."""
+             started: Path | None = None, hang: bool = False, calls: Path | None = None) -> Path:
+    """An executable `nvidia-smi` printing the CSV lines; optionally it appends its arguments to `calls` (one
+    line a call), marks `started` and waits for `gate`."""
     where.mkdir(parents=True, exist_ok=True)
-    body = ["#!/bin/sh"]
+    body = ["#!/bin/sh"] + ([f'echo "$@" >> {shlex.quote(str(calls))}'] if calls else [])
     if started:
         body.append(f": > {shlex.quote(str(started))}")
     if gate:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import shutil
 import signal
 import subprocess
@@ -21,6 +20,7 @@ from typing import Any
 import pytest
 from clirun import run
 from test_cli_json import valid
+from test_probe import fake_smi as probe_fake_smi
 from test_probe import installed, make_stage, wait_for
 
 from llamabundle.cli import telemetry as telemetry_cli
@@ -42,25 +42,9 @@ GPU0 = "0, NVIDIA H200, 580.95.05, 37, 1234, 143771"
 GPU1 = "1, NVIDIA RTX 6000 Ada Generation, 580.95.05, 0, 512, 49140"
 
 
-def fake_smi(where: Path, *lines: str, rc: int = 0, stderr: str = "", gate: Path | None = None,
-             started: Path | None = None, hang: bool = False) -> Path:
-    """An executable `nvidia-smi` that appends its arguments to `<where>/calls` (one line a call) and prints the
-    CSV lines; optionally it marks `started` and waits for `gate`."""
-    where.mkdir(parents=True, exist_ok=True)
-    q = shlex.quote
-    body = ["#!/bin/sh", f'echo "$@" >> {q(str(where / "calls"))}']
-    if started:
-        body.append(f": > {q(str(started))}")
-    if gate:
-        body.append(f"while [ ! -e {q(str(gate))} ]; do {SLEEP} 0.01; done")
-    if hang:
-        body.append(f"exec {SLEEP} 60")
-    body += [f"echo {q(line)}" for line in lines] + ([f"echo {q(stderr)} >&2"] if stderr else [])
-    body.append(f"exit {rc}")
-    exe = where / "nvidia-smi"
-    exe.write_text("\n".join(body) + "\n")
-    exe.chmod(0o755)
-    return exe
+def fake_smi(where: Path, *lines: str, **kw: Any) -> Path:
+    """test_probe's fake `nvidia-smi`, appending its arguments to `<where>/calls` (one line a call)."""
+    return probe_fake_smi(where, *lines, calls=where / "calls", **kw)
 
 
 def calls(smi: Path) -> list[str]:
