@@ -6,6 +6,7 @@ platform's name."""
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -256,5 +257,45 @@ def run_list_devices(root: Path, *, exe_name: str, keep: Mapping[str, str] | Non
                           why="the bundle does not load in a clean environment",
                           details="\n".join((out.stderr + out.stdout).strip().splitlines()[-20:]))
     loaded = Loaded(level="passed")
-    read_list_devices(lines, root=root, loaded=loaded, exe=exe_name)
+    try:
+        read_list_devices(lines, root=root, loaded=loaded, exe=exe_name)
+    except VerifyError as e:
+        if "CPU" not in loaded.backends and (why := cpu_load_diagnosis(root, env)):
+            e.why = f"{e.why}; {why}"
+        raise
     return loaded
+
+
+# Run by the Python that runs llamabundle, in the bundle's clean environment: ggml's own scan is silent in a
+# release build, so this says, per CPU variant, what dlopen answered and what the variant scored here.
+_CPU_PROBE = r'''
+import ctypes, os, sys
+path = sys.argv[1]
+try:
+    lib = ctypes.CDLL(path, mode=os.RTLD_NOW | os.RTLD_LOCAL)
+except OSError as e:
+    print("not loaded:", str(e).replace(path, "").strip(": ") or "dlopen failed")
+else:
+    score = getattr(lib, "ggml_backend_score", None)
+    print(f"score {score()}" if score is not None else "no ggml_backend_score")
+'''
+
+
+def cpu_load_diagnosis(root: Path, env: Mapping[str, str]) -> str:
+    """Why no CPU variant of a bundle was loaded here: each `libggml-cpu*.so` loaded on its own (a process
+    each: a variant that crashes on load says so) and scored, and whether the executable's directory is
+    readable through /proc/self/exe (ggml looks for the variants there). '' where there are none to try."""
+    variants = sorted(root.glob("libggml-cpu*.so"))
+    if not variants or not sys.executable:
+        return ""
+    said = []
+    for v in variants:
+        try:
+            out = proc.capture([sys.executable, "-S", "-c", _CPU_PROBE, str(v)], cwd=root.parent, env=env, timeout=30)
+            answer = out.stdout.strip() or f"exit {out.returncode}: {out.stderr.strip()[-200:] or 'no output'}"
+        except (proc.Timeout, OSError) as e:
+            answer = f"not tried: {e}"
+        said.append(f"{v.name}: {answer}")
+    if not Path("/proc/self/exe").exists():
+        said.append("/proc/self/exe is missing (ggml finds the variants beside the executable through it)")
+    return "loaded one by one here: " + "; ".join(said)
