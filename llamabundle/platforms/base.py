@@ -239,23 +239,35 @@ def clean_env(root: Path, keep: Mapping[str, str] | None = None) -> dict[str, st
 def run_list_devices(root: Path, *, exe_name: str, keep: Mapping[str, str] | None = None) -> Loaded:
     """`<exe> --verbose --list-devices` run natively from `root` in a clean environment (nothing of the
     caller's: no LD_LIBRARY_PATH, no PATH to other libraries; only `keep`, the variables a backend's driver
-    lookup reads) and its own process group (a hang ends with all it started)."""
+    lookup reads) and its own process group (a hang ends with all it started).
+
+    llama.cpp's log is written by a thread of its own, and --list-devices exits without waiting for it (the
+    logger is leaked on purpose, llama.cpp issue 22142): on a busy machine its 'loaded X backend from' lines
+    can be lost while the device list, printed directly, is not. So a run whose lines are incomplete (no CPU
+    line, or a listed device whose backend has none) is repeated, up to LIST_ATTEMPTS runs, and the lines
+    of all runs are read together (the same binary in the same environment loads the same backends)."""
     env = clean_env(root, keep)
     exe = root / exe_name
     if not exe.is_file():
         raise VerifyError(f"the bundle has no {exe_name}", fix="include llama-server in the recipe's targets")
-    try:
-        out = proc.capture([str(exe), "--verbose", "--list-devices"], cwd=root.parent, env=env,
-                           timeout=LOAD_TIMEOUT)
-    except proc.Timeout:
-        raise VerifyError(f"{exe_name} --list-devices did not finish in {LOAD_TIMEOUT}s") from None
-    except OSError as e:
-        raise VerifyError(f"{exe_name} could not be started", why=str(e)) from None
-    lines = (out.stderr + out.stdout).splitlines()
-    if out.returncode != 0:
-        raise VerifyError(f"{exe_name} --list-devices exited with {out.returncode}",
-                          why="the bundle does not load in a clean environment",
-                          details="\n".join((out.stderr + out.stdout).strip().splitlines()[-20:]))
+    said: list[str] = []  # every run's 'loaded' lines
+    for _ in range(LIST_ATTEMPTS):
+        try:
+            out = proc.capture([str(exe), "--verbose", "--list-devices"], cwd=root.parent, env=env,
+                               timeout=LOAD_TIMEOUT)
+        except proc.Timeout:
+            raise VerifyError(f"{exe_name} --list-devices did not finish in {LOAD_TIMEOUT}s") from None
+        except OSError as e:
+            raise VerifyError(f"{exe_name} could not be started", why=str(e)) from None
+        if out.returncode != 0:
+            raise VerifyError(f"{exe_name} --list-devices exited with {out.returncode}",
+                              why="the bundle does not load in a clean environment",
+                              details="\n".join((out.stderr + out.stdout).strip().splitlines()[-20:]))
+        lines = (out.stderr + out.stdout).splitlines()
+        said += [line for line in lines if LOADED.search(line)]
+        lines = [*said, *(line for line in lines if not LOADED.search(line))]
+        if _complete(lines):
+            break
     loaded = Loaded(level="passed")
     try:
         read_list_devices(lines, root=root, loaded=loaded, exe=exe_name)
@@ -264,6 +276,21 @@ def run_list_devices(root: Path, *, exe_name: str, keep: Mapping[str, str] | Non
             e.why = f"{e.why}; {why}"
         raise
     return loaded
+
+
+LIST_ATTEMPTS = 3
+
+
+def _complete(lines: Sequence[str]) -> bool:
+    """A 'loaded CPU backend' line, and one for the backend of every listed device (CUDA0 -> CUDA)."""
+    loaded = {m.group(1) for line in lines if (m := LOADED.search(line))}
+    listed, in_list = set(), False
+    for line in lines:
+        if line.startswith("Available devices"):
+            in_list = True
+        elif in_list and (d := DEVICE.match(line)) and (b := re.match(r"[A-Za-z]+", d.group(1))):
+            listed.add(b.group(0))
+    return "CPU" in loaded and listed <= loaded
 
 
 # Run by the Python that runs llamabundle, in the bundle's clean environment: ggml's own scan is silent in a

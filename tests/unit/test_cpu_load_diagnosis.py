@@ -1,6 +1,8 @@
-"""When llama-server loads no CPU backend (ggml's scan of the variants is silent in a release build), the load
-check says why, per variant: what dlopen answered, the score it gave here, a crash on load. Real shared
-libraries compiled with gcc; llama-server a stand-in that loads nothing."""
+"""The load check's reading of llama-server --list-devices where its lines are missing. When no CPU backend
+loaded (ggml's scan of the variants is silent in a release build) it says why, per variant: what dlopen
+answered, the score it gave here, a crash on load (real shared libraries compiled with gcc; llama-server a
+stand-in that loads nothing). When the lines were lost (llama.cpp's log thread is not waited for at exit)
+the run is repeated."""
 
 from __future__ import annotations
 
@@ -76,3 +78,36 @@ def test_the_variants_load_in_the_bundles_clean_environment(tmp_path: Path, monk
     with pytest.raises(VerifyError) as e:
         base.run_list_devices(root, exe_name="llama-server")
     assert "libggml-cpu-x64.so: not loaded:" in e.value.why and "libdep.so" in e.value.why
+
+
+def _flaky_server(root: Path, body: str) -> Path:
+    """A llama-server that counts its runs in `runs` beside the bundle and prints `body` (shell) with $n the run."""
+    runs = root.parent / "runs"
+    runs.write_text("")
+    server = root / "llama-server"
+    server.write_text(f'#!/bin/sh\necho x >> "{runs}"\nn=$(wc -l < "{runs}")\nd=$(dirname "$0")\n{body}')
+    server.chmod(0o755)
+    return runs
+
+
+def test_a_run_whose_backend_lines_were_lost_is_repeated(tmp_path: Path) -> None:
+    """llama.cpp's log thread is not waited for at exit: the 'loaded' lines of a run can be missing while the
+    device list (printed directly) is there. Such a run is repeated and the lines of all runs read together."""
+    root = _bundle(tmp_path)
+    runs = _flaky_server(root, 'if [ "$n" -ge 2 ]; then echo "load_backend: loaded CPU backend from $d/libggml-cpu-x64.so" >&2; fi\n'
+                               'if [ "$n" -ge 3 ]; then echo "load_backend: loaded CUDA backend from $d/libggml-cuda.so" >&2; fi\n'
+                               'echo "Available devices:"\necho "  CUDA0: NVIDIA H200 (143155 MiB, 142629 MiB free)"\n')
+    loaded = base.run_list_devices(root, exe_name="llama-server")
+    assert len(runs.read_text().splitlines()) == 3  # the CPU line came in the second run, CUDA's in the third
+    assert set(loaded.backends) == {"CPU", "CUDA"} and loaded.devices == ["CUDA0: NVIDIA H200 (143155 MiB, 142629 MiB free)"]
+
+
+def test_a_complete_run_is_not_repeated_and_a_bundle_that_never_says_fails_after_the_attempts(tmp_path: Path) -> None:
+    root = _bundle(tmp_path)
+    runs = _flaky_server(root, 'echo "load_backend: loaded CPU backend from $d/libggml-cpu-x64.so" >&2\necho "Available devices:"\n')
+    assert set(base.run_list_devices(root, exe_name="llama-server").backends) == {"CPU"}
+    assert len(runs.read_text().splitlines()) == 1
+    runs = _flaky_server(root, 'echo "Available devices:"\n')
+    with pytest.raises(VerifyError, match="did not load a CPU backend"):
+        base.run_list_devices(root, exe_name="llama-server")
+    assert len(runs.read_text().splitlines()) == base.LIST_ATTEMPTS
