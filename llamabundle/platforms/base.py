@@ -250,8 +250,8 @@ def run_list_devices(root: Path, *, exe_name: str, keep: Mapping[str, str] | Non
     exe = root / exe_name
     if not exe.is_file():
         raise VerifyError(f"the bundle has no {exe_name}", fix="include llama-server in the recipe's targets")
-    said: list[str] = []  # every run's 'loaded' lines
-    for _ in range(LIST_ATTEMPTS):
+
+    def run() -> list[str]:
         try:
             out = proc.capture([str(exe), "--verbose", "--list-devices"], cwd=root.parent, env=env,
                                timeout=LOAD_TIMEOUT)
@@ -263,11 +263,9 @@ def run_list_devices(root: Path, *, exe_name: str, keep: Mapping[str, str] | Non
             raise VerifyError(f"{exe_name} --list-devices exited with {out.returncode}",
                               why="the bundle does not load in a clean environment",
                               details="\n".join((out.stderr + out.stdout).strip().splitlines()[-20:]))
-        lines = (out.stderr + out.stdout).splitlines()
-        said += [line for line in lines if LOADED.search(line)]
-        lines = [*said, *(line for line in lines if not LOADED.search(line))]
-        if _complete(lines):
-            break
+        return (out.stderr + out.stdout).splitlines()
+
+    lines = until_complete(run)
     loaded = Loaded(level="passed")
     try:
         read_list_devices(lines, root=root, loaded=loaded, exe=exe_name)
@@ -279,6 +277,19 @@ def run_list_devices(root: Path, *, exe_name: str, keep: Mapping[str, str] | Non
 
 
 LIST_ATTEMPTS = 3
+
+
+def until_complete(run: Callable[[], list[str]]) -> list[str]:
+    """The output lines of `run` (one --list-devices run), repeated up to LIST_ATTEMPTS times while they are
+    incomplete; the 'loaded' lines of every run, then the last run's other lines."""
+    said: list[str] = []
+    for _ in range(LIST_ATTEMPTS):
+        got = run()
+        said += [line for line in got if LOADED.search(line)]
+        lines = [*said, *(line for line in got if not LOADED.search(line))]
+        if _complete(lines):
+            break
+    return lines
 
 
 def _complete(lines: Sequence[str]) -> bool:

@@ -13,7 +13,7 @@ from filelock import FileLock
 
 from ... import proc
 from ...errors import VerifyError
-from ..base import DEVICE, Loaded, read_list_devices
+from ..base import DEVICE, Loaded, read_list_devices, until_complete
 
 TIMEOUT = 300  # a new Wine prefix boots first (20-60 s)
 QUIET = 2.0  # seconds without output after the device list: the list is complete
@@ -39,13 +39,20 @@ def check_load(root: Path, *, prefix: Path) -> Loaded:
         if wineserver:
             proc.capture([wineserver, "-k"], env=env, timeout=60)
 
-    with FileLock(str(prefix) + ".lock"):  # one run per prefix: wineserver -k ends every process in it
-        res = run_until_device_list([wine, str(exe), "--verbose", "--list-devices"], env=env, cwd=root, stop=stop)
-    if not res.stopped and res.returncode != 0:
-        raise VerifyError(f"wine llama-server.exe --list-devices exited with {res.returncode}",
-                          why="the bundle does not load under Wine", details="\n".join(res.lines[-20:]))
-    loaded = Loaded(level="passed (under Wine; " + (STOPPED + ")" if res.stopped else "it exited 0)"))
-    read_list_devices(res.lines, root=root, loaded=loaded, exe="llama-server.exe", where=" under Wine",
+    stopped = []
+
+    def run() -> list[str]:
+        with FileLock(str(prefix) + ".lock"):  # one run per prefix: wineserver -k ends every process in it
+            res = run_until_device_list([wine, str(exe), "--verbose", "--list-devices"], env=env, cwd=root, stop=stop)
+        if not res.stopped and res.returncode != 0:
+            raise VerifyError(f"wine llama-server.exe --list-devices exited with {res.returncode}",
+                              why="the bundle does not load under Wine", details="\n".join(res.lines[-20:]))
+        stopped.append(res.stopped)
+        return res.lines
+
+    lines = until_complete(run)  # llama.cpp's log thread may lose lines at exit, as natively
+    loaded = Loaded(level="passed (under Wine; " + (STOPPED + ")" if stopped[-1] else "it exited 0)"))
+    read_list_devices(lines, root=root, loaded=loaded, exe="llama-server.exe", where=" under Wine",
                       translate=wine_to_unix)
     return loaded
 
