@@ -84,7 +84,8 @@ def plan_build(recipe: Recipe, *, source_dir: Path, build_dir: Path, tools: Buil
     """Pure: the exact commands that build this recipe, asked of its platform and backends. Shown by
     `llamabundle show`. `toolkit_roots`: backend name -> the root of the toolkit prepared for it; `env`: the
     variables the platform's toolchain set up (laid over the build's environment); `fixed_root`: where the
-    fixed-length paths of a build whose backends bring a compiler launcher lie (None: the real paths)."""
+    fixed-length paths of a build whose backends bring a compiler launcher lie (None: the real paths): the
+    source, the build tree and those backends' toolkits are then configured through links there."""
     platform = platforms.get(recipe.platform)
     have = backends.of(recipe)
     roots = toolkit_roots or {}
@@ -92,10 +93,14 @@ def plan_build(recipe: Recipe, *, source_dir: Path, build_dir: Path, tools: Buil
     launchers = []
     if fixed_root is not None:
         src_fixed, build_fixed = fixed_path(source_dir, fixed_root, "s"), fixed_path(build_dir, fixed_root, "b")
-        launchers = [x for b in have if (x := b.launcher(recipe, platform=platform, source_dir=src_fixed,
-                                                          build_dir=build_fixed)) is not None]
-        if launchers:
-            links = ((str(src_fixed), str(source_dir)), (str(build_fixed), str(build_dir)))
+        with_launcher = {b.name: x for b in have if (x := b.launcher(recipe, platform=platform, source_dir=src_fixed,
+                                                                    build_dir=build_fixed)) is not None}
+        launchers = list(with_launcher.values())
+        if launchers:  # the toolkit of a backend with a launcher too: its header paths reach that compiler
+            fixed_toolkits = {name: fixed_path(roots[name], fixed_root, "t") for name in with_launcher if name in roots}
+            links = ((str(src_fixed), str(source_dir)), (str(build_fixed), str(build_dir)),
+                     *((str(fixed_toolkits[name]), str(roots[name])) for name in sorted(fixed_toolkits)))
+            roots = {**roots, **fixed_toolkits}
     real_source, real_build = source_dir, build_dir
     if links:  # the commands name the fixed-length paths; the plan's directories stay the real ones
         source_dir, build_dir = Path(links[0][0]), Path(links[1][0])

@@ -33,8 +33,8 @@ def rebuild_elsewhere(made: Made, zip_a: Path, *, toolchain: HostToolchain, jobs
                                 fixed_root=cache.fixed_dir(cache_dir))
             try:
                 result_b = run_build(plan_b, log=log, env=env, clean=True, timeout=build_timeout)
-            finally:
-                remove_links(plan_b.links)  # they point into the scratch tree, removed below
+            finally:  # those into the scratch tree, removed below (a toolkit's link may serve another build)
+                remove_links([(fixed, real) for fixed, real in plan_b.links if Path(real).is_relative_to(work)])
         zip_b = work / zip_a.name
         package(replace(made, src=replace(made.src, path=src_b)), plan_b, result_b, zip_b, toolchain=toolchain,
                 cache_dir=cache_dir, log=log)

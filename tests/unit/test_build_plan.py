@@ -72,9 +72,11 @@ def test_windows_cuda_plan_is_made_on_linux() -> None:
 def test_cuda_host_compiler_gets_the_prefix_maps_too() -> None:
     cuda = load_recipe(REPO / "recipes" / "linux-x86_64-cuda13.0.yaml")
     defs = _defs(_plan(cuda))
-    # and nvcc's own path- and pid-dependent names fixed (backends/cuda: measured with nvcc 13.0.88)
+    # and nvcc's own path- and pid-dependent names fixed (backends/cuda: measured with nvcc 13.0.88), and gcc,
+    # preprocessing for nvcc, keeps the toolkit's header paths as given (not resolved through the fixed links)
     assert defs["CMAKE_CUDA_FLAGS"] == ("-Xcompiler=-ffile-prefix-map=/src=/llama.cpp -Xcompiler=-ffile-prefix-map=/b=/build "
-                                        "-objtemp -Xcudafe=--orig_src_path_name=/llama.cpp")
+                                        "-objtemp -Xcudafe=--orig_src_path_name=/llama.cpp "
+                                        "-Xcompiler=-fno-canonical-system-headers")
 
 
 def test_the_toolkit_location_is_mapped_out_too() -> None:

@@ -78,8 +78,11 @@ class Cuda(NoExtras):
         they are /tmp/tmpxft_<pid>_…, a name the host compiler records in every object); cudafe++ names the
         anonymous namespaces of CCCL's headers after a CRC of the source file's full path, which
         `--orig_src_path_name` fixes (the names stay per file through the file's base name, and without
-        -rdc each file is its own device module). Not enough on its own: see `launcher`."""
-        cuda = " ".join([*(f"-Xcompiler={m}" for m in maps), *REPRODUCIBLE_NVCC])
+        -rdc each file is its own device module). gcc, when it preprocesses for nvcc, would resolve the links
+        of the fixed-length paths in the toolkit's headers (-fcanonical-system-headers is its default) and
+        hand cicc the real toolkit path, whose length changed the PTX. Not enough on its own: see `launcher`."""
+        gcc = ("-Xcompiler=-fno-canonical-system-headers",) if defs.get("CMAKE_C_COMPILER") == "gcc" else ()
+        cuda = " ".join([*(f"-Xcompiler={m}" for m in maps), *REPRODUCIBLE_NVCC, *gcc])
         return {"CMAKE_CUDA_FLAGS": f"{defs.get('CMAKE_CUDA_FLAGS', '')} {cuda}".strip()}
 
     def launcher(self, recipe: Recipe, *, platform: Platform, source_dir: Path, build_dir: Path) -> Launcher | None:

@@ -13,8 +13,14 @@ Two things made ggml-cuda's objects differ between two builds of the same inputs
    (personality ADDR_NO_RANDOMIZE, inherited by every process nvcc starts), and in cicc a fixed srand()
    seed and clocks that tick per call (CICC_PIN.so, through LD_PRELOAD) make its output identical run to
    run. Its memory layout still follows the lengths of the paths it is given and of its environment, so
-   the build runs through source and build paths of one fixed length (build.py), and PWD (which the
-   shell ninja runs sets to the real directory) is the build's fixed-length path.
+   the build runs through source and build paths of one fixed length (build.py), PWD (which the shell
+   ninja runs sets to the real directory) is the build's fixed-length path, and in nvcc and cicc the pin
+   answers getcwd(), realpath() and readlink("/proc/self/exe") with the fixed paths of the source, the
+   build and the toolkit (LLAMABUNDLE_FIXED_PATHS): cicc keeps the working directory on its heap, nvcc
+   hands it the resolved source path (--orig_src_path_name), both find the toolkit from where they run,
+   and the real lengths of any of these changed the PTX (fattn-tile dkq72 with build directories of 53
+   and 92 characters, dkq40 with sources at 53 and 125 and with toolkits at 69 and 104, each stable run
+   to run; identical with the pin).
 """
 
 from __future__ import annotations
@@ -61,6 +67,9 @@ def main(argv: list[str]) -> int:
     no_address_randomisation()  # llamabundle warned before the build where this machine refuses it
     if os.path.isdir(build) and os.path.samefile(build, "."):
         os.environ["PWD"] = build
+    toolkit = os.path.dirname(os.path.dirname(command[0]))  # nvcc's toolkit, <toolkit>/bin/nvcc (its fixed link)
+    fixed = [root, build, *([toolkit] if os.path.isabs(toolkit) else [])]
+    os.environ["LLAMABUNDLE_FIXED_PATHS"] = ":".join(fixed)  # what the pin maps the real directories back to
     preload = os.environ.get("LD_PRELOAD")
     os.environ["LD_PRELOAD"] = f"{pin}:{preload}" if preload else pin
     try:
