@@ -139,6 +139,7 @@ class InstallResult:
     bundle: InstalledBundle
     reused: bool  # the same key was installed and intact: nothing was downloaded
     replaced: str | None  # the key of the install of that name it replaced
+    pinned_by: str | None = None  # what pinned the zip's sha256: '--expect-sha256', or 'FILE:LINE' of the digest list
 
 
 def _installed(i: Installed) -> InstalledBundle:
@@ -151,15 +152,17 @@ def _installed(i: Installed) -> InstalledBundle:
 def install(*, store: str | os.PathLike[str] | None = None, key: str | None = None,
             recipe: str | os.PathLike[str] | None = None, root: str | os.PathLike[str] | None = None,
             expect_commit: str | None = None, expect_toolkit: str | None = None, expect_sha256: str | None = None,
-            quiet: bool = True, env: Mapping[str, str] | None = None) -> InstallResult:
+            digests: str | os.PathLike[str] | None = None, quiet: bool = True,
+            env: Mapping[str, str] | None = None) -> InstallResult:
     """Install a bundle as `llamabundle install` does: from `store` (a directory, file://DIR or github:OWNER/REPO;
     default $LLAMABUNDLE_STORE, else <cache>/store), by `key` or by `recipe` (a path or a shipped recipe's name:
     its key, and unless given its commit and CUDA toolkit as the expected ones), into `root`. Everything is
     checked before the install replaces the previous one of that name (docs/install-rules.md); a refused bundle
-    raises a LlamaBundleError with exit_code 5. `expect_sha256` pins the zip's sha256. `quiet`: no progress lines
-    on stderr."""
+    raises a LlamaBundleError with exit_code 5. `expect_sha256` pins the zip's sha256, or `digests` (at most one of
+    them), a digest list the app ships (SHA256SUMS lines: the zip's name or the key, and its sha256); a zip the
+    pin refuses raises with exit_code 5. `quiet`: no progress lines on stderr."""
     from .recipe import load_recipe
-    from .runtime.install import install_bundle
+    from .runtime.install import install_bundle, load_digests
     from .store import open_store
 
     if (key is None) == (recipe is None):
@@ -175,9 +178,13 @@ def install(*, store: str | os.PathLike[str] | None = None, key: str | None = No
         raise UsageError(f"'{key}' is not a key", fix="a key is 64 hex digits (llamabundle key RECIPE)")
     url = os.fspath(store) if store is not None else (settings.store or str(Path(settings.cache_dir) / "store"))
     opened = open_store(url, settings=settings, log=Log(quiet=quiet))
+    if expect_sha256 is not None and digests is not None:
+        raise UsageError("pass at most one of expect_sha256 and digests", fix="pin the zip by one of them")
+    listed = load_digests(Path(digests)) if digests is not None else None
     out = install_bundle(opened, key, root=_root(settings, root), log=Log(quiet=quiet), commit=expect_commit,
-                         toolkit=expect_toolkit, expect_sha256=expect_sha256)
-    return InstallResult(bundle=_installed(out.installed), reused=out.reused, replaced=out.replaced)
+                         toolkit=expect_toolkit, expect_sha256=expect_sha256, digests=listed)
+    return InstallResult(bundle=_installed(out.installed), reused=out.reused, replaced=out.replaced,
+                         pinned_by=out.pinned.where if out.pinned is not None else None)
 
 
 def installed(*, root: str | os.PathLike[str] | None = None,

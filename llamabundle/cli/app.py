@@ -82,7 +82,7 @@ def probe_cmd(c: Ctx, as_json: bool, bundle: Path | None, dest: Path | None, nvi
               help="Refuse a bundle whose zip has another sha256 (checked on the downloaded bytes, before anything is unpacked).")
 @click.option("--digests", "digests_path", metavar="FILE", type=InputFile(exists=True),
               help="Refuse a bundle whose zip is not in this digest list (SHA256SUMS lines: `<sha256>  <zip name or key>`).")
-@click.option("--if-needed", is_flag=True, help="Probe first; install only on binary_missing_nvidia_detected, then probe again.")
+@click.option("--if-needed", is_flag=True, help="Probe first; install only on binary_missing_nvidia_detected (pinned as without it), then probe again.")
 @JSON_OPT
 @pass_ctx
 def install_cmd(c: Ctx, store_url: str | None, recipe_path: Path | None, key_: str | None, dest: Path | None,
@@ -96,10 +96,6 @@ def install_cmd(c: Ctx, store_url: str | None, recipe_path: Path | None, key_: s
         raise UsageError(f"'{key_}' is not a key", fix="a key is 64 hex digits (llamabundle key RECIPE)")
     if expect_sha256 is not None and digests_path is not None:
         raise UsageError("pass at most one of --expect-sha256 and --digests", fix="pin the zip by one of them")
-    if if_needed and (expect_sha256 is not None or digests_path is not None):
-        raise UsageError("--expect-sha256 and --digests do not work with --if-needed yet",
-                         why="the on-demand install does not take a pin", fix="run `llamabundle probe`; when it says "
-                         "binary_missing_nvidia_detected, run this install without --if-needed")
     sha = install_mod.parse_sha256(expect_sha256) if expect_sha256 is not None else None
     digests = install_mod.load_digests(digests_path) if digests_path is not None else None
     if recipe_path is not None:
@@ -111,7 +107,7 @@ def install_cmd(c: Ctx, store_url: str | None, recipe_path: Path | None, key_: s
     root, store = install_mod.data_root(c.settings, dest), c.store(store_url)
     if if_needed:
         res = probe_mod.ensure_backend(store=store, key=key_, root=root, env=c.env, log=c.log, cache_dir=_cache(c),
-                             commit=expect_commit, toolkit=expect_toolkit)
+                                       commit=expect_commit, toolkit=expect_toolkit, expect_sha256=sha, digests=digests)
         emit(res.to_json()) if as_json else _print_probe(res)
         return
     out = install_mod.install_bundle(store, key_, root=root, log=c.log, commit=expect_commit, toolkit=expect_toolkit,

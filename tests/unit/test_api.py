@@ -110,6 +110,30 @@ def test_install_by_recipe_expects_its_commit(tmp_path: Path) -> None:
     assert got.bundle.key == recipe.key() and got.bundle.commit == recipe.llama_cpp.commit
 
 
+def test_install_pins_the_zip_by_sha256_or_by_a_digest_list(tmp_path: Path) -> None:
+    import hashlib
+
+    store, root = tmp_path / "store", tmp_path / "root"
+    m = publish(tmp_path, store, "pinned")
+    zip_path = next((store / m["key"]).glob("*.zip"))
+    sha = hashlib.sha256(zip_path.read_bytes()).hexdigest()
+    listed = tmp_path / "SHA256SUMS"
+    listed.write_text(f"# the app's list\n{'1' * 64}  another.zip\n{sha}  {zip_path.name}\n")
+    got = api.install(store=store, key=m["key"], root=root, digests=listed)
+    assert got.pinned_by == f"{listed}:3" and got.bundle.key == m["key"]
+    again = api.install(store=store, key=m["key"], root=root, expect_sha256=sha)
+    assert again.pinned_by == "--expect-sha256"
+    assert api.install(store=store, key=m["key"], root=root).pinned_by is None
+    listed.write_text(f"{sha}  another.zip\n")
+    with pytest.raises(api.LlamaBundleError) as e:
+        api.install(store=store, key=m["key"], root=root / "other", digests=listed)
+    assert e.value.exit_code == 5 and "is not in the digest list" in e.value.what
+    assert api.installed(root=root / "other") == ()
+    with pytest.raises(api.LlamaBundleError) as e:
+        api.install(store=store, key=m["key"], root=root, digests=listed, expect_sha256=sha)
+    assert e.value.exit_code == 2
+
+
 def test_install_refuses_with_the_error_and_its_exit_code(tmp_path: Path) -> None:
     store, root = tmp_path / "store", tmp_path / "root"
     m = publish(tmp_path, store, "cpu")

@@ -425,8 +425,7 @@ def test_cli_refuses_a_key_the_digest_list_lacks_with_exit_5(tmp_path: Path, sto
     ("--expect-sha256", "abc"),
     ("--expect-sha256", "z" * 64),
     ("--expect-sha256", "0" * 64, "--digests", "DIGESTS"),
-    ("--expect-sha256", "0" * 64, "--if-needed"),
-    ("--digests", "DIGESTS", "--if-needed"),
+    ("--expect-sha256", "abc", "--if-needed"),
     ("--digests", "MISSING"),
     ("--digests", "MALFORMED"),
 ])

@@ -371,6 +371,30 @@ def test_on_demand_installs_only_on_binary_missing_then_probes_again(tmp_path: P
     assert (r.backend, r.reason, r.facts["bundle_key"]) == (Backend.CUDA, Reason.OK, m.key)
 
 
+def test_on_demand_installs_only_the_pinned_zip(tmp_path: Path, env: dict[str, str]) -> None:
+    """install --if-needed pins the zip as a plain install does: another sha256 (or a digest list without the
+    zip) is bundle_invalid on the CPU and nothing is installed; the right one installs and probes ok."""
+    import hashlib
+
+    from llamabundle.runtime.install import list_installed, load_digests
+
+    m = publish(tmp_path / "store", tmp_path)
+    store = LocalStore(tmp_path / "store")
+    sha = hashlib.sha256(next((tmp_path / "store" / m.key).glob("*.zip")).read_bytes()).hexdigest()
+    kw = {"root": tmp_path / "data", "env": env, "log": QUIET, "cache_dir": tmp_path / "cache",
+          "proc_version": tmp_path / "x", "nvidia_smi": str(fake_smi(tmp_path / "bin", H200))}
+    r = ensure_backend(store=store, key=m.key, expect_sha256="0" * 64, **kw)
+    assert (r.backend, r.reason) == (Backend.CPU, Reason.BUNDLE_INVALID) and "sha256" in r.facts["detail"]
+    assert list_installed(tmp_path / "data") == []
+    listed = tmp_path / "SHA256SUMS"
+    listed.write_text(f"{sha}  some-other-bundle.zip\n")
+    r = ensure_backend(store=store, key=m.key, digests=load_digests(listed), **kw)
+    assert r.reason is Reason.BUNDLE_INVALID and "is not in the digest list" in r.facts["detail"]
+    assert list_installed(tmp_path / "data") == []
+    r = ensure_backend(store=store, key=m.key, expect_sha256=sha.upper(), **kw)
+    assert (r.backend, r.reason, r.facts["bundle_key"]) == (Backend.CUDA, Reason.OK, m.key)
+
+
 def test_on_demand_with_a_failed_install_is_cpu_with_the_reason(tmp_path: Path, env: dict[str, str]) -> None:
     smi = str(fake_smi(tmp_path / "bin", H200))
     kw = {"root": tmp_path / "data", "env": env, "log": QUIET, "cache_dir": tmp_path / "cache",
