@@ -132,8 +132,12 @@ def show(c: Ctx, recipe_path: Path, as_json: bool) -> None:
         click.echo(f"toolchain not set up here: {unavailable}")
     for name, value in plan.env:
         click.echo(f"env       {name}={value}")
+    for fixed, real in plan.links:
+        click.echo(f"links     {fixed} -> {real}")
     for path, _text in plan.files:
         click.echo(f"writes    {path}")
+    for command in plan.commands:
+        click.echo("runs      " + shlex.join(command))
     click.echo("configure " + shlex.join(plan.configure))
     click.echo("build     " + shlex.join(plan.build))
     click.echo("bundle    " + ", ".join(plan.programs + plan.backends))

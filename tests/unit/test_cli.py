@@ -124,6 +124,24 @@ def test_show_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pyte
     assert "-DGGML_BACKEND_DL=ON" in plan["configure"]
 
 
+def test_show_prints_the_links_and_the_commands_run_before_configuring(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """A CUDA build's fixed-length links and the pin's compile, as the build makes them (the toolkit's link too
+    once a toolkit is prepared; show prepares none)."""
+    monkeypatch.setenv("LLAMABUNDLE_CACHE_DIR", str(tmp_path / "cache"))
+    cuda = Path(__file__).resolve().parents[2] / "recipes" / "linux-x86_64-cuda13.0.yaml"
+    code, out, err = run(capsys, "show", cuda)
+    assert code == 0, err
+    links = [line.split(None, 1)[1] for line in out.splitlines() if line.startswith("links ")]
+    assert len(links) == 2 and all(line.startswith(str(tmp_path / "cache" / "fixed")) for line in links)
+    assert links[0].endswith(f"-> {tmp_path / 'cache' / 'src' / '0c1e57098bba43ac29e6e3b677cdceebdd22334f'}")
+    runs = [line for line in out.splitlines() if line.startswith("runs ")]
+    assert len(runs) == 1 and "-shared" in runs[0] and runs[0].endswith("cicc_pin.c -ldl")
+    code, data, err = run(capsys, "show", cuda, "--json")
+    plan = json.loads(data)["plan"]
+    assert len(plan["links"]) == 2 and plan["commands"][0][-2:] == [runs[0].split()[-2], "-ldl"]
+
+
 # --------------------------------------------------------------------------------- store commands
 
 
