@@ -14,7 +14,7 @@ set -uo pipefail
 COMMIT=0c1e57098bba43ac29e6e3b677cdceebdd22334f
 W=/tmp/lbgpu
 export LLAMABUNDLE_CACHE_DIR=$W/cache PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
-RECIPE=recipes/linux-x86_64-cuda13.0.yaml
+RECIPE=${RECIPE:-recipes/linux-x86_64-cuda13.0.yaml}  # multi_backend.sh sets the CPU+CUDA+Vulkan one
 
 start() {
   mkdir -p $W && rm -f $W/build.rc $W/t1 $W/nocomp.rc
