@@ -14,15 +14,20 @@ cause instead of cuda_unavailable: a library of ggml-cuda's static import closur
 resolve (one of the bundle's, or the driver's libcuda.so.1), a GPU whose compute capability neither the
 bundle's SASS nor its PTX serves, PTX as the only code for the GPU with a driver too old to JIT it, a driver
 too old for the bundle's CUDA toolkit. The diagnosis runs only then, never raises, and keeps its evidence in
-the facts (`cause`, `diagnosis`); when it finds nothing, or fails, the reason stays cuda_unavailable.
+the facts (`cause`, `diagnosis`); when it finds nothing, or fails, the reason stays cuda_unavailable. When the
+device is listed, the compute-capability and PTX checks still run (facts `kernels`): ggml-cuda lists a GPU that
+no kernel of the bundle can run on, and the first kernel aborts.
 
-Results are cached as JSON with a TTL. Each probe takes a token (a counter under a file lock) when it starts
+Results are cached as JSON with a TTL, for the same bundle directory in the same state (a digest of its
+entries' names, sizes and mtimes: a file added, removed or replaced since is probed anew). Each probe takes a token (a counter under a file lock) when it starts
 and writes its result only if no probe with a newer token has written already: an older probe that
 finishes last never overwrites a newer result."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import re
 import shutil
 import time
@@ -288,7 +293,7 @@ def probe(*, root: Path, env: Mapping[str, str], cache_dir: Path | None = None, 
         inst = gpu_candidate(root, nvidia=nvidia)
         target = (inst.path, inst.manifest) if inst is not None else None
     context = {"bundle_dir": str(target[0]) if target else None, "bundle_key": target[1].key if target else None,
-               "prefer": prefer}
+               "bundle_stamp": _stamp(target[0]) if target else None, "prefer": prefer}
     if cache_dir is not None and max_age > 0:
         last = read_cached(cache_dir)
         if last is not None and 0 <= time.time() - last.probed_at < max_age and \
@@ -302,6 +307,17 @@ def probe(*, root: Path, env: Mapping[str, str], cache_dir: Path | None = None, 
     if cache_dir is not None:
         store_result(cache_dir, result)
     return result
+
+
+def _stamp(bundle_dir: Path) -> str | None:
+    """A digest of the bundle directory's entries (name, size, mtime): what a file added, removed, replaced or
+    rewritten in it changes. A few dozen stat calls."""
+    try:
+        entries = sorted((e.name, e.stat(follow_symlinks=False)) for e in os.scandir(bundle_dir))
+    except OSError:
+        return None
+    listing = "\n".join(f"{name}\t{st.st_size}\t{st.st_mtime_ns}" for name, st in entries)
+    return hashlib.sha256(listing.encode("utf-8", "surrogateescape")).hexdigest()[:16]
 
 
 def pair_devices(devices: list[str]) -> list[dict[str, Any]]:
@@ -373,7 +389,8 @@ def _probe_now(target: tuple[Path, Manifest] | None, context: dict[str, Any], *,
 
     machine = machine or Machine(env={}, smi_timeout=SMI_TIMEOUT, lib_dirs=None)
     cuda = (_cuda_verdict(manifest, scan, facts, list_devices,
-                          diagnose=lambda: diagnose_cuda(root, manifest, scan, machine=machine))
+                          diagnose=lambda: diagnose_cuda(root, manifest, scan, machine=machine),
+                          kernels=lambda: diagnose_cuda(root, manifest, scan, machine=machine, checks=KERNEL_CHECKS))
             if "cuda" in gpu_backends else None)
     vulkan = _vulkan_verdict(list_devices) if "vulkan" in gpu_backends else None
     if prefer == "cpu":
@@ -398,9 +415,12 @@ ListDevices = Callable[[], "VerifyReport | VerifyError"]
 
 
 def _cuda_verdict(manifest: Manifest, scan: GpuScan, facts: dict[str, Any], list_devices: ListDevices, *,
-                  diagnose: Callable[[], Diagnosis]) -> Verdict:
+                  diagnose: Callable[[], Diagnosis], kernels: Callable[[], Diagnosis]) -> Verdict:
     """CUDA's checks, in order: an NVIDIA GPU, the driver against the bundle's floor, the backend loading
-    from the bundle and listing its device; when it did not load or listed none, why (`diagnose`)."""
+    from the bundle and listing its device; when it did not load or listed none, why (`diagnose`). A listed
+    device is not yet a working one: ggml-cuda lists a GPU that none of its kernels can run on (seen on the
+    H200: a bundle of sm_80 SASS listed `CUDA0: NVIDIA H200`, and llama-bench aborted at its first kernel), so
+    the GPUs' compute capabilities are checked against the bundle's SASS and PTX too (`kernels`)."""
     if not scan.present:
         return Reason.GPU_MISSING, {"detail": scan.error or "no NVIDIA driver found"}
     floor = manifest.cuda.driver_floor if manifest.cuda is not None else None
@@ -414,7 +434,16 @@ def _cuda_verdict(manifest: Manifest, scan: GpuScan, facts: dict[str, Any], list
                      not_loaded=(Reason.CUDA_UNAVAILABLE, {"detail": "the CUDA backend did not load"}),
                      no_device=(Reason.CUDA_UNAVAILABLE, {"detail": "the CUDA backend loaded but listed no device"}))
     if isinstance(dev, str):
-        return Reason.OK, {"cuda_device": dev.split(":", 1)[0]}
+        device = dev.split(":", 1)[0]
+        try:
+            found = kernels()
+        except Exception as e:  # the check never takes the probe down: the device is listed
+            return Reason.OK, {"cuda_device": device, "kernels": {"errors": [f"{type(e).__name__}: {e}"[:300]]}}
+        evidence = {**found.evidence, "errors": list(found.errors)}
+        if found.cause is None:
+            return Reason.OK, {"cuda_device": device, "kernels": evidence}
+        return found.cause[0], {"detail": f"the CUDA backend loaded and listed {device}, but no kernel in the bundle "
+                                          "runs on it", "kernels": evidence, **found.cause[1]}
     if dev[0] is not Reason.CUDA_UNAVAILABLE:
         return dev
     try:
@@ -570,14 +599,20 @@ def _major_minor(version: str) -> tuple[int, int] | None:
     return (int(nums[0]), int(nums[1])) if len(nums) >= 2 else None
 
 
-def diagnose_cuda(root: Path, manifest: Manifest, scan: GpuScan, *, machine: Machine) -> Diagnosis:
+ALL_CHECKS = ("libraries", "archs", "ptx", "driver")
+KERNEL_CHECKS = ("archs", "ptx")  # a GPU that no SASS or PTX serves, PTX the driver cannot JIT: listed, yet no kernel runs
+
+
+def diagnose_cuda(root: Path, manifest: Manifest, scan: GpuScan, *, machine: Machine,
+                  checks: Sequence[str] = ALL_CHECKS) -> Diagnosis:
     """Why the bundle's CUDA backend did not load or listed no device, in order: a library of ggml-cuda's static
     import closure that neither the bundle nor this machine has (the bundle's own, then the driver's), the GPUs'
     compute capability served by neither SASS nor PTX, PTX as their only code with a driver too old to JIT it,
-    the driver too old for the bundle's toolkit. A check that cannot be made says why; none raises."""
+    the driver too old for the bundle's toolkit. A check that cannot be made says why; none raises. `checks`
+    names the ones to make (KERNEL_CHECKS: those that still apply when the device was listed)."""
     look = _Look(root, manifest, scan, machine)
-    for name, check in (("libraries", _library_cause), ("archs", _arch_cause), ("ptx", _ptx_cause),
-                        ("driver", _driver_cause)):
+    table = {"libraries": _library_cause, "archs": _arch_cause, "ptx": _ptx_cause, "driver": _driver_cause}
+    for name, check in ((n, table[n]) for n in checks):
         try:
             cause = check(look)
         except Exception as e:  # one check that fails leaves the others to run

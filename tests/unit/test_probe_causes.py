@@ -43,6 +43,7 @@ SERVER = {
     "no_device": _HEAD + CUDA_LOADED + CPU_LOADED + b'echo "Available devices:"\n',
     "ok": _HEAD + SERVERS["ok"].removeprefix(b'#!/bin/sh\nd=$(dirname "$0")\n'),
 }
+SERVER["cpu_only_unmarked"] = SERVER["cpu_only"].replace(b': > "$d/.ran"\n', b"")  # writes nothing into the bundle
 
 
 # ------------------------------------------------------------------------------------ real ELF libraries
@@ -315,14 +316,62 @@ def test_ptx_only_with_a_driver_that_knows_the_toolkit_is_not_the_cause(tmp_path
 # ------------------------------------------------------------------------------------ the happy path, failures
 
 
-def test_the_happy_path_runs_no_diagnosis(tmp_path: Path, elfs: dict[str, Path]) -> None:
+def test_the_happy_path_runs_no_diagnosis_and_checks_the_kernels(tmp_path: Path, elfs: dict[str, Path]) -> None:
     stage = cuda_bundle(tmp_path, elfs, server="ok")
     exe, log = smi(tmp_path)
     r = probe_of(tmp_path, stage, exe, machine_libs(tmp_path, elfs, driver=False))  # libcuda absent: not looked at
     assert (r.backend, r.reason) == (Backend.CUDA, Reason.OK)
     assert not {"cause", "diagnosis", "diagnosis_error"} & set(r.facts)
-    assert asked(log) == [" ".join(probe_mod.NVIDIA_SMI_ARGS)]  # nvidia-smi was asked the GPU query only
+    assert r.facts["kernels"] == {"compute_caps": ["9.0"], "served": {"9.0": {"status": "sass", "via": "sm_90"}}, "errors": []}
+    # the GPU query, then the compute capability (the listed device's kernels); no library closure, no header
+    assert asked(log) == [" ".join(probe_mod.NVIDIA_SMI_ARGS), " ".join(probe_mod.COMPUTE_CAP_ARGS)]
     valid_json(r)
+
+
+def test_a_listed_gpu_that_no_kernel_runs_on_is_arch_unsupported(tmp_path: Path, elfs: dict[str, Path]) -> None:
+    """As on the H200 (bench/results/gpu-h200-multi-backend/): a bundle of sm_80 SASS only listed `CUDA0: NVIDIA H200`
+    and probe said ok, while llama-bench aborted at its first kernel. A listed device is checked like a missing one."""
+    stage = cuda_bundle(tmp_path, elfs, server="ok", sass=("80",), ptx=())
+    r = probe_of(tmp_path, stage, smi(tmp_path, cc="9.0")[0], machine_libs(tmp_path, elfs))
+    assert (r.backend, r.reason) == (Backend.CPU, Reason.CUDA_ARCH_UNSUPPORTED), r.sentence
+    assert r.sentence == (f"{H200} (compute capability 9.0) is served by neither SASS nor PTX in the bundle "
+                          f"{r.facts['bundle']} (SASS: 80; PTX: none)")
+    assert "(add 90-real to the recipe)" in r.fix
+    assert r.facts["detail"] == "the CUDA backend loaded and listed CUDA0, but no kernel in the bundle runs on it"
+    assert r.facts["kernels"]["served"] == {"9.0": {"status": "unsupported", "via": None}}
+    assert r.facts["cause"]["code"] == "cuda_arch_unsupported" and r.facts["server_args"] == ["--device", "none"]
+    valid_json(r)
+
+
+def test_a_listed_gpu_served_only_by_ptx_the_driver_cannot_jit(tmp_path: Path, elfs: dict[str, Path]) -> None:
+    stage = cuda_bundle(tmp_path, elfs, server="ok", floor="570.124.06")
+    exe, _log = smi(tmp_path, name=RTX5090, cc="12.0", driver="575.57.08", cuda="12.9")
+    r = probe_of(tmp_path, stage, exe, machine_libs(tmp_path, elfs))
+    assert (r.backend, r.reason) == (Backend.CPU, Reason.CUDA_PTX_TOO_NEW), r.sentence
+    assert r.facts["kernels"]["served"] == {"12.0": {"status": "ptx-jit", "via": "compute_75"}}
+
+
+def test_a_listed_gpu_whose_compute_capability_is_unknown_stays_ok(tmp_path: Path, elfs: dict[str, Path]) -> None:
+    """A driver before 510 cannot answer compute_cap: nothing proves the kernels wrong, so the listed device stands."""
+    stage = cuda_bundle(tmp_path, elfs, server="ok", sass=("80",), ptx=())
+    r = probe_of(tmp_path, stage, smi(tmp_path, cc=None)[0], machine_libs(tmp_path, elfs))
+    assert r.reason is Reason.OK
+    assert r.facts["kernels"]["compute_caps"] is None and "compute capability" in r.facts["kernels"]["errors"][0]
+
+
+def test_a_cached_result_is_not_reused_once_a_file_is_removed(tmp_path: Path, elfs: dict[str, Path]) -> None:
+    """Seen on the H200: libcudart removed from the bundle 2 s after a probe, and `probe` (TTL 30 s) said ok again."""
+    stage = cuda_bundle(tmp_path, elfs, server="cpu_only_unmarked")
+    exe, _log = smi(tmp_path)
+    env = {"PATH": str(tmp_path / "emptybin"), "HOME": str(tmp_path)}
+    libs = [machine_libs(tmp_path, elfs)]
+    first = run_probe(tmp_path, env, exe, bundle=stage, max_age=30, lib_dirs=libs)
+    again = run_probe(tmp_path, env, exe, bundle=stage, max_age=30, lib_dirs=libs)
+    assert (first.cached, again.cached) == (False, True) and again.reason is first.reason is Reason.CUDA_UNAVAILABLE
+    (stage / "libcudart.so.13").unlink()
+    after = run_probe(tmp_path, env, exe, bundle=stage, max_age=30, lib_dirs=libs)
+    assert not after.cached and after.reason is Reason.CUDA_LIBRARY_MISSING
+    assert after.facts["bundle_stamp"] != first.facts["bundle_stamp"]
 
 
 def test_a_diagnosis_that_fails_keeps_the_old_reason(tmp_path: Path, elfs: dict[str, Path],
