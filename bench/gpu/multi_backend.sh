@@ -78,6 +78,7 @@ pack() {
   du -shc .gl .vk .devtree/vulkan
 }
 
+[ "${BASH_SOURCE[0]}" = "$0" ] || return 0  # sourced (session.sh): the functions only
 case "${1:-}" in
   pack) pack ;;
   start) vulkan_env; BUILD_ARGS="--ops-tool ${BUILD_ARGS:-}" NOCOMP=0 bash bench/gpu/cuda_build.sh start ;;
