@@ -1,6 +1,6 @@
 """Verification levels (DESIGN §7): manifest (the one trust check), static (imports resolve: asked of the
 bundle's platform; GPU architectures: asked of its backends), load (llama-server loads its backends from
-inside the bundle: the platform runs it), gpu (a GPU backend lists its device)."""
+inside the bundle: the platform runs it), gpu (a GPU backend lists its device, and one the bundle's code runs on)."""
 
 from __future__ import annotations
 
@@ -37,6 +37,7 @@ class VerifyReport:
     levels: dict[str, str] = field(default_factory=dict)  # level -> passed | skipped: reason
     backends_loaded: dict[str, str] = field(default_factory=dict)
     devices: list[str] = field(default_factory=list)
+    compute_caps: dict[str, str] = field(default_factory=dict)  # CUDA0 -> 9.0: what ggml-cuda reported
     ops: list[dict[str, Any]] = field(default_factory=list)  # the ops level: per device, counts and failing cases
 
     def to_json(self) -> dict[str, Any]:
@@ -230,6 +231,7 @@ def check_load(root: Path, manifest: Manifest, report: VerifyReport, *, wine_pre
                                                          wine_prefix=wine_prefix)
     report.backends_loaded.update(loaded.backends)
     report.devices.extend(loaded.devices)
+    report.compute_caps.update(loaded.compute_caps)
     report.levels["load"] = loaded.level
 
 
@@ -246,7 +248,7 @@ def check_gpu(manifest: Manifest, report: VerifyReport, *, require_gpu: bool) ->
         report.levels["gpu"] = "skipped: " + report.levels["load"].removeprefix("skipped: ")
     else:
         for b in gpus:
-            results[b.loader_name] = _gpu_of(b, report)
+            results[b.loader_name] = _gpu_of(b, manifest, report)
         if len(gpus) > 1:
             report.levels.update({f"gpu {name}": result for name, result in results.items()})
         passed = [name for name, result in results.items() if result == "passed"]
@@ -257,11 +259,13 @@ def check_gpu(manifest: Manifest, report: VerifyReport, *, require_gpu: bool) ->
                           fix=f"run the check on a machine with {' or '.join(b.device_hint for b in gpus) or 'a GPU'}")
 
 
-def _gpu_of(b: backends.Backend, report: VerifyReport) -> str:
-    """One GPU backend's gpu check: passed, skipped: reason, or VerifyError."""
+def _gpu_of(b: backends.Backend, manifest: Manifest, report: VerifyReport) -> str:
+    """One GPU backend's gpu check: passed, skipped: reason, or VerifyError. A listed device that no kernel of
+    the bundle runs on (a GPU of another generation than the bundle's archs) is skipped with that reason."""
     if b.loader_name in report.backends_loaded:
         if any(d.startswith(b.loader_name) for d in report.devices):
-            return "passed"
+            why = b.unserved(manifest, report.devices, report.compute_caps)
+            return f"skipped: {why}" if why else "passed"
         if b.device_present():
             raise VerifyError(f"the {b.loader_name} backend loaded but listed no {b.loader_name} device",
                               why=f"this machine has a {b.driver_name}", details="\n".join(report.devices))

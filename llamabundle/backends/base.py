@@ -104,6 +104,11 @@ class Backend(Protocol):
         """A GPU backend: this machine has the device driver (so its backend should have loaded)."""
         ...
 
+    def unserved(self, manifest: Manifest, devices: Sequence[str], compute_caps: Mapping[str, str]) -> str | None:
+        """A GPU backend whose devices are listed: why no kernel of the bundle runs on any of them (the bundle's
+        code targets other GPUs), or None when one can or it cannot be told."""
+        ...
+
 
 class NoExtras:
     """The defaults of a backend that needs no toolkit, no extra runtime files and no checks of its own."""
@@ -150,3 +155,6 @@ class NoExtras:
 
     def device_present(self) -> bool:
         return False
+
+    def unserved(self, manifest: Manifest, devices: Sequence[str], compute_caps: Mapping[str, str]) -> str | None:
+        return None

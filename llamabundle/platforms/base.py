@@ -24,6 +24,8 @@ if TYPE_CHECKING:
 LOAD_TIMEOUT = 120  # seconds `llama-server --list-devices` may take
 LOADED = re.compile(r"load_backend: loaded (\S+) backend from (.+?)\s*$")
 DEVICE = re.compile(r"^\s+(\S+): (.+)$")
+# ggml_cuda_init's "  Device 0: NVIDIA H200, compute capability 9.0, VMM: yes" (after the log prefix)
+CUDA_CC = re.compile(r"\bDevice (\d+): .*?, compute capability (\d+)\.(\d+)\b")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,6 +90,7 @@ class Loaded:
     level: str  # "passed …" or "skipped: why"
     backends: dict[str, str] = field(default_factory=dict)  # loader name (CPU, CUDA) -> file it came from
     devices: list[str] = field(default_factory=list)
+    compute_caps: dict[str, str] = field(default_factory=dict)  # CUDA0 -> 9.0, as ggml-cuda reported them
 
 
 @runtime_checkable
@@ -216,6 +219,8 @@ def read_list_devices(lines: Sequence[str], *, root: Path, loaded: Loaded, exe: 
         if m:
             path = m.group(2)
             loaded.backends[m.group(1)] = translate(path) if translate is not None else path
+        if (cc := CUDA_CC.search(line)) and not in_list:
+            loaded.compute_caps[f"CUDA{cc.group(1)}"] = f"{cc.group(2)}.{cc.group(3)}"
         if line.startswith("Available devices"):
             in_list = True
         elif in_list and (d := DEVICE.match(line)):

@@ -283,7 +283,7 @@ def report(loaded: dict[str, str], devices: list[str]) -> verify.VerifyReport:
 def manifest_of(*backends: str) -> verify.Manifest:
     from types import SimpleNamespace
 
-    return SimpleNamespace(backends=backends)  # type: ignore[return-value]
+    return SimpleNamespace(backends=backends, cuda=None)  # type: ignore[return-value]
 
 
 def test_gpu_level_is_asked_of_every_gpu_backend(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -212,5 +212,28 @@ class Cuda(NoExtras):
             return True
         return any(Path(d, "libcuda.so.1").exists() for d in DRIVER_LIBS)
 
+    def unserved(self, manifest: Manifest, devices: Sequence[str], compute_caps: Mapping[str, str]) -> str | None:
+        """ggml-cuda lists a GPU that no kernel of the bundle runs on (on the H200 a bundle of sm_80 SASS listed
+        `CUDA0: NVIDIA H200`, then aborted at its first kernel): each listed CUDA device's compute capability,
+        as ggml-cuda reported it, against the SASS and PTX bundle.json records. None when one is served, or
+        when the capabilities or the archs are not known."""
+        from .report import Status, serving
+
+        cuda = manifest.cuda
+        listed = [d.split(":", 1)[0] for d in devices if d.startswith(self.loader_name)]
+        caps = {d: compute_caps[d] for d in listed if d in compute_caps}
+        if cuda is None or not (cuda.sass or cuda.ptx) or not listed or len(caps) < len(listed):
+            return None
+        if any(serving(_cc(cc), sass=cuda.sass, ptx=cuda.ptx)[0] is not Status.UNSUPPORTED for cc in caps.values()):
+            return None
+        shown = ", ".join(f"{d} (compute capability {cc})" for d, cc in caps.items())
+        return (f"{shown} is listed, but no kernel of the bundle runs on it (SASS: {', '.join(cuda.sass) or 'none'}; "
+                f"PTX: {', '.join(cuda.ptx) or 'none'}): the bundle is for other GPUs")
+
+
+def _cc(text: str) -> tuple[int, int]:
+    major, minor = text.split(".")
+    return int(major), int(minor)
+
 
 CUDA = Cuda()
