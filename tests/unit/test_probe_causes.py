@@ -420,6 +420,31 @@ def test_a_vulkan_fallback_carries_the_cuda_cause(tmp_path: Path, elfs: dict[str
     valid_json(r)
 
 
+def test_a_listed_cuda_device_no_kernel_runs_on_falls_back_to_vulkan(tmp_path: Path, elfs: dict[str, Path],
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The H200's multi-backend case with a bundle of sm_80 SASS: CUDA0 and Vulkan0 both listed (as the pinned
+    llama.cpp lists one GPU twice); CUDA cannot run a kernel there, so Vulkan is chosen and says why."""
+    from llamabundle.backends import vulkan
+
+    monkeypatch.setattr(vulkan, "loader_path", lambda: "/usr/lib/x86_64-linux-gnu/libvulkan.so.1")
+    stage = tmp_path / "bundle"
+    server = _HEAD + CUDA_LOADED + b'echo "load_backend: loaded Vulkan backend from $d/libggml-vulkan.so" >&2\n' \
+        + CPU_LOADED + b'echo "Available devices:"\necho "  CUDA0: NVIDIA H200 (143155 MiB, 142612 MiB free)"\n' \
+        + b'echo "  Vulkan0: NVIDIA H200 (143771 MiB, 142612 MiB free)"\n'
+    files = {"llama-server": server, "libggml-cpu.so": b"cpu\n", "libggml-vulkan.so": b"vulkan\n",
+             "libggml-cuda.so": elfs["libggml-cuda.so"].read_bytes(), **{n: elfs[n].read_bytes() for n in BUNDLED}}
+    cuda = {"toolkit": "13.0.2", "driver_floor": "580.65.06"}
+    write_bundle(stage, files, {**dict.fromkeys(files, "backend"), "llama-server": "exe"}, executables=("llama-server",),
+                 inputs=inputs_for("causes-vk-listed", cuda=cuda), backends=["cpu", "cuda", "vulkan"],
+                 cuda={**cuda, "archs": {"sass": ["80"], "ptx": []}})
+    r = probe_of(tmp_path, stage, smi(tmp_path, cc="9.0")[0], machine_libs(tmp_path, elfs))
+    assert (r.backend, r.reason, r.facts["cuda_reason"]) == (Backend.VULKAN, Reason.VULKAN_OK, "cuda_arch_unsupported")
+    assert "CUDA is not used: NVIDIA H200 (compute capability 9.0) is served by neither SASS nor PTX" in r.sentence
+    assert r.facts["server_args"] == ["--device", "Vulkan0"] and r.facts["server_env"] == {"CUDA_VISIBLE_DEVICES": ""}
+    assert r.facts["gpu_devices"] == [{"name": "NVIDIA H200", "devices": ["CUDA0", "Vulkan0"]}]
+    valid_json(r)
+
+
 # ------------------------------------------------------------------------------------ codes, schema, command line
 
 
