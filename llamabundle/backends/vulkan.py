@@ -214,13 +214,21 @@ def loader_path() -> str | None:
     return None
 
 
-def spirv_headers() -> Path | None:
-    """The SPIR-V headers' CMake package (ggml-vulkan's CMakeLists finds it in CONFIG mode)."""
-    for d in ("/usr/share/cmake", "/usr/lib/cmake", "/usr/lib/x86_64-linux-gnu/cmake", "/usr/local/share/cmake",
-              "/usr/local/lib/cmake"):
-        f = Path(d, "SPIRV-Headers", "SPIRV-HeadersConfig.cmake")
-        if f.is_file():
-            return f
+SPIRV_PREFIX_ENV = ("SPIRV-Headers_ROOT", "CMAKE_PREFIX_PATH", "VULKAN_SDK")  # what CMake's find_package reads
+
+
+def spirv_headers(env: Mapping[str, str] | None = None) -> Path | None:
+    """The SPIR-V headers' CMake package, where ggml-vulkan's find_package(SPIRV-Headers CONFIG) looks: under
+    the prefixes env names (SPIRV-Headers_ROOT, CMAKE_PREFIX_PATH, the Vulkan SDK), then /usr/local and /usr;
+    in each, share/cmake, lib/cmake and lib/x86_64-linux-gnu/cmake. (Seen on the GPU machine: headers unpacked
+    under a prefix on CMAKE_PREFIX_PATH were refused by a check that knew only /usr.)"""
+    env = os.environ if env is None else env
+    prefixes = [p for var in SPIRV_PREFIX_ENV for p in env.get(var, "").split(os.pathsep) if p]
+    for prefix in [*prefixes, "/usr/local", "/usr"]:
+        for sub in ("share/cmake", "lib/cmake", "lib/x86_64-linux-gnu/cmake"):
+            f = Path(prefix, sub, "SPIRV-Headers", "SPIRV-HeadersConfig.cmake")
+            if f.is_file():
+                return f
     return None
 
 
@@ -249,7 +257,7 @@ class Vulkan(NoExtras):
             include = fetch_headers(h, cache_dir=settings.cache_dir, log=log)
             log.info(f"    headers {include}; glslc {found.version} at {found.path}; shader extensions: "
                      f"{', '.join(found.features) or 'none'}")
-        if spirv_headers() is None:
+        if spirv_headers(env) is None:
             raise ToolchainError("the SPIR-V headers are not installed here",
                                  why="ggml-vulkan's CMake needs find_package(SPIRV-Headers CONFIG)",
                                  fix="install them (Debian/Ubuntu: apt-get install spirv-headers; or the Vulkan SDK)")

@@ -10,6 +10,7 @@ import hashlib
 import http.server
 import io
 import json
+import os
 import tarfile
 import threading
 from collections.abc import Iterator
@@ -354,3 +355,16 @@ def test_two_runs_fetching_the_headers_at_once_end_with_one_tree(tmp_path: Path,
         t.join(60)
     assert len(got) == 4 and all(isinstance(g, Path) for g in got), got
     assert len(set(got)) == 1 and (got[0] / "vulkan" / "vulkan.hpp").is_file()  # type: ignore[operator]
+
+
+def test_the_spirv_headers_are_found_where_cmake_looks(tmp_path: Path) -> None:
+    """Under a prefix on CMAKE_PREFIX_PATH (as the GPU machine's unpacked Debian package), or SPIRV-Headers_ROOT,
+    or the Vulkan SDK: not only under /usr."""
+    config = tmp_path / "vk" / "usr" / "share" / "cmake" / "SPIRV-Headers" / "SPIRV-HeadersConfig.cmake"
+    config.parent.mkdir(parents=True)
+    config.write_text("# SPIR-V headers\n")
+    prefix = str(tmp_path / "vk" / "usr")
+    for var in ("CMAKE_PREFIX_PATH", "SPIRV-Headers_ROOT", "VULKAN_SDK"):
+        assert vulkan.spirv_headers({var: f"/nonexistent{os.pathsep}{prefix}"}) == config, var
+    elsewhere = vulkan.spirv_headers({"CMAKE_PREFIX_PATH": str(tmp_path / "none")})
+    assert elsewhere is None or elsewhere.is_relative_to("/usr")  # only the system's own, if it has them
