@@ -34,7 +34,7 @@ orchestrate() {
      --store $W/store80 --json > $W/build80.json 2> $W/build80.log; echo $? > $W/build80.rc) &
   (python3 .devtree/make_synthetic_gguf.py .devtree/ggml-vocab-qwen2.gguf $W/model.gguf \
      --layers 16 --hidden 1536 --ffn 4096 --heads 12 --kv-heads 2 > $W/model.log 2>&1; echo $? > $W/model.rc) &
-  local zip="" tool
+  local zip=""
   for _ in $(seq 1 400); do
     [ -f $W/build80.rc ] && [ ! -f $R/probe-sm80-only.json ] && after_c
     zip=$(ls $W/cache/out/linux-x86_64-cuda13.0-vulkan-*.zip 2>/dev/null | grep -v second | head -1)
@@ -95,7 +95,7 @@ checks_b() {
 bench_b() {
   local build
   build=$(ls -d $W/cache/build/*/ | head -1)
-  nice -n 19 cmake --build "$build" --target llama-bench > $R/llama-bench-build.log 2>&1 && cp "$build/bin/llama-bench" $W/b/ || { say "llama-bench: no build"; tail -5 $R/llama-bench-build.log >> $R/session.log; }
+  nice -n 19 cmake --build "$build" --target llama-bench > $R/llama-bench-build.log 2>&1 && cp "$build/bin/llama-bench" "$build"/bin/libllama-bench-impl.so* $W/b/ || { say "llama-bench: no build"; tail -5 $R/llama-bench-build.log >> $R/session.log; }
   for _ in $(seq 1 60); do [ -f $W/model.rc ] && break; sleep 2; done
   say "model rc=$(cat $W/model.rc 2>/dev/null) $(stat -c %s $W/model.gguf 2>/dev/null) bytes"
   for dev in CUDA0 Vulkan0; do
