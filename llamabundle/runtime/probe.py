@@ -19,9 +19,9 @@ device is listed, the compute-capability and PTX checks still run (facts `kernel
 no kernel of the bundle can run on, and the first kernel aborts.
 
 Results are cached as JSON with a TTL, for the same bundle directory in the same state (a digest of its
-entries' names, sizes and mtimes: a file added, removed or replaced since is probed anew). Each probe takes a token (a counter under a file lock) when it starts
-and writes its result only if no probe with a newer token has written already: an older probe that
-finishes last never overwrites a newer result."""
+entries' names, sizes and mtimes: a file added, removed or replaced since is probed anew). Each probe takes
+a token (a counter under a file lock) when it starts and writes its result only if no probe with a newer
+token has written already: an older probe that finishes last never overwrites a newer result."""
 
 from __future__ import annotations
 
