@@ -217,12 +217,11 @@ def loader_path() -> str | None:
 SPIRV_PREFIX_ENV = ("SPIRV-Headers_ROOT", "CMAKE_PREFIX_PATH", "VULKAN_SDK")  # what CMake's find_package reads
 
 
-def spirv_headers(env: Mapping[str, str] | None = None) -> Path | None:
+def spirv_headers(env: Mapping[str, str]) -> Path | None:
     """The SPIR-V headers' CMake package, where ggml-vulkan's find_package(SPIRV-Headers CONFIG) looks: under
     the prefixes env names (SPIRV-Headers_ROOT, CMAKE_PREFIX_PATH, the Vulkan SDK), then /usr/local and /usr;
     in each, share/cmake, lib/cmake and lib/x86_64-linux-gnu/cmake. (Seen on the GPU machine: headers unpacked
     under a prefix on CMAKE_PREFIX_PATH were refused by a check that knew only /usr.)"""
-    env = os.environ if env is None else env
     prefixes = [p for var in SPIRV_PREFIX_ENV for p in env.get(var, "").split(os.pathsep) if p]
     for prefix in [*prefixes, "/usr/local", "/usr"]:
         for sub in ("share/cmake", "lib/cmake", "lib/x86_64-linux-gnu/cmake"):
