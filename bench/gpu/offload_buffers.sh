@@ -11,7 +11,9 @@
 # MODEL.gguf: e.g. python3 /work/shared/tools/make_synthetic_gguf.py ggml-vocab-qwen2.gguf m.gguf \
 #   --layers 16 --hidden 1536 --ffn 4096 --heads 12 --kv-heads 2      (F16, about 1.6 GB with the qwen2 vocab)
 # Every server run is bounded (RUN_TIMEOUT, default 90 s, then TERM, KILL), every plan 60 s; the 8 points of a
-# ~1.6 GB model take well under 5 minutes on an H200. POINTS="ngl:ctx ..." picks others.
+# ~1.6 GB model take well under 5 minutes on an H200. POINTS="ngl:ctx ..." picks others (ngl ALL or HALF: N + 1 or N / 2), FA=off turns flash
+# attention off, SERVER_FLAGS adds llama-server flags (--no-warmup: the buffers are logged before the warm-up,
+# so a bundle whose kernels cannot run on this GPU still reports them).
 set -uo pipefail
 B=${1:?usage: $0 BUNDLE_DIR MODEL.gguf}
 M=${2:?usage: $0 BUNDLE_DIR MODEL.gguf}
@@ -28,16 +30,17 @@ N=$(timeout 60 python3 -m llamabundle plan "$M" --free-vram 1TiB --json |
     python3 -c 'import json, sys; print(json.load(sys.stdin)["model"]["n_layer"])') ||
     { echo "error: python3 -m llamabundle plan cannot read $M (is PYTHONPATH set?)" >&2; exit 2; }
 ALL=$((N + 1)); HALF=$((N / 2))
-POINTS=${POINTS:-"$ALL:4096 $ALL:16384 $ALL:32768 $HALF:4096 $HALF:16384 1:4096 0:4096 0:16384"}
+POINTS=${POINTS:-"ALL:4096 ALL:16384 ALL:32768 HALF:4096 HALF:16384 1:4096 0:4096 0:16384"}
+POINTS=${POINTS//ALL/$ALL}; POINTS=${POINTS//HALF/$HALF}  # ALL: every layer (N + 1), HALF: N / 2
 
 port=18180
 for p in $POINTS; do
   ngl=${p%%:*}; ctx=${p#*:}; tag=ngl$ngl-c$ctx; port=$((port + 1))
-  flags="-ngl $ngl -c $ctx -np 1 -fa on"
+  flags="-ngl $ngl -c $ctx -np 1 -fa ${FA:-on}"
   log=$OUT/server-$tag.log
   t0=$(date +%s)
   # shellcheck disable=SC2086  # flags are words
-  "$SERVER" -m "$M" $flags --host 127.0.0.1 --port $port --fit off --verbose < /dev/null > "$log" 2>&1 &
+  "$SERVER" -m "$M" $flags ${SERVER_FLAGS:-} --host 127.0.0.1 --port $port --fit off --verbose < /dev/null > "$log" 2>&1 &
   pid=$!  # bounded by the loop below: RUN_TIMEOUT seconds, then stopped by its pid
   for _ in $(seq 1 $((RUN_TIMEOUT * 2))); do
     grep -qE "server is listening|model loaded|main: exiting|failed to" "$log" && break

@@ -16,7 +16,8 @@ W=/tmp/lbgpu
 R=$W/results
 export NCCL_NVLS_ENABLE=0
 
-say() { echo "$(date +%T) $*" >> $R/session.log; }
+# shellcheck source=poll.sh
+source bench/gpu/poll.sh
 
 orchestrate() {
   # shellcheck source=multi_backend.sh
@@ -106,25 +107,6 @@ bench_b() {
   rm -rf $W/bo && cp -a $W/b $W/bo && rm -f $W/bo/libggml-vulkan.so
   OUT=$R/offload RUN_TIMEOUT=60 bash bench/gpu/offload_buffers.sh $W/bo $W/model.gguf > $R/offload.txt 2>&1; say "offload rc=$?"
   tail -40 $R/offload.txt >> $R/session.log
-}
-
-collect() {  # everything so far, as one file (at most 8 come back)
-  [ -d $R ] && tar -C $W -czf "$OUT/results.tgz" results 2> /dev/null
-  cat $R/session.log 2>/dev/null | tail -${TAIL:-60}
-  grep -o '\[[0-9]*/[0-9]*\]' $W/cache/build/*/llamabundle-build.log 2>/dev/null | tail -1
-  grep -o '\[[0-9]*/[0-9]*\]' $W/c80/build/*/llamabundle-build.log 2>/dev/null | tail -1
-  tail -2 $W/build.log 2>/dev/null
-}
-
-poll() {
-  local n0
-  n0=$(wc -l < $R/session.log 2>/dev/null || echo 0)
-  for _ in $(seq 1 $(( ${POLL_S:-560} / 5 ))); do
-    grep -q "all done\|B: no zip" $R/session.log 2>/dev/null && break
-    [ "${UNTIL_NEW:-0}" = 1 ] && [ "$(wc -l < $R/session.log)" -gt "$((n0 + 2))" ] && break
-    sleep 5
-  done
-  collect
 }
 
 case "${1:-}" in

@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# Issue 16's GPU-machine session, unattended (the machine goes back 30 s after a call, so the calls only start
+# and poll it):
+#   1. the CUDA recipe with archs [80-real] (no Hopper SASS, no PTX), built through llamabundle with the
+#      machine's toolkit: probe and verify --level gpu on the H200 must name cuda_arch_unsupported;
+#   2. llama.cpp's own GPU buffers against `llamabundle plan` (bench/gpu/offload_buffers.sh) for four models
+#      (F16 of three shapes and a Q4_K_M made by the build tree's llama-quantize) at full and partial offload,
+#      2,048 to 32,768 tokens of context, from that same bundle: the buffers are reserved and logged before
+#      any kernel runs, so --no-warmup lets a bundle without Hopper kernels report them; GGML_SCHED_DEBUG=2
+#      logs of a few points (the scheduler's splits and their inputs); a few points without flash attention.
+#
+#   bash bench/gpu/sm80_offload.sh start   # carry .devtree .whl; sets up, starts, then polls like `poll`
+#   bash bench/gpu/sm80_offload.sh poll    # wait (at most POLL_S seconds) for the end; results in $OUT
+set -uo pipefail
+W=/tmp/lbgpu
+R=$W/results
+# shellcheck source=poll.sh
+source bench/gpu/poll.sh
+POINTS_ALL="ALL:2048 ALL:4096 ALL:8192 ALL:16384 ALL:32768 HALF:2048 HALF:4096 HALF:8192 HALF:16384 HALF:32768 1:4096 0:2048 0:4096 0:8192 0:16384 0:32768"
+
+gen() {  # NAME make_synthetic_gguf.py flags...: an F16 Qwen2 model with random weights
+  local name=$1; shift
+  python3 .devtree/make_synthetic_gguf.py .devtree/ggml-vocab-qwen2.gguf $W/$name.gguf "$@" > $W/$name.log 2>&1
+  echo $? > $W/$name.rc
+}
+
+models() {
+  gen m1 --layers 16 --hidden 1536 --ffn 4096 --heads 12 --kv-heads 2   # the stop-23 model
+  gen m2 --layers 6 --hidden 3584 --ffn 18944 --heads 28 --kv-heads 4   # Qwen2.5-7B's shape, 6 blocks
+  gen m3 --layers 8 --hidden 2048 --ffn 5632 --heads 16 --kv-heads 16   # no GQA: large K/V views
+}
+
+sweep() {  # NAME MODEL [env...]: offload_buffers.sh on the sm80 bundle
+  local name=$1 model=$2; shift 2
+  [ -f "$model" ] || { say "$name: no model $model"; return; }
+  env "$@" OUT=$R/$name RUN_TIMEOUT=90 SERVER_FLAGS=--no-warmup bash bench/gpu/offload_buffers.sh $W/b80 "$model" > $R/$name.txt 2>&1
+  say "$name rc=$? $(grep -c ',gpu,' $R/$name/offload_buffers.csv 2> /dev/null) gpu rows"
+  grep ',compute,gpu,' $R/$name/offload_buffers.csv >> $R/session.log 2> /dev/null
+}
+
+orchestrate() {
+  export LLAMABUNDLE_CACHE_DIR=$W/cache PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
+  sed 's/^  archs: .*/  archs: [80-real]/' recipes/linux-x86_64-cuda13.0.yaml > $W/cuda-sm80.yaml
+  grep -n "archs" $W/cuda-sm80.yaml >> $R/session.log
+  say "build cuda-sm80.yaml"
+  RECIPE=$W/cuda-sm80.yaml NOCOMP=0 POLLS=1 bash bench/gpu/cuda_build.sh start >> $R/session.log 2>&1
+  (nice -n 5 bash bench/gpu/sm80_offload.sh models) &
+  for _ in $(seq 1 300); do [ -f $W/build.rc ] && break; sleep 5; done
+  say "build rc=$(cat $W/build.rc 2> /dev/null) in $(( $(cat $W/t1) - $(cat $W/t0) )) s"
+  tail -30 $W/build.log >> $R/session.log; cp $W/build.log $W/build.json $R/ 2> /dev/null
+  local key zip build
+  key=$(python3 -c "import json; print(json.load(open('$W/build.json'))['key'])") || { say "no bundle"; say "all done"; return; }
+  zip=$(python3 -c "import json; print(json.load(open('$W/build.json'))['zip'])")
+  rm -rf $W/b80 && python3 -m llamabundle fetch "$key" --store $W/store --out $W/b80 >> $R/session.log 2>&1
+  python3 -c "import sys,zipfile; sys.stdout.buffer.write(zipfile.ZipFile(sys.argv[1]).read('bundle.json'))" "$zip" > $R/bundle-sm80.json
+  /usr/local/cuda/bin/cuobjdump --list-elf --list-ptx $W/b80/libggml-cuda.so 2>&1 | sed 's/.*\.\(sm_[0-9a-z]*\)\.\(cubin\|ptx\)/\2 \1/' | sort | uniq -c > $R/cuobjdump-sm80.txt
+  python3 -m llamabundle probe --bundle $W/b80 --json > $R/probe-sm80.json 2> $R/probe-sm80.err; say "probe rc=$?"
+  python3 -m llamabundle probe --bundle $W/b80 > $R/probe-sm80.txt 2>&1
+  python3 -c "import json; r=json.load(open('$R/probe-sm80.json')); print('probe:', r['backend'], r['reason'], r['sentence']); print(json.dumps(r['facts'].get('kernels'), indent=1))" >> $R/session.log 2>&1
+  python3 -m llamabundle verify "$zip" --level gpu --json > $R/verify-gpu-sm80.json 2> $R/verify-gpu-sm80.err; say "verify gpu rc=$?"
+  python3 -m llamabundle verify "$zip" --level gpu --require-gpu > $R/verify-gpu-sm80-require.txt 2>&1; say "verify gpu --require-gpu rc=$?"
+  tail -6 $R/verify-gpu-sm80-require.txt >> $R/session.log
+  for _ in $(seq 1 120); do [ -f $W/m3.rc ] && break; sleep 2; done
+  say "models: $(cat $W/m1.rc $W/m2.rc $W/m3.rc 2> /dev/null | tr '\n' ' ') $(ls -l $W/*.gguf | awk '{print $5}' | tr '\n' ' ')"
+  # a real run without --no-warmup: the warm-up is the first kernel; no sm_90 code, no PTX
+  (cd /tmp && timeout 60 env -i PATH=/usr/bin:/bin $W/b80/llama-server -m $W/m1.gguf -ngl 99 -c 4096 --port 18170 --fit off) > $R/server-sm80-warmup.log 2>&1
+  say "llama-server with warm-up rc=$?"; grep -E "CUDA error|buffer size|ggml_cuda|error" $R/server-sm80-warmup.log | tail -6 >> $R/session.log
+  sweep offload-m1 $W/m1.gguf POINTS="$POINTS_ALL"
+  build=$(ls -d $W/cache/build/*/ | head -1)
+  nice cmake --build "$build" --target llama-quantize > $R/quantize-build.log 2>&1 && \
+    (cd "$build/bin" && LD_LIBRARY_PATH=. ./llama-quantize $W/m2.gguf $W/m2q.gguf Q4_K_M 16) > $R/quantize.log 2>&1
+  say "quantize rc=$? $(stat -c %s $W/m2q.gguf 2> /dev/null) bytes"; tail -3 $R/quantize.log >> $R/session.log
+  sweep offload-m2q $W/m2q.gguf POINTS="$POINTS_ALL"
+  sweep offload-m2 $W/m2.gguf POINTS="ALL:4096 ALL:32768 HALF:4096 HALF:32768 1:4096 0:2048 0:4096 0:16384"
+  sweep offload-m3 $W/m3.gguf POINTS="ALL:4096 ALL:32768 HALF:2048 HALF:4096 HALF:16384 1:4096 0:4096 0:32768"
+  sweep sched-m1 $W/m1.gguf GGML_SCHED_DEBUG=2 POINTS="17:4096 8:4096 0:4096 8:16384"
+  sweep offload-m1-nofa $W/m1.gguf FA=off POINTS="ALL:4096 HALF:4096 0:4096 HALF:16384"
+  say "all done"
+}
+
+case "${1:-}" in
+  start)
+    mkdir -p $R
+    nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader > $R/gpu.txt; nproc >> $R/gpu.txt
+    setsid nohup bash bench/gpu/sm80_offload.sh orchestrate > $R/orchestrate.out 2>&1 < /dev/null &
+    sleep 20; cat $R/gpu.txt; poll ;;
+  orchestrate) orchestrate ;;
+  poll) poll ;;
+  models) models ;;
+  *) echo "usage: $0 start|poll"; exit 2 ;;
+esac
