@@ -27,8 +27,14 @@ How llama.cpp is modelled (pinned commit 0c1e57098bba; file:line in data/offload
   is at least 32 rows (op offload, ggml-backend.cpp:970, ggml-cuda.cu:5651) and copies the weight into
   the GPU compute buffer first; so while any block tensor is on the CPU (-ngl <= N or --n-cpu-moe > 0)
   the compute buffer also holds the largest such tensor (a weight of 2+ dimensions of a CPU block, or an
-  expert tensor kept on the CPU). Without this term the estimate was 0.74-0.78 of what an H200 reported
-  at partial offload; with it 1.01-1.07 (bench/results/offload-h200.md, tests/unit/test_offload_live.py).
+  expert tensor kept on the CPU), or, when larger, one CPU block's K and V views: its attention is pulled
+  onto the GPU with its neighbours and the split copies the views from the host cache (ggml-backend.cpp:1514).
+  Not modelled: where ggml-alloc places these copies among the activations it frees. On an H200 llama.cpp's
+  buffer grew by 0.2 to 1.0 of the larger copy, not monotonically with context, and by more than both copies
+  for a model without GQA at 16384 (bench/results/gpu-h200-offload-shapes, 4 models, 31 points): the estimate
+  is 0.88-1.34 of llama.cpp's at partial offload (median 1.16) and 1.05-1.10 at full offload. Without the K/V
+  term it was 0.40 for that model; the default headroom covers the 12 % left under. Only llama.cpp's own
+  no_alloc dry run (llama-fit-params --fit-print) is exact.
 * Headroom: a share of the free VRAM plus a fixed amount (default 5%+256MiB) for the CUDA context,
   cuBLAS workspace and fragmentation.
 
@@ -306,6 +312,16 @@ def offload_copy(model: ModelInfo, *, ngl: int, n_cpu_moe: int = 0) -> int:
                 for i, (w, e) in enumerate(model.largest_weights)), default=0)
 
 
+def kv_view_copy(model: ModelInfo, *, ngl: int, cells: int, kv_type: str = "f16", kv_type_v: str | None = None) -> int:
+    """Bytes of the largest K view plus V view of a block whose KV cache is in host memory at -ngl ngl (0 when
+    every block's cache is on the GPU): the attention op of such a block is pulled onto the GPU beside its
+    offloaded weight ops, and its split copies the block's whole K and V views into the compute buffer."""
+    on_gpu = gpu_blocks(model.n_layer, ngl)
+    return max((cells * (_row_bytes(model.n_head_kv[i] * model.head_dim_k, kv_type)
+                         + _row_bytes(model.n_head_kv[i] * model.head_dim_v, kv_type_v or kv_type))
+                for i in range(model.n_layer) if i not in on_gpu), default=0)
+
+
 def estimate(model: ModelInfo, *, ngl: int, n_cpu_moe: int = 0, ctx: int, n_parallel: int = 1, kv_type: str = "f16",
              kv_type_v: str | None = None, kv_unified: bool = False, n_ubatch: int | None = None,
              op_offload: bool = True, flash_attn: bool = True, free_vram: int = 0,
@@ -326,7 +342,8 @@ def estimate(model: ModelInfo, *, ngl: int, n_cpu_moe: int = 0, ctx: int, n_para
     tokens = min(n_ubatch or k["n_ubatch"], cells)
     compute = tokens * per_token + n_parallel * model.n_vocab * c["float_bytes"]
     if op_offload and tokens >= k["op_offload_min_batch"]:
-        compute += offload_copy(model, ngl=ngl, n_cpu_moe=n_cpu_moe)
+        compute += max(offload_copy(model, ngl=ngl, n_cpu_moe=n_cpu_moe),
+                       kv_view_copy(model, ngl=ngl, cells=cells, kv_type=kv_type, kv_type_v=kv_type_v))
     return Estimate(weights=weights, kv=kv, compute=compute, headroom=(headroom or parse_headroom()).of(free_vram))
 
 

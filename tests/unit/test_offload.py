@@ -110,8 +110,11 @@ def test_estimate_weights_and_kv_per_ngl(dense: Path) -> None:
     assert [e[n].weights for n in range(6)] == [0, OUTPUT] + [OUTPUT + k * LAYER for k in range(1, 5)]
     assert [e[n].kv for n in range(6)] == [0, 0] + [k * 4096 * KV_CELL for k in range(1, 5)]
     # the compute buffer is there at -ngl 0; with a block on the CPU it also holds a copy of its largest weight
-    # (op offload: ffn_gate, up or down, 128 x 64 f16)
-    assert {e[n].compute - e[5].compute for n in range(5)} == {128 * 64 * 2} and e[0].compute > 0
+    # (op offload: ffn_gate, up or down, 128 x 64 f16) or, larger here, of that block's K and V views
+    assert 4096 * KV_CELL > 128 * 64 * 2
+    assert {e[n].compute - e[5].compute for n in range(5)} == {4096 * KV_CELL} and e[0].compute > 0
+    assert estimate(m, ngl=2, ctx=64, headroom=NONE).compute - estimate(m, ngl=5, ctx=64, headroom=NONE).compute \
+        == max(128 * 64 * 2, 256 * KV_CELL)  # the cache is padded to 256 cells
     assert estimate(m, ngl=0, ctx=4096, op_offload=False).compute == e[5].compute
     assert e[5].total == e[5].weights + e[5].kv + e[5].compute
     assert estimate(m, ngl=5, ctx=4096, free_vram=1000 * MiB).headroom == 50 * MiB + 256 * MiB  # default 5%+256MiB
@@ -165,9 +168,14 @@ def test_shrinks_the_context_when_that_keeps_layers_on_the_gpu(tmp_path: Path) -
     assert (plan.ngl, plan.ctx, plan.ctx_requested) == (5, 8192, 32768)
     assert any("32768 -> 16384" in r for r in plan.reasons) and any("16384 -> 8192" in r for r in plan.reasons)
     assert plan.flags()[2:4] == ["-c", "8192"]
-    # with the floor at the requested context it keeps the context and drops layers instead
-    kept = plan_offload(m, free_vram=free, ctx=32768, min_ctx=32768, headroom=NONE)
-    assert kept.ctx == 32768 and kept.ngl < 5 and any("not shrunk below 32768" in r for r in kept.reasons)
+    # with the floor at the requested context it keeps the context and drops layers instead (here even -ngl 0
+    # does not fit at 32768 in `free`: a CPU block's K and V views, 2 x 64 MiB, are copied into the compute
+    # buffer; with room for two blocks it keeps two)
+    with pytest.raises(UsageError, match="even with every layer on the CPU"):
+        plan_offload(m, free_vram=free, ctx=32768, min_ctx=32768, headroom=NONE)
+    two = estimate(m, ngl=3, ctx=32768, headroom=NONE).total
+    kept = plan_offload(m, free_vram=two, ctx=32768, min_ctx=32768, headroom=NONE)
+    assert kept.ctx == 32768 and kept.ngl == 3 and any("not shrunk below 32768" in r for r in kept.reasons)
     # never below the floor: at 16384 the best is still short of everything
     floor = plan_offload(m, free_vram=free, ctx=32768, min_ctx=16384, headroom=NONE)
     assert floor.ctx == 16384 and floor.ngl < 5
