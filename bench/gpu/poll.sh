@@ -12,6 +12,10 @@ collect() {  # everything so far, as one file (at most 8 come back)
 
 poll() {  # wait at most POLL_S seconds for the end (UNTIL_NEW=1: for a few new log lines), then collect
   local n0
+  if [ ! -f $R/session.log ]; then  # a fresh machine: the one that ran the session was given back
+    echo "error: no session on this machine ($R/session.log missing): the machine was given back and its work lost; start again" >&2
+    return 3
+  fi
   n0=$(wc -l < $R/session.log 2> /dev/null || echo 0)
   for _ in $(seq 1 $(( ${POLL_S:-560} / 5 ))); do
     grep -q "all done\|B: no zip" $R/session.log 2> /dev/null && break
