@@ -11,9 +11,9 @@
 # MODEL.gguf: e.g. python3 /work/shared/tools/make_synthetic_gguf.py ggml-vocab-qwen2.gguf m.gguf \
 #   --layers 16 --hidden 1536 --ffn 4096 --heads 12 --kv-heads 2      (F16, about 1.6 GB with the qwen2 vocab)
 # Every server run is bounded (RUN_TIMEOUT, default 90 s, then TERM, KILL), every plan 60 s; the 8 points of a
-# ~1.6 GB model take well under 5 minutes on an H200. POINTS="ngl:ctx ..." picks others (ngl ALL or HALF: N + 1 or N / 2), FA=off turns flash
-# attention off, SERVER_FLAGS adds llama-server flags (--no-warmup: the buffers are logged before the warm-up,
-# so a bundle whose kernels cannot run on this GPU still reports them).
+# ~1.6 GB model take well under 5 minutes on an H200. POINTS="ngl:ctx ..." picks others (ngl ALL or HALF:
+# N + 1 or N / 2), FA=off turns flash attention off, SERVER_FLAGS adds llama-server flags (--no-warmup: the
+# buffers are logged before the warm-up, so a bundle whose kernels cannot run on this GPU still reports them).
 set -uo pipefail
 B=${1:?usage: $0 BUNDLE_DIR MODEL.gguf}
 M=${2:?usage: $0 BUNDLE_DIR MODEL.gguf}

@@ -286,6 +286,12 @@ def _row_bytes(n: int, kv_type: str) -> int:
     return -(-n // blck) * size
 
 
+def _kv_cell_bytes(model: ModelInfo, block: int, kv_type: str, kv_type_v: str | None = None) -> int:
+    """Bytes of one KV cell of one block: its K row and its V row."""
+    return (_row_bytes(model.n_head_kv[block] * model.head_dim_k, kv_type)
+            + _row_bytes(model.n_head_kv[block] * model.head_dim_v, kv_type_v or kv_type))
+
+
 @dataclass(frozen=True, kw_only=True)
 class Estimate:
     """Bytes of GPU memory one choice needs."""
@@ -317,9 +323,8 @@ def kv_view_copy(model: ModelInfo, *, ngl: int, cells: int, kv_type: str = "f16"
     every block's cache is on the GPU): the attention op of such a block is pulled onto the GPU beside its
     offloaded weight ops, and its split copies the block's whole K and V views into the compute buffer."""
     on_gpu = gpu_blocks(model.n_layer, ngl)
-    return max((cells * (_row_bytes(model.n_head_kv[i] * model.head_dim_k, kv_type)
-                         + _row_bytes(model.n_head_kv[i] * model.head_dim_v, kv_type_v or kv_type))
-                for i in range(model.n_layer) if i not in on_gpu), default=0)
+    return max((cells * _kv_cell_bytes(model, i, kv_type, kv_type_v) for i in range(model.n_layer) if i not in on_gpu),
+               default=0)
 
 
 def estimate(model: ModelInfo, *, ngl: int, n_cpu_moe: int = 0, ctx: int, n_parallel: int = 1, kv_type: str = "f16",
@@ -333,8 +338,7 @@ def estimate(model: ModelInfo, *, ngl: int, n_cpu_moe: int = 0, ctx: int, n_para
     weights = sum(model.layer_bytes[i] - (model.expert_bytes[i] if i < n_cpu_moe else 0) for i in blocks)
     weights += model.output_bytes if ngl >= 1 else 0
     cells, per_slot = kv_cells(ctx, n_parallel, unified=kv_unified)
-    kv = sum(cells * (_row_bytes(model.n_head_kv[i] * model.head_dim_k, kv_type)
-                      + _row_bytes(model.n_head_kv[i] * model.head_dim_v, kv_type_v or kv_type)) for i in blocks)
+    kv = sum(cells * _kv_cell_bytes(model, i, kv_type, kv_type_v) for i in blocks)
     c = k["compute"]
     per_token = (c["fa_mask_bytes"] if flash_attn else c["mask_bytes"]) * per_slot + c["float_bytes"] * max(
         c["attn_embd"] * model.n_embd + (0 if flash_attn else max(model.n_head, default=0) * per_slot),
