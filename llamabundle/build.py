@@ -129,13 +129,14 @@ def plan_build(recipe: Recipe, *, source_dir: Path, build_dir: Path, tools: Buil
     configure = (tools.cmake, "-S", str(source_dir), "-B", str(build_dir), "-G", "Ninja",
                  f"-DCMAKE_MAKE_PROGRAM={tools.ninja}", *(f"-D{k}={v}" for k, v in defs.items()))
     modules = backend_targets(recipe)
-    targets = tuple(recipe.targets) + modules
+    programs = tuple(dict.fromkeys((*recipe.targets, MEMORY_PROGRAM)))
+    targets = programs + modules
     build = (tools.cmake, "--build", str(build_dir), "--target", *targets)
     if jobs:
         build += ("--parallel", str(jobs))
     return BuildPlan(
         source_dir=real_source, build_dir=real_build, configure=configure, build=build, targets=targets,
-        programs=tuple(platform.program_file(t) for t in recipe.targets),
+        programs=tuple(platform.program_file(t) for t in programs),
         backends=tuple(platform.library_file(t) for t in modules),
         output_dir=real_build / "bin",
         files=files,
@@ -146,6 +147,16 @@ def plan_build(recipe: Recipe, *, source_dir: Path, build_dir: Path, tools: Buil
 
 
 PROJECT_INCLUDE = "llamabundle-project.cmake"
+MEMORY_PROGRAM = "llamabundle-memory"  # data/programs/llamabundle-memory.cpp: llama.cpp's dry run of a launch
+_MEMORY_CMAKE = """# {program}: llama.cpp's memory figures for a llama-server launch (runtime/dryrun.py), built beside it
+if(PROJECT_NAME STREQUAL "llama.cpp" AND NOT COMMAND llamabundle_memory_program)
+  function(llamabundle_memory_program)
+    add_executable({program} "{source}")
+    target_link_libraries({program} PRIVATE llama-common llama)
+    target_compile_features({program} PRIVATE cxx_std_17)
+  endfunction()
+  cmake_language(DEFER CALL llamabundle_memory_program)
+endif()"""
 
 
 def _project_files(recipe: Recipe, platform: Platform, have: Sequence[Backend],
@@ -159,9 +170,11 @@ def _project_files(recipe: Recipe, platform: Platform, have: Sequence[Backend],
     include = ["# Written by llamabundle (build.py): read after every project() call.", *lines]
     for b in have:
         include += b.project_include(recipe)
-    if len(include) > 1:
-        files = [*files, (str(build_dir / PROJECT_INCLUDE), "\n".join(include) + "\n")]
-        defs = {**defs, "CMAKE_PROJECT_INCLUDE": str(build_dir / PROJECT_INCLUDE)}
+    source = build_dir / f"{MEMORY_PROGRAM}.cpp"  # CMake paths take forward slashes on Windows too
+    include.append(_MEMORY_CMAKE.format(program=MEMORY_PROGRAM, source=source.as_posix()))
+    files = [*files, (str(source), data.text(f"programs/{MEMORY_PROGRAM}.cpp")),
+             (str(build_dir / PROJECT_INCLUDE), "\n".join(include) + "\n")]
+    defs = {**defs, "CMAKE_PROJECT_INCLUDE": str(build_dir / PROJECT_INCLUDE)}
     return defs, tuple(files)
 
 

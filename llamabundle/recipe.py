@@ -313,10 +313,10 @@ class Recipe:
 # builds differently must never serve an old bundle as a hit. Bump DERIVATION with any change to that
 # code; the knowledge files' digest follows their data by itself. tests/unit/test_key.py records the
 # flags each version derives and fails when they change without a bump.
-DERIVATION = 6  # 4: every registered backend switch (GGML_VULKAN=OFF) in the configure; 5: CUDA through
+DERIVATION = 7  # 4: every registered backend switch (GGML_VULKAN=OFF) in the configure; 5: CUDA through
 #                 nvcc_launch.py at fixed-length paths; 6: the CUDA toolkit through a fixed-length path too,
 #                 nvcc's and cicc's getcwd/realpath/readlink answered with the fixed paths, gcc's system
-#                 headers not canonicalised under nvcc
+#                 headers not canonicalised under nvcc; 7: llamabundle-memory (data/programs) built into every bundle
 DERIVATION_DATA = ("build.json", "mingw.json", "msvc.json", "cuda_runtime.json")
 
 

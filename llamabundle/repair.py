@@ -17,7 +17,7 @@ from pathlib import Path
 from . import cache, data, platforms
 from .backends import Prepared
 from .backends.cuda.toolkit.layout import Toolkit
-from .build import BuildResult, BuildTools, compiler_of, plan_build
+from .build import MEMORY_PROGRAM, BuildResult, BuildTools, compiler_of, plan_build
 from .bundle.package import Made
 from .compilers import version_matches
 from .errors import ToolchainError, UsageError
@@ -154,6 +154,11 @@ def bundle_build(recipe: Recipe, build_dir: Path, *, out: Path, toolkit_root: Pa
                 sde=settings.source_date_epoch)
     plan = plan_build(recipe, source_dir=tree.source_dir, build_dir=build_dir, tools=tools,
                       toolkit_roots=made.toolkit_roots)
+    memory = platform.program_file(MEMORY_PROGRAM)
+    if not (plan.output_dir / memory).is_file():  # a tree configured without llamabundle's project include
+        plan = dataclasses.replace(plan, programs=tuple(p for p in plan.programs if p != memory))
+        log.info(f"    {build_dir} has no {memory} (it was configured without llamabundle): `plan` sizes its rungs "
+                 "with the closed-form estimate for this bundle")
     absent = [n for n in plan.programs + plan.backends if not (plan.output_dir / n).is_file()]
     if absent:
         raise UsageError(f"{build_dir} lacks {', '.join(absent)}", why=f"the recipe's programs and backends are "

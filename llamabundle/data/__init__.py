@@ -11,7 +11,13 @@ from typing import Any
 @cache
 def load(name: str) -> Any:
     """One JSON file of this package, parsed once. The modules that own a file check its invariants."""
-    return json.loads(resources.files(__name__).joinpath(name).read_text(encoding="utf-8"))
+    return json.loads(text(name))
+
+
+@cache
+def text(name: str) -> str:
+    """One file of this package as text (a JSON file, or a source file the build writes into its tree)."""
+    return resources.files(__name__).joinpath(name).read_text(encoding="utf-8")
 
 
 

@@ -173,7 +173,9 @@ def reasons(plan: BuildPlan, bundled: Iterable[str], *, extras: Mapping[str, str
     lower = {k.lower(): v for k, v in importers.items()}
     out: dict[str, str] = {}
     for name in bundled:
-        if name in plan.programs:
+        if name in plan.programs and name.split(".")[0] == "llamabundle-memory":  # build.MEMORY_PROGRAM
+            out[name] = "program: llama.cpp's dry run of a llama-server launch, for `llamabundle plan`"
+        elif name in plan.programs:
             out[name] = "program: a target of the recipe"
         elif name in plan.backends:
             out[name] = "backend module: loaded by ggml at run time"
