@@ -225,22 +225,29 @@ class OffloadPlan:
     gpu_bytes: Mapping[str, int]  # weights, kv, compute, headroom, total
     flags: tuple[str, ...]  # the llama-server arguments: -ngl … -c … -np … [--n-cpu-moe …] -fa on|off
     reasons: tuple[str, ...]  # why this choice, in words
+    estimate_by: str = "closed form"  # or "llama.cpp dry run": the bundle's llamabundle-memory sized the rungs
+    warnings: tuple[str, ...] = ()
 
 
 def plan_offload(model: str | os.PathLike[str], *, free_vram: int | str, ctx: int | None = None,
                  min_ctx: int | None = None, n_parallel: int = 1, kv_type: str | None = None, flash_attn: bool = True,
-                 headroom: str | None = None) -> OffloadPlan:
+                 headroom: str | None = None, bundle: str | os.PathLike[str] | None = None) -> OffloadPlan:
     """The -ngl (and --n-cpu-moe) that fits `free_vram` (bytes, or a size such as '24GiB') for the GGUF `model`,
-    as `llamabundle plan` computes it; `headroom` such as '5%+256MiB' (default: data/offload.json). Raises a
+    as `llamabundle plan` computes it; `headroom` such as '5%+256MiB' (default: data/offload.json). `bundle`: an
+    unpacked bundle directory whose llamabundle-memory sizes each rung (llama.cpp's own dry run; None, or a
+    bundle that cannot run here: the closed-form estimate, with a warning for the latter). Raises a
     LlamaBundleError (exit_code 2) when even -ngl 0 does not fit or the model is not a GGUF."""
-    from .runtime import offload
+    from .runtime import dryrun, offload
 
     vram = offload.parse_size(free_vram) if isinstance(free_vram, str) else int(free_vram)
+    dry = dryrun.open_dry_run(Path(bundle)) if bundle is not None else None
     p = offload.plan_offload(offload.read_model(Path(model)), free_vram=vram, ctx=ctx, min_ctx=min_ctx,
                              n_parallel=n_parallel, kv_type=kv_type, flash_attn=flash_attn,
-                             headroom=offload.parse_headroom(headroom) if headroom is not None else None)
+                             headroom=offload.parse_headroom(headroom) if headroom is not None else None,
+                             dry_run=dry if isinstance(dry, dryrun.DryRun) else None)
     return OffloadPlan(ngl=p.ngl, n_cpu_moe=p.n_cpu_moe, ctx=p.ctx, ctx_requested=p.ctx_requested,
                        n_parallel=p.n_parallel, kv_type=p.kv_type, flash_attn=p.flash_attn, blocks_on_gpu=p.blocks_on_gpu,
                        output_on_gpu=p.output_on_gpu, moe=p.model.is_moe,
                        gpu_bytes=MappingProxyType(dict(p.estimate.to_json())), flags=tuple(p.flags()),
-                       reasons=tuple(p.reasons))
+                       reasons=tuple(p.reasons), estimate_by=p.estimate_by,
+                       warnings=(*p.warnings, *((dry,) if isinstance(dry, str) else ())))

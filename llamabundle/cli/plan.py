@@ -1,18 +1,21 @@
 """`llamabundle plan MODEL.gguf [--free-vram SIZE] [--server-args "..." | -- ARGS…]`: the -ngl / --n-cpu-moe /
 context that fits in the free VRAM (read from nvidia-smi unless --free-vram is given); with an app's
-llama-server flags, the same flags with an -ngl / --n-cpu-moe that only ever offloads more.
+llama-server flags, the same flags with an -ngl / --n-cpu-moe that only ever offloads more. The rungs are
+sized by the bundle's llamabundle-memory (runtime.dryrun) where one runs here, else by the closed form.
 
-click only (DESIGN §8): parse, call llamabundle.runtime.offload, print.
+click only (DESIGN §8): parse, call llamabundle.runtime.offload and .dryrun, print.
 """
 
 from __future__ import annotations
 
 import shlex
+from dataclasses import replace
 from pathlib import Path
 
 import click
 
 from ..errors import UsageError
+from ..runtime.dryrun import DeviceMemory, Launch, find_dry_run, passthrough_args
 from ..runtime.offload import (
     FreeVram,
     MiB,
@@ -46,12 +49,20 @@ from .output import emit
 @click.option("--kv-type", type=click.Choice(kv_types()), help="KV cache type (-ctk/-ctv; default f16).")
 @click.option("--flash-attn/--no-flash-attn", default=None, help="Plan for flash attention (-fa on|off; default on).")
 @click.option("--headroom", metavar="SPEC", help="VRAM kept free: share of the free VRAM plus bytes (default 5%+256MiB).")
+@click.option("--bundle", type=click.Path(file_okay=False, exists=True, path_type=Path),
+              help="Size each rung with this unpacked bundle's llamabundle-memory (llama.cpp's own dry run; "
+                   "default: the installed GPU bundle probe would pick).")
+@click.option("--dest", type=click.Path(file_okay=False, path_type=Path),
+              help="Install root to find that bundle in (default: $LLAMABUNDLE_DATA_DIR or the user data directory).")
+@click.option("--closed-form", is_flag=True, help="Use llamabundle's closed-form estimate only: run no dry run.")
 @JSON_OPT
 @pass_ctx
 def plan_command(c: Ctx, model_path: Path, app_argv: tuple[str, ...], free_vram: str | None, nvidia_smi: str | None,
                  gpu: int, server_args: str | None, ctx: int | None, min_ctx: int | None, n_parallel: int | None,
-                 kv_type: str | None, flash_attn: bool | None, headroom: str | None, as_json: bool) -> None:
-    """Plan GPU offload for a GGUF model: the llama-server flags that fit in the free VRAM."""
+                 kv_type: str | None, flash_attn: bool | None, headroom: str | None, bundle: Path | None,
+                 dest: Path | None, closed_form: bool, as_json: bool) -> None:
+    """Plan GPU offload for a GGUF model: the llama-server flags that fit in the free VRAM. Each rung it weighs
+    is sized by llama.cpp's own dry run where a bundle (--bundle, or the installed one) runs here."""
     if server_args is not None and app_argv:
         raise UsageError("the app's llama-server flags are given twice (--server-args and after --)",
                          fix="give them one way")
@@ -67,15 +78,25 @@ def plan_command(c: Ctx, model_path: Path, app_argv: tuple[str, ...], free_vram:
                              fix="put them in the server flags instead (-c, -np, -ctk/-ctv, -fa)")
     vram = (FreeVram(free=parse_size(free_vram), source="--free-vram") if free_vram is not None
             else query_free_vram(env=c.env, nvidia_smi=nvidia_smi, gpu=gpu))
+    if bundle is not None and closed_form:
+        raise UsageError("--bundle and --closed-form cannot be combined", fix="give one of them")
     model = read_model(model_path)
     room = parse_headroom(headroom)
+    from ..runtime.install import data_root
+
+    dry, skipped = (None, "--closed-form") if closed_form else \
+        find_dry_run(bundle, root=data_root(c.settings, dest), extra=passthrough_args(app.argv) if app else (),
+                     on_run=lambda launch, row, took: c.log.info(_dry_run_line(launch, row, took)))
+    if dry is not None:
+        c.log.info(f"sizing the rungs with llama.cpp's dry run: {dry.program} ({dry.bundle})")
     if app is None:
         plan = plan_offload(model, free_vram=vram.free, ctx=ctx, min_ctx=min_ctx, n_parallel=n_parallel or 1,
-                            kv_type=kv_type, flash_attn=flash_attn is not False, headroom=room)
+                            kv_type=kv_type, flash_attn=flash_attn is not False, headroom=room, dry_run=dry)
         argv = plan.flags()
     else:
-        plan = plan_for_app(model, app, free_vram=vram.free, headroom=room)
+        plan = plan_for_app(model, app, free_vram=vram.free, headroom=room, dry_run=dry)
         argv = launch_args(plan, app)
+    plan = replace(plan, dry_run_skipped=skipped)
     if as_json:
         emit({**plan.to_json(), "free_vram_source": vram.source, "gpu": vram.to_json(),
               "app": app.to_json() if app else None, "server_args": argv})
@@ -100,6 +121,10 @@ def plan_command(c: Ctx, model_path: Path, app_argv: tuple[str, ...], free_vram:
                f"flash attention {'on' if plan.flash_attn else 'off'}")
     rows: list[tuple[str, int]] = [("weights", e.weights), ("KV cache", e.kv), ("compute", e.compute),
                                    (f"headroom ({plan.headroom})", e.headroom)]
+    click.echo(f"sized by  {plan.estimate_by}" + (f" ({plan.dry_run['runs']} runs of {plan.dry_run['program']}, "
+                                                  f"{plan.dry_run['device']}, {plan.dry_run['seconds']:.1f} s)"
+                                                  if plan.dry_run and plan.dry_run["runs"] else "")
+               + (f": {skipped}" if skipped else ""))
     for label, value in rows:
         click.echo(f"  {label:<24}{mib(value)}")
     click.echo(f"  {'total':<24}{mib(e.total)}  of {plan.free_vram / MiB:,.1f} MiB free")
@@ -110,6 +135,13 @@ def plan_command(c: Ctx, model_path: Path, app_argv: tuple[str, ...], free_vram:
     click.echo(f"flags     {shlex.join(plan.flags())}")
     if app is not None:
         click.echo(f"launch    llama-server {shlex.join(argv)}")
+
+
+def _dry_run_line(launch: Launch, row: DeviceMemory | None, took: float) -> str:
+    sizes = (f"{row.device}: model {row.model / MiB:,.0f}, KV {row.context / MiB:,.0f}, compute {row.compute / MiB:,.0f} MiB"
+             if row is not None else "no GPU device listed")
+    return f"    dry run -ngl {launch.ngl}" + (f" --n-cpu-moe {launch.n_cpu_moe}" if launch.n_cpu_moe else "") + \
+        f" -c {launch.ctx}: {sizes} ({took:.1f} s)"
 
 
 COMMANDS: tuple[click.Command, ...] = (plan_command,)

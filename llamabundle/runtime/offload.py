@@ -34,7 +34,7 @@ How llama.cpp is modelled (pinned commit 0c1e57098bba; file:line in data/offload
   for a model without GQA at 16384 (bench/results/gpu-h200-offload-shapes, 4 models, 31 points): the estimate
   is 0.88-1.34 of llama.cpp's at partial offload (median 1.16) and 1.05-1.10 at full offload. Without the K/V
   term it was 0.40 for that model; the default headroom covers the 12 % left under. Only llama.cpp's own
-  no_alloc dry run (llama-fit-params --fit-print) is exact.
+  no_alloc dry run is exact: plan asks it through the bundle's llamabundle-memory (runtime.dryrun).
 * Headroom: a share of the free VRAM plus a fixed amount (default 5%+256MiB) for the CUDA context,
   cuBLAS workspace and fragmentation.
 
@@ -43,7 +43,8 @@ Decision: the offload ladder runs from everything on the GPU to nothing on it: f
 every expert on the CPU. The plan takes the first rung that fits at the requested context. When that
 is not the top rung it halves the context (never below --min-ctx) as long as each halving moves the
 plan at least one rung up: a layer on the CPU costs more speed than context the caller may not use.
-A model does not fit when even -ngl 0 at the minimum context needs more than the free VRAM.
+A model does not fit when even -ngl 0 at the minimum context needs more than the free VRAM. Given a bundle's
+dry run (runtime.dryrun: llama.cpp's own figures for a launch), every rung weighed is sized by it instead.
 
 A live plan (`plan_for_app`) starts from the flags an app launches llama-server with: it keeps their
 context, slots and cache types, and only ever offloads more: the ladder is cut off at the app's -ngl and
@@ -64,6 +65,7 @@ from typing import Any
 
 from .. import data
 from ..errors import UsageError
+from .dryrun import DeviceMemory, DryRun, Launch
 
 MiB = 1 << 20
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "ki": 1 << 10, "kib": 1 << 10, "kb": 10**3, "m": MiB, "mi": MiB, "mib": MiB,
@@ -351,6 +353,10 @@ def estimate(model: ModelInfo, *, ngl: int, n_cpu_moe: int = 0, ctx: int, n_para
     return Estimate(weights=weights, kv=kv, compute=compute, headroom=(headroom or parse_headroom()).of(free_vram))
 
 
+CLOSED_FORM = "closed form"
+LLAMA_CPP = "llama.cpp dry run"
+
+
 @dataclass(frozen=True, kw_only=True)
 class Plan:
     model: ModelInfo
@@ -368,6 +374,9 @@ class Plan:
     kv_type_v: str | None = None  # None: as kv_type
     kv_unified: bool = False
     warnings: tuple[str, ...] = ()
+    estimate_by: str = CLOSED_FORM  # or LLAMA_CPP: the chosen rung sized by llama.cpp's dry run
+    dry_run: Mapping[str, Any] | None = None  # DryRun.to_json() of the dry runs asked, or None
+    dry_run_skipped: str | None = None  # why a bundle's dry run was not used (a sentence), or None
 
     @property
     def blocks_on_gpu(self) -> int:
@@ -399,7 +408,9 @@ class Plan:
                 "n_parallel": self.n_parallel, "kv_type": self.kv_type, "kv_type_v": self.v_type,
                 "kv_unified": self.kv_unified, "flash_attn": self.flash_attn, "warnings": list(self.warnings),
                 "blocks_on_gpu": self.blocks_on_gpu, "output_on_gpu": self.output_on_gpu, "headroom": str(self.headroom),
-                "bytes": self.estimate.to_json(), "reasons": list(self.reasons), "flags": self.flags()}
+                "bytes": self.estimate.to_json(), "reasons": list(self.reasons), "flags": self.flags(),
+                "estimate_by": self.estimate_by, "dry_run": dict(self.dry_run) if self.dry_run is not None else None,
+                "dry_run_skipped": self.dry_run_skipped}
 
 
 def _mib(n: int) -> str:
@@ -420,13 +431,17 @@ def _rungs(model: ModelInfo, *, min_ngl: int = 0, max_n_cpu_moe: int | None = No
 
 def plan_offload(model: ModelInfo, *, free_vram: int, ctx: int | None = None, min_ctx: int | None = None,
                  n_parallel: int = 1, kv_type: str | None = None, kv_type_v: str | None = None,
-                 kv_unified: bool = False, n_ubatch: int | None = None, op_offload: bool = True,
-                 flash_attn: bool = True, headroom: Headroom | None = None, min_ngl: int | None = None,
-                 max_n_cpu_moe: int | None = None) -> Plan:
+                 kv_unified: bool = False, n_ubatch: int | None = None, n_batch: int | None = None,
+                 op_offload: bool = True, flash_attn: bool = True, headroom: Headroom | None = None,
+                 min_ngl: int | None = None,
+                 max_n_cpu_moe: int | None = None, dry_run: DryRun | None = None) -> Plan:
     """The most-offloaded -ngl (and --n-cpu-moe) that fits in free_vram, shrinking the context first
     when that keeps more on the GPU (see the module doc). Raises UsageError when nothing fits.
     min_ngl / max_n_cpu_moe (an app's own flags) bound the ladder: the plan never offloads less than they
-    do, and when even they do not fit they are kept, with a warning, instead of an error."""
+    do, and when even they do not fit they are kept, with a warning, instead of an error.
+    dry_run: a bundle's llamabundle-memory; each rung the plan weighs is then sized by llama.cpp's own dry run
+    (runtime.dryrun): the first rung that fits by llama.cpp's figures is bisected for between the closed-form
+    choice and the end of the ladder it lies towards (one dry run each when the closed form was right)."""
     k = knowledge()
     kv_type = kv_type or k["default_kv_type"]
     for t in {kv_type, kv_type_v or kv_type}:
@@ -449,13 +464,46 @@ def plan_offload(model: ModelInfo, *, free_vram: int, ctx: int | None = None, mi
     floored = min_ngl is not None or (max_n_cpu_moe is not None and model.is_moe)
     rungs = _rungs(model, min_ngl=min_ngl or 0, max_n_cpu_moe=max_n_cpu_moe if model.is_moe else None)
 
-    def cost(rung: tuple[int, int], c: int) -> Estimate:
+    def closed_form(rung: tuple[int, int], c: int) -> Estimate:
         return estimate(model, ngl=rung[0], n_cpu_moe=rung[1], ctx=c, n_parallel=n_parallel, kv_type=kv_type,
                         kv_type_v=v_type, kv_unified=kv_unified, n_ubatch=n_ubatch, op_offload=op_offload,
                         flash_attn=flash_attn, free_vram=free_vram, headroom=headroom)
 
+    measured: dict[tuple[tuple[int, int], int], DeviceMemory | None] = {}
+
+    def cost(rung: tuple[int, int], c: int) -> Estimate:
+        est = closed_form(rung, c)
+        if dry_run is None:
+            return est
+        if (rung, c) not in measured:
+            measured[rung, c] = dry_run.measure(model.path, Launch(
+                ngl=rung[0], n_cpu_moe=rung[1], ctx=c, n_parallel=n_parallel, kv_unified=kv_unified, kv_type=kv_type,
+                kv_type_v=v_type, flash_attn=flash_attn, n_ubatch=n_ubatch, n_batch=n_batch, op_offload=op_offload))
+        got = measured[rung, c]
+        return est if got is None else replace(est, weights=got.model, kv=got.context, compute=got.compute)
+
     def first_fit(c: int) -> int | None:
-        return next((i for i, r in enumerate(rungs) if cost(r, c).total <= free_vram), None)
+        guess = next((i for i, r in enumerate(rungs) if closed_form(r, c).total <= free_vram), None)
+        if dry_run is None:
+            return guess
+        # The rungs need less and less memory down the ladder: bisect for the first that fits by llama.cpp's
+        # figures, between the closed-form choice and the rung next to it (one dry run each when it was right).
+        def fits(i: int) -> bool:
+            return cost(rungs[i], c).total <= free_vram
+
+        g = len(rungs) - 1 if guess is None else guess
+        if fits(g):
+            if g == 0 or not fits(g - 1):
+                return g
+            lo, hi = 0, g - 1  # the first fit is in [lo, hi], and hi fits
+        else:
+            if g + 1 >= len(rungs) or not fits(len(rungs) - 1):
+                return None
+            lo, hi = g + 1, len(rungs) - 1
+        while lo < hi:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if fits(mid) else (mid + 1, hi)
+        return hi
 
     def name(i: int) -> str:
         return f"-ngl {rungs[i][0]}" + (f" --n-cpu-moe {rungs[i][1]}" if model.is_moe else "")
@@ -507,9 +555,18 @@ def plan_offload(model: ModelInfo, *, free_vram: int, ctx: int | None = None, mi
                        f"({_mib(sum(model.expert_bytes[:ncmoe]))}) stay in system RAM")
     if ngl == 0:
         reasons.append("-ngl 0: no layer fits on the GPU; llama.cpp computes on the CPU (probe reason cuda_gpu_layers_zero)")
+    by = CLOSED_FORM
+    if dry_run is not None:
+        warnings += dry_run.warnings
+        if measured.get((rungs[best], ctxs[at])) is not None:
+            by = LLAMA_CPP
+        else:
+            warnings.append(f"{dry_run.bundle}'s {dry_run.program.name} lists no GPU device here (its GPU backend does "
+                            f"not load: see probe): the figures are llamabundle's closed-form estimate")
     return Plan(model=model, free_vram=free_vram, ngl=ngl, n_cpu_moe=ncmoe, ctx=ctxs[at], ctx_requested=ctx,
                 n_parallel=n_parallel, kv_type=kv_type, flash_attn=flash_attn, headroom=headroom, estimate=chosen,
-                reasons=tuple(reasons), kv_type_v=kv_type_v, kv_unified=kv_unified, warnings=tuple(warnings))
+                reasons=tuple(reasons), kv_type_v=kv_type_v, kv_unified=kv_unified, warnings=tuple(warnings),
+                estimate_by=by, dry_run=dry_run.to_json() if dry_run is not None else None)
 
 
 # ---------------------------------------------------------------------------- free VRAM from the driver
@@ -699,7 +756,8 @@ def app_floor(model: ModelInfo, app: ServerArgs) -> tuple[int | None, int | None
     return ngl, None if ngl is None else max(n + 1 - ngl, 0)
 
 
-def plan_for_app(model: ModelInfo, app: ServerArgs, *, free_vram: int, headroom: Headroom | None = None) -> Plan:
+def plan_for_app(model: ModelInfo, app: ServerArgs, *, free_vram: int, headroom: Headroom | None = None,
+                 dry_run: DryRun | None = None) -> Plan:
     """The plan for an app's llama-server flags: their context, slots, cache types, flash attention and batch,
     and at least their offload (see app_floor); llama-server's defaults where they give none (-c 0: the
     trained context; no -np: 4 slots sharing one unified KV cache; -fa auto: on)."""
@@ -714,9 +772,10 @@ def plan_for_app(model: ModelInfo, app: ServerArgs, *, free_vram: int, headroom:
                         kv_type=app.kv_type_k or k["default_kv_type"],
                         kv_type_v=app.kv_type_v or k["default_kv_type"], kv_unified=unified,
                         n_ubatch=n_ubatch, op_offload=app.op_offload, flash_attn=app.flash_attn is not False,
-                        headroom=headroom, min_ngl=min_ngl, max_n_cpu_moe=max_ncmoe)
+                        headroom=headroom, min_ngl=min_ngl, max_n_cpu_moe=max_ncmoe, n_batch=app.n_batch,
+                        dry_run=dry_run)
     notes = list(plan.warnings)
-    if app.unmodelled:
+    if app.unmodelled and plan.estimate_by == CLOSED_FORM:
         notes.append(f"{', '.join(app.unmodelled)}: passed to llama-server as given, but not part of this estimate")
     reasons = list(plan.reasons)
     if auto_np:

@@ -25,6 +25,8 @@ import pytest
 from .conftest import BUILD_TIMEOUT, REPO, run_cli
 from .tinymodel import write_tiny_qwen2
 
+MiB = 1 << 20
+
 SHIPPED = REPO / "recipes" / "linux-x86_64-vulkan.yaml"
 KEEP = ("x64", "haswell")
 LAVAPIPE = "/usr/share/vulkan/icd.d/lvp_icd.x86_64.json"
@@ -149,6 +151,60 @@ def test_llama_server_completes_on_the_vulkan_device(vulkan_build: dict[str, Any
             server.wait(timeout=30)
         except subprocess.TimeoutExpired:
             server.kill()
+
+
+def test_plan_sizes_its_rungs_with_the_bundles_dry_run_as_llama_server_allocates(
+        vulkan_build: dict[str, Any], e2e_env: dict[str, str], tmp_path: Path) -> None:
+    """`plan --bundle` on lavapipe (made a device by GGML_VK_VISIBLE_DEVICES=0): with less free VRAM than the
+    whole model needs, the rungs are sized by the bundle's llamabundle-memory (llama.cpp's no_alloc dry run),
+    and the plan's launch, started for real, allocates on Vulkan0 the model, KV and compute buffers the plan
+    printed (whole MiB, rounded down) and fits in the free VRAM less the headroom."""
+    bundle = vulkan_build["bundle"]
+    names = {f["path"] for f in json.loads((bundle / "bundle.json").read_text())["files"]}
+    assert "llamabundle-memory" in names
+    commit = json.loads((bundle / "bundle.json").read_text())["llama_cpp"]["commit"]
+    model = write_tiny_qwen2(Path(e2e_env["LLAMABUNDLE_CACHE_DIR"]) / "src" / commit, tmp_path / "m.gguf",
+                             layers=8, hidden=256, heads=4, kv_heads=4, ffn=768)
+    env = {**e2e_env, "GGML_VK_VISIBLE_DEVICES": "0"}
+
+    def plan(*args: object) -> dict[str, Any]:
+        done = run_cli("plan", model, "--ctx", "4096", "--json", *args, env=env, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        out: dict[str, Any] = json.loads(done.stdout)
+        return out
+
+    full = plan("--free-vram", "100GiB", "--bundle", bundle)
+    assert full["estimate_by"] == "llama.cpp dry run" and full["dry_run"]["device"] == "Vulkan0", full
+    assert full["ngl"] == 9 and full["dry_run"]["runs"] == 1
+    need = full["bytes"]["total"] - full["bytes"]["headroom"]
+    free = int((need + 256 * MiB) / 0.95) - 2 * MiB  # the whole model does not fit, by 2 MiB
+    got = plan("--free-vram", free, "--bundle", bundle)
+    assert got["estimate_by"] == "llama.cpp dry run" and 0 < got["ngl"] < 9, got
+    assert got["bytes"]["total"] <= free and got["reasons"][0].startswith(f"-ngl {got['ngl']}: one step more")
+    closed = plan("--free-vram", free, "--closed-form")
+    assert closed["estimate_by"] == "closed form" and closed["dry_run"] is None and closed["dry_run_skipped"] == "--closed-form"
+
+    port = _free_port()
+    log = tmp_path / "server.log"
+    run_env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "GGML_VK_VISIBLE_DEVICES": "0", "VK_DRIVER_FILES": LAVAPIPE}
+    with open(log, "w") as out:
+        server = subprocess.Popen([str(bundle / "llama-server"), "-m", str(model), *got["flags"], "--fit", "off",
+                                   "--host", "127.0.0.1", "--port", str(port), "--no-webui", "--verbose"],
+                                  env=run_env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        _wait_ready(port, server, log)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    from llamabundle.runtime.offload import parse_buffer_log
+
+    logged = parse_buffer_log(log.read_text(errors="replace"))
+    for kind, key in (("model", "weights"), ("kv", "kv"), ("compute", "compute")):
+        assert abs(logged.gpu(kind) - got["bytes"][key]) < 1.01 * MiB, (kind, logged.sizes, got["bytes"])
+    used = logged.gpu("model") + logged.gpu("kv") + logged.gpu("compute")
+    print(f"\nplan on lavapipe: -ngl {got['ngl']} of 9 in {free / MiB:,.1f} MiB ({got['dry_run']['runs']} dry runs, "
+          f"{got['dry_run']['seconds']:.1f} s); llama-server allocated {used / MiB:,.1f} MiB on Vulkan0")
+    assert used + got["bytes"]["headroom"] <= free
 
 
 def _free_port() -> int:
