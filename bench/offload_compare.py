@@ -101,7 +101,7 @@ def write_synthetic(path: Path, *, arch: str = "llama", n_layer: int = 16, n_emb
     return path
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -111,13 +111,18 @@ def run_server(server: Path, model: Path, *, ngl: int, ctx: int, n_parallel: int
                verbose: bool, timeout: float, n_cpu_moe: int = 0) -> str:
     """llama-server's log from start until the model is loaded (then it is stopped)."""
     argv = [str(server), "-m", str(model), "-ngl", str(ngl), "-c", str(ctx), "-np", str(n_parallel),
-            "-fa", "on" if flash_attn else "off", "--host", "127.0.0.1", "--port", str(_free_port())]
+            "-fa", "on" if flash_attn else "off", "--host", "127.0.0.1", "--port", str(free_port())]
     argv += ["--n-cpu-moe", str(n_cpu_moe)] if n_cpu_moe else []
     argv += ["--fit", "off"] if fit_flag else []
     argv += ["--verbose"] if verbose else []
     print("+ " + " ".join(argv), file=sys.stderr)
+    return server_log(argv, timeout=timeout)
+
+
+def server_log(argv: list[str], *, timeout: float, env: dict[str, str] | None = None, cwd: Path | None = None) -> str:
+    """The log of the llama-server `argv` from start until the model is loaded (then it is stopped)."""
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
-                            errors="replace")
+                            errors="replace", env=env, cwd=cwd)
     assert proc.stdout is not None
     lines: list[str] = []
     ready = threading.Event()

@@ -1,4 +1,4 @@
-# Shared by the unattended GPU-machine sessions (session.sh, sm80_offload.sh): the machine goes back 30 s
+# Shared by the unattended GPU-machine sessions (session.sh, sm80_offload.sh, dryrun_h200.sh): the machine goes back 30 s
 # after a call, so a session runs in the background (setsid) and each device call only polls it. Sourced;
 # the caller sets W (work dir) and R (results dir) and writes "all done" to $R/session.log at the end.
 say() { echo "$(date +%T) $*" >> $R/session.log; }
@@ -23,4 +23,32 @@ poll() {  # wait at most POLL_S seconds for the end (UNTIL_NEW=1: for a few new 
     sleep 5
   done
   collect
+}
+
+# The models of the offload sessions (sm80_offload.sh, dryrun_h200.sh), made on the GPU machine meanwhile.
+gen() {  # NAME make_synthetic_gguf.py flags...: an F16 Qwen2 model with random weights
+  local name=$1; shift
+  python3 .devtree/make_synthetic_gguf.py .devtree/ggml-vocab-qwen2.gguf $W/$name.gguf "$@" > $W/$name.log 2>&1
+  echo $? > $W/$name.rc
+}
+
+models() {
+  gen m1 --layers 16 --hidden 1536 --ffn 4096 --heads 12 --kv-heads 2   # the stop-23 model
+  gen m2 --layers 6 --hidden 3584 --ffn 18944 --heads 28 --kv-heads 4   # Qwen2.5-7B's shape, 6 blocks
+  gen m3 --layers 8 --hidden 2048 --ffn 5632 --heads 16 --kv-heads 16   # no GQA: large K/V views
+}
+
+dispatch() {  # SCRIPT start|orchestrate|poll|models: a session script's commands (it defines orchestrate)
+  local script=$1; shift
+  case "${1:-}" in
+    start)
+      mkdir -p $R
+      nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader > $R/gpu.txt; nproc >> $R/gpu.txt
+      setsid nohup bash "$script" orchestrate > $R/orchestrate.out 2>&1 < /dev/null &
+      sleep 20; cat $R/gpu.txt; poll ;;
+    orchestrate) orchestrate ;;
+    poll) poll ;;
+    models) models ;;
+    *) echo "usage: $script start|poll"; exit 2 ;;
+  esac
 }

@@ -18,18 +18,6 @@ R=$W/results
 source bench/gpu/poll.sh
 POINTS_ALL="ALL:2048 ALL:4096 ALL:8192 ALL:16384 ALL:32768 HALF:2048 HALF:4096 HALF:8192 HALF:16384 HALF:32768 1:4096 0:2048 0:4096 0:8192 0:16384 0:32768"
 
-gen() {  # NAME make_synthetic_gguf.py flags...: an F16 Qwen2 model with random weights
-  local name=$1; shift
-  python3 .devtree/make_synthetic_gguf.py .devtree/ggml-vocab-qwen2.gguf $W/$name.gguf "$@" > $W/$name.log 2>&1
-  echo $? > $W/$name.rc
-}
-
-models() {
-  gen m1 --layers 16 --hidden 1536 --ffn 4096 --heads 12 --kv-heads 2   # the stop-23 model
-  gen m2 --layers 6 --hidden 3584 --ffn 18944 --heads 28 --kv-heads 4   # Qwen2.5-7B's shape, 6 blocks
-  gen m3 --layers 8 --hidden 2048 --ffn 5632 --heads 16 --kv-heads 16   # no GQA: large K/V views
-}
-
 sweep() {  # NAME MODEL [env...]: offload_buffers.sh on the sm80 bundle
   local name=$1 model=$2; shift 2
   [ -f "$model" ] || { say "$name: no model $model"; return; }
@@ -78,14 +66,4 @@ orchestrate() {
   say "all done"
 }
 
-case "${1:-}" in
-  start)
-    mkdir -p $R
-    nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader > $R/gpu.txt; nproc >> $R/gpu.txt
-    setsid nohup bash bench/gpu/sm80_offload.sh orchestrate > $R/orchestrate.out 2>&1 < /dev/null &
-    sleep 20; cat $R/gpu.txt; poll ;;
-  orchestrate) orchestrate ;;
-  poll) poll ;;
-  models) models ;;
-  *) echo "usage: $0 start|poll"; exit 2 ;;
-esac
+dispatch "$0" "$@"
