@@ -47,7 +47,8 @@ def test_the_bundle_holds_the_programs_13_variants_and_the_mingw_runtime(unpacke
     assert manifest["platform"] == "windows-x86_64" and manifest["inputs"]["cpu_variants"] == {"exclude": ["sapphirerapids"]}
     assert manifest["toolchain"]["compiler"].startswith("GNU ")
     roles = {f["path"]: f["role"] for f in manifest["files"]}
-    assert {p for p, r in roles.items() if r == "exe"} == {"llama-server.exe", "llama-cli.exe", "llama-bench.exe"}
+    assert {p for p, r in roles.items() if r == "exe"} == {"llama-server.exe", "llama-cli.exe", "llama-bench.exe",
+                                                            "llamabundle-memory.exe"}
     backends = sorted(p for p, r in roles.items() if r == "backend")
     assert len(backends) == 13 and all(p.startswith("ggml-cpu-") and p.endswith(".dll") for p in backends)
     assert "ggml-cpu-sapphirerapids.dll" not in roles
