@@ -46,8 +46,10 @@ def _hermetic(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPath
         real_popen_init(self, args, *a, **kw)  # type: ignore[arg-type]
 
     monkeypatch.setattr(subprocess.Popen, "__init__", guarded_popen)
-    # Never touch the user's real cache from a unit test.
+    # Never touch the user's real cache or installed bundles from a unit test (plan runs an installed
+    # bundle's llamabundle-memory when no --bundle is given).
     monkeypatch.setenv("LLAMABUNDLE_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+    monkeypatch.setenv("LLAMABUNDLE_DATA_DIR", str(tmp_path_factory.mktemp("data")))
     monkeypatch.delenv("LLAMABUNDLE_STORE", raising=False)
     monkeypatch.delenv("GITHUB_ACTIONS", raising=False)
 
