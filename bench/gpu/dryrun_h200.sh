@@ -26,18 +26,8 @@ compare() {  # NAME MODEL offload_dryrun.py args...
 }
 
 orchestrate() {
-  export LLAMABUNDLE_CACHE_DIR=$W/cache PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
-  sed 's/^  archs: .*/  archs: [90-real]/' recipes/linux-x86_64-cuda13.0.yaml > $W/cuda-sm90.yaml
-  grep -n "archs\|targets" $W/cuda-sm90.yaml >> $R/session.log
-  say "build cuda-sm90.yaml"
-  RECIPE=$W/cuda-sm90.yaml NOCOMP=0 POLLS=1 bash bench/gpu/cuda_build.sh start >> $R/session.log 2>&1
-  (nice -n 5 bash bench/gpu/dryrun_h200.sh models) &
-  for _ in $(seq 1 300); do [ -f $W/build.rc ] && break; sleep 5; done
-  say "build rc=$(cat $W/build.rc 2> /dev/null) in $(( $(cat $W/t1) - $(cat $W/t0) )) s"
-  tail -30 $W/build.log >> $R/session.log; cp $W/build.log $W/build.json $R/ 2> /dev/null
-  local key build
-  key=$(python3 -c "import json; print(json.load(open('$W/build.json'))['key'])") || { say "no bundle"; say "all done"; return; }
-  rm -rf $W/b90 && python3 -m llamabundle fetch "$key" --store $W/store --out $W/b90 >> $R/session.log 2>&1
+  local build
+  arch_bundle 90-real bench/gpu/dryrun_h200.sh $W/b90 || { say "all done"; return; }
   ls -l $W/b90 >> $R/session.log
   build=$(ls -d $W/cache/build/*/ | head -1)
   (nice cmake --build "$build" --target llama-quantize > $R/quantize-build.log 2>&1) &

@@ -52,3 +52,19 @@ dispatch() {  # SCRIPT start|orchestrate|poll|models: a session script's command
     *) echo "usage: $script start|poll"; exit 2 ;;
   esac
 }
+
+arch_bundle() {  # ARCH SCRIPT DIR: the shipped CUDA 13.0 recipe with archs [ARCH], built through llamabundle
+  # (bench/gpu/cuda_build.sh) while SCRIPT makes the models, fetched from the store unpacked into DIR; sets
+  # key (the bundle's) and the environment the session runs llamabundle in, or fails when there is no bundle
+  export LLAMABUNDLE_CACHE_DIR=$W/cache PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
+  sed "s/^  archs: .*/  archs: [$1]/" recipes/linux-x86_64-cuda13.0.yaml > $W/cuda-$1.yaml
+  grep -n "archs" $W/cuda-$1.yaml >> $R/session.log
+  say "build cuda-$1.yaml"
+  RECIPE=$W/cuda-$1.yaml NOCOMP=0 POLLS=1 bash bench/gpu/cuda_build.sh start >> $R/session.log 2>&1
+  (nice -n 5 bash "$2" models) &
+  for _ in $(seq 1 300); do [ -f $W/build.rc ] && break; sleep 5; done
+  say "build rc=$(cat $W/build.rc 2> /dev/null) in $(( $(cat $W/t1) - $(cat $W/t0) )) s"
+  tail -30 $W/build.log >> $R/session.log; cp $W/build.log $W/build.json $R/ 2> /dev/null
+  key=$(python3 -c "import json; print(json.load(open('$W/build.json'))['key'])") || { say "no bundle"; return 1; }
+  rm -rf "$3" && python3 -m llamabundle fetch "$key" --store $W/store --out "$3" >> $R/session.log 2>&1
+}

@@ -27,19 +27,9 @@ sweep() {  # NAME MODEL [env...]: offload_buffers.sh on the sm80 bundle
 }
 
 orchestrate() {
-  export LLAMABUNDLE_CACHE_DIR=$W/cache PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
-  sed 's/^  archs: .*/  archs: [80-real]/' recipes/linux-x86_64-cuda13.0.yaml > $W/cuda-sm80.yaml
-  grep -n "archs" $W/cuda-sm80.yaml >> $R/session.log
-  say "build cuda-sm80.yaml"
-  RECIPE=$W/cuda-sm80.yaml NOCOMP=0 POLLS=1 bash bench/gpu/cuda_build.sh start >> $R/session.log 2>&1
-  (nice -n 5 bash bench/gpu/sm80_offload.sh models) &
-  for _ in $(seq 1 300); do [ -f $W/build.rc ] && break; sleep 5; done
-  say "build rc=$(cat $W/build.rc 2> /dev/null) in $(( $(cat $W/t1) - $(cat $W/t0) )) s"
-  tail -30 $W/build.log >> $R/session.log; cp $W/build.log $W/build.json $R/ 2> /dev/null
-  local key zip build
-  key=$(python3 -c "import json; print(json.load(open('$W/build.json'))['key'])") || { say "no bundle"; say "all done"; return; }
+  local zip build
+  arch_bundle 80-real bench/gpu/sm80_offload.sh $W/b80 || { say "all done"; return; }
   zip=$(python3 -c "import json; print(json.load(open('$W/build.json'))['zip'])")
-  rm -rf $W/b80 && python3 -m llamabundle fetch "$key" --store $W/store --out $W/b80 >> $R/session.log 2>&1
   python3 -c "import sys,zipfile; sys.stdout.buffer.write(zipfile.ZipFile(sys.argv[1]).read('bundle.json'))" "$zip" > $R/bundle-sm80.json
   /usr/local/cuda/bin/cuobjdump --list-elf --list-ptx $W/b80/libggml-cuda.so 2>&1 | sed 's/.*\.\(sm_[0-9a-z]*\)\.\(cubin\|ptx\)/\2 \1/' | sort | uniq -c > $R/cuobjdump-sm80.txt
   python3 -m llamabundle probe --bundle $W/b80 --json > $R/probe-sm80.json 2> $R/probe-sm80.err; say "probe rc=$?"
