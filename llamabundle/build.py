@@ -147,7 +147,7 @@ def plan_build(recipe: Recipe, *, source_dir: Path, build_dir: Path, tools: Buil
 
 
 PROJECT_INCLUDE = "llamabundle-project.cmake"
-MEMORY_PROGRAM = "llamabundle-memory"  # data/programs/llamabundle-memory.cpp: llama.cpp's dry run of a launch
+MEMORY_PROGRAM = data.MEMORY_PROGRAM  # llama.cpp's dry run of a llama-server launch, built into every bundle
 _MEMORY_CMAKE = """# {program}: llama.cpp's memory figures for a llama-server launch (runtime/dryrun.py), built beside it
 if(PROJECT_NAME STREQUAL "llama.cpp" AND NOT COMMAND llamabundle_memory_program)
   function(llamabundle_memory_program)

@@ -7,6 +7,8 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
+MEMORY_PROGRAM = "llamabundle-memory"  # programs/llamabundle-memory.cpp: built into every bundle (build.py)
+
 
 @cache
 def load(name: str) -> Any:

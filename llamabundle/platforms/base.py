@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, TypeVar, runtime_checkable
 
 from .. import proc
+from ..data import MEMORY_PROGRAM
 from ..errors import VerifyError
 
 if TYPE_CHECKING:
@@ -173,7 +174,7 @@ def reasons(plan: BuildPlan, bundled: Iterable[str], *, extras: Mapping[str, str
     lower = {k.lower(): v for k, v in importers.items()}
     out: dict[str, str] = {}
     for name in bundled:
-        if name in plan.programs and name.split(".")[0] == "llamabundle-memory":  # build.MEMORY_PROGRAM
+        if name in plan.programs and name.split(".")[0] == MEMORY_PROGRAM:
             out[name] = "program: llama.cpp's dry run of a llama-server launch, for `llamabundle plan`"
         elif name in plan.programs:
             out[name] = "program: a target of the recipe"
@@ -235,6 +236,14 @@ def read_list_devices(lines: Sequence[str], *, root: Path, loaded: Loaded, exe: 
             raise VerifyError(f"the {name} backend was loaded from {path}, outside the bundle",
                               why=f"a {'DLL' if exe.endswith('.exe') else 'library'} outside the bundle shadows the "
                                   "bundled one", details=tail)
+
+
+def run_keep(manifest: Manifest, *more: str) -> dict[str, str]:
+    """The caller's variables a bundle keeps when it is run in a clean environment: those its backends' driver
+    lookup reads (Backend.run_env), and `more`."""
+    from .. import backends
+
+    return proc.inherited([*(k for b in backends.of(manifest.backends) for k in b.run_env), *more])
 
 
 def clean_env(root: Path, keep: Mapping[str, str] | None = None) -> dict[str, str]:

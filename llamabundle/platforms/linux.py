@@ -93,10 +93,7 @@ class Linux:
     def check_load(self, root: Path, manifest: Manifest, *, host: str, wine_prefix: Path | None) -> Loaded:
         if host != self.name:
             return Loaded(level=f"skipped: a {manifest.platform} bundle cannot run on {host}")
-        from .. import backends, proc
-
-        keep = proc.inherited([k for b in backends.of(manifest.backends) for k in b.run_env])
-        return base.run_list_devices(root, exe_name=self.program_file("llama-server"), keep=keep)
+        return base.run_list_devices(root, exe_name=self.program_file("llama-server"), keep=base.run_keep(manifest))
 
 
 LINUX = Linux()

@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import proc
+from .. import data, proc
+from ..data import MEMORY_PROGRAM
 from ..errors import UsageError
 
-PROGRAM = "llamabundle-memory"  # build.MEMORY_PROGRAM
 TIMEOUT = 120.0  # seconds one dry run may take (it reads the GGUF header and initialises the backends)
 MiB = 1 << 20
 _ROW = re.compile(r"(\S+) ([0-9]{1,12}) ([0-9]{1,12}) ([0-9]{1,12}) ?")
@@ -128,7 +128,7 @@ class DryRun:
         """llama.cpp's figures for every device and the host. Raises UsageError when the dry run fails:
         llama-server would fail to load the model with the same flags."""
         argv = [str(self.program), "-m", str(model), *launch.args(), *self.extra]
-        what = f"llama.cpp's dry run of {model.name} failed ({PROGRAM} of {self.bundle})"
+        what = f"llama.cpp's dry run of {model.name} failed ({MEMORY_PROGRAM} of {self.bundle})"
         t0 = time.monotonic()
         try:
             done = proc.capture(argv, cwd=self.root.parent, env=self.env, timeout=TIMEOUT)
@@ -153,7 +153,7 @@ class DryRun:
         backend does not load here). The device is the one -dev names, else the first GPU device listed."""
         t0 = time.monotonic()
         rows = self.table(model, launch)
-        gpu = re.compile(_gpu_regex())
+        gpu = re.compile(data.load("offload.json")["gpu_buffer_regex"])
         found = [r for r in rows[:-1] if gpu.match(r.device)]
         named = next((self.extra[i + 1] for i, a in enumerate(self.extra) if a in _DEVICE_FLAGS), None)
         chosen = next((r for r in found if r.device == named.split(",")[0]), None) if named else None
@@ -172,19 +172,12 @@ class DryRun:
                 "seconds": round(self.seconds, 3)}
 
 
-def _gpu_regex() -> str:
-    from .offload import _constants
-
-    regex: str = _constants()["gpu_buffer_regex"]
-    return regex
-
-
 def open_dry_run(bundle: Path, *, extra: Sequence[str] = (), host: str | None = None,
                  on_run: Callable[[Launch, DeviceMemory | None, float], None] | None = None) -> DryRun | str:
     """The dry run of an unpacked bundle directory, or why it cannot be used here (a sentence)."""
-    from .. import backends, platforms
+    from .. import platforms
     from ..bundle import read_manifest
-    from ..platforms.base import clean_env
+    from ..platforms.base import clean_env, run_keep
 
     manifest = read_manifest(bundle)  # not a bundle: its ManifestError (the caller named it)
     host = host or platforms.host_name()
@@ -192,10 +185,10 @@ def open_dry_run(bundle: Path, *, extra: Sequence[str] = (), host: str | None = 
     if manifest.platform != host:
         return f"the bundle {name} is for {manifest.platform}, and this machine is {host}"
     platform = platforms.get(manifest.platform)
-    program = bundle.resolve() / platform.program_file(PROGRAM)
+    program = bundle.resolve() / platform.program_file(MEMORY_PROGRAM)
     if not program.is_file():
-        return f"the bundle {name} has no {PROGRAM} (built by an older llamabundle: rebuild or reinstall it)"
-    keep = proc.inherited([*(k for b in backends.of(manifest.backends) for k in b.run_env), *DEVICE_ENV])
+        return f"the bundle {name} has no {MEMORY_PROGRAM} (built by an older llamabundle: rebuild or reinstall it)"
+    keep = run_keep(manifest, *DEVICE_ENV)
     return DryRun(root=bundle.resolve(), program=program, bundle=name, env=clean_env(bundle.resolve(), keep),
                   extra=list(extra), on_run=on_run)
 

@@ -15,9 +15,9 @@ from clirun import run
 from test_cli_json import valid
 from test_offload import write
 
+from llamabundle.data import MEMORY_PROGRAM as PROGRAM
 from llamabundle.errors import UsageError
 from llamabundle.runtime.dryrun import (
-    PROGRAM,
     DeviceMemory,
     DryRun,
     Launch,
