@@ -24,9 +24,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench import add_json_args, emit_json  # noqa: E402
+from llamabundle import keys  # noqa: E402
 from llamabundle.build import plan_build, resolve_tools  # noqa: E402
 from llamabundle.log import Log  # noqa: E402
-from llamabundle.recipe import load_recipe  # noqa: E402
+from llamabundle.recipe import NO_HOST  # noqa: E402
 from llamabundle.settings import Settings  # noqa: E402
 from llamabundle.source import fetch_source  # noqa: E402
 
@@ -38,14 +39,14 @@ def main() -> None:
     ap.add_argument("--workdir", default=None, help="where to build (default: a temporary directory)")
     add_json_args(ap)
     a = ap.parse_args()
-    recipe = load_recipe(a.recipe)
+    recipe = keys.load(a.recipe)
     settings = Settings.from_env(os.environ)
     src = fetch_source(recipe, settings, Log())  # from the user cache; not timed
     work = Path(a.workdir or tempfile.mkdtemp(prefix="lb-bench-"))
     env = {k: v for k, v in os.environ.items() if k not in ("CCACHE_DIR",)}
     # Plain cmake: the same configure and build commands, a fresh build directory.
     tools = resolve_tools(path=env.get("PATH"), use_ccache=False)
-    plain = plan_build(recipe, source_dir=src.path, build_dir=work / "plain-build", tools=tools, jobs=a.jobs)
+    plain = plan_build(recipe, NO_HOST, source_dir=src.path, build_dir=work / "plain-build", tools=tools, jobs=a.jobs)
     t0 = time.monotonic()
     subprocess.run(plain.configure, check=True, stdout=subprocess.DEVNULL, env=env)
     subprocess.run(plain.build, check=True, stdout=subprocess.DEVNULL, env=env)

@@ -32,8 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench import add_json_args, emit_json  # noqa: E402
-from llamabundle import bundle  # noqa: E402
-from llamabundle.recipe import load_recipe  # noqa: E402
+from llamabundle import bundle, keys  # noqa: E402
 from tests.fakegithub import FakeGitHub  # noqa: E402
 
 GH_REPO = "acme/bundles"
@@ -62,9 +61,9 @@ def make_bundle(work: Path, key: str, size: int) -> Path:
             f.write(os.urandom(n))
             left -= n
     roles = {"llama-server": "exe", "LICENSE": "license", "payload.bin": "runtime"}
-    recipe = load_recipe(HIT_RECIPE)
-    assert recipe.key() == key
-    bundle.write_manifest(stage, {"name": "linux-x86_64-cpu", "key": key, "inputs": recipe.key_inputs(),
+    recipe = keys.load(HIT_RECIPE)
+    assert keys.resolve(recipe).key == key
+    bundle.write_manifest(stage, {"name": "linux-x86_64-cpu", "key": key, "inputs": keys.resolve(recipe).inputs,
                                   "platform": "linux-x86_64", "llama_cpp": {"commit": recipe.llama_cpp.commit},
                                   "files": bundle.file_entries(stage, roles)})
     zip_path = bundle.pack(stage, work / f"linux-x86_64-cpu-{key[:12]}.zip", source_date_epoch=0)
@@ -116,7 +115,7 @@ def main() -> None:
     ap.add_argument("--rate-mb", type=float, default=100.0, help="pace of the second series, MB/s (0: skip it)")
     add_json_args(ap)
     a = ap.parse_args()
-    key = load_recipe(HIT_RECIPE).key()
+    key = keys.resolve(keys.load(HIT_RECIPE)).key
     work = Path(tempfile.mkdtemp(prefix="lb-fetch-curl-"))
     try:
         with FakeGitHub(GH_REPO, token=TOKEN) as gh:

@@ -28,6 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from llamabundle import keys
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests" / "unit")]
 
@@ -39,9 +41,8 @@ RECIPE = REPO / "recipes" / "windows-x86_64-cuda12.8.yaml"
 
 def plan_bytes() -> tuple[int, list[tuple[str, str, int]]]:
     from llamabundle.backends.cuda.toolkit.plan import plan_for_recipe
-    from llamabundle.recipe import load_recipe
 
-    plan = plan_for_recipe(load_recipe(RECIPE))
+    plan = plan_for_recipe(keys.load(RECIPE))
     return plan.total_bytes, [(a.component, a.archive.version, a.archive.size) for a in plan.archives]
 
 

@@ -161,7 +161,7 @@ def install(*, store: str | os.PathLike[str] | None = None, key: str | None = No
     raises a LlamaBundleError with exit_code 5. `expect_sha256` pins the zip's sha256, or `digests` (at most one of
     them), a digest list the app ships (SHA256SUMS lines: the zip's name or the key, and its sha256); a zip the
     pin refuses raises with exit_code 5. `quiet`: no progress lines on stderr."""
-    from .recipe import load_recipe
+    from . import keys
     from .runtime.install import install_bundle, load_digests
     from .store import open_store
 
@@ -169,8 +169,8 @@ def install(*, store: str | os.PathLike[str] | None = None, key: str | None = No
         raise UsageError("pass exactly one of key and recipe", fix="install(store=..., key=KEY) or install(store=..., recipe=RECIPE)")
     environ, settings = _settings(env)
     if recipe is not None:
-        r = load_recipe(recipe if isinstance(recipe, str) else Path(recipe), env=environ)
-        key = r.key()
+        keyed = keys.resolve(keys.load(recipe if isinstance(recipe, str) else Path(recipe)), env=environ)
+        r, key = keyed.recipe, keyed.key
         expect_commit = expect_commit or r.llama_cpp.commit
         expect_toolkit = expect_toolkit or (r.cuda.toolkit if r.cuda else None)
     assert key is not None

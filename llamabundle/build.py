@@ -20,7 +20,7 @@ from .compilers import EXECUTABLES
 from .errors import BuildError, ToolchainError
 from .log import Log
 from .platforms import Platform
-from .recipe import Recipe
+from .recipe import HostFacts, Recipe
 
 STAMP = "llamabundle-configure.json"
 LOG_NAME = "llamabundle-build.log"
@@ -34,6 +34,11 @@ class BuildTools:
     ccache: str | None = None
     cmake_version: str = ""
     ninja_version: str = ""
+
+    @property
+    def ids(self) -> tuple[str | None, ...]:
+        """What names a build tree of these tools (cache.build_dir)."""
+        return (self.cmake, self.ninja, self.ccache)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,11 +83,11 @@ def fixed_path(real: Path, root: Path, tag: str) -> Path:
     return root / f"{tag}{'_' * pad}{digest}"
 
 
-def plan_build(recipe: Recipe, *, source_dir: Path, build_dir: Path, tools: BuildTools, jobs: int | None = None,
+def plan_build(recipe: Recipe, host: HostFacts, *, source_dir: Path, build_dir: Path, tools: BuildTools, jobs: int | None = None,
                toolkit_roots: Mapping[str, Path] | None = None, env: Mapping[str, str] | None = None,
                fixed_root: Path | None = None) -> BuildPlan:
     """Pure: the exact commands that build this recipe, asked of its platform and backends. Shown by
-    `llamabundle show`. `toolkit_roots`: backend name -> the root of the toolkit prepared for it; `env`: the
+    `llamabundle show`. `host`: what the key found on this machine (a backend's tool); `toolkit_roots`: backend name -> the root of the toolkit prepared for it; `env`: the
     variables the platform's toolchain set up (laid over the build's environment); `fixed_root`: where the
     fixed-length paths of a build whose backends bring a compiler launcher lie (None: the real paths): the
     source, the build tree and those backends' toolkits are then configured through links there."""
@@ -117,7 +122,7 @@ def plan_build(recipe: Recipe, *, source_dir: Path, build_dir: Path, tools: Buil
     }
     defs.update(_prefix_map_flags(recipe, defs, have, source_dir=source_dir, build_dir=build_dir, toolkits=roots))
     for b in have:
-        defs.update(b.cmake_definitions(recipe, platform=platform, toolkit_root=roots.get(b.name)))
+        defs.update(b.cmake_definitions(recipe, host, platform=platform, toolkit_root=roots.get(b.name)))
     project_defs, files = _project_files(recipe, platform, have, build_dir)
     defs.update(project_defs)
     by_lang = {x.language: x.argv for x in launchers}

@@ -6,15 +6,10 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from . import scratch
-from .source import TMP_PREFIX as SOURCE_PREFIX
 
-if TYPE_CHECKING:
-    from .build import BuildTools
-    from .recipe import Recipe
-
+SOURCE_PREFIX = "src-"  # a source being fetched, or a cached tree being discarded
 STAGE_PREFIX = "stage-"  # a bundle being collected and packed
 REPRO_PREFIX = "repro-"  # the second build of --check-reproducible
 UNPACK_PREFIX = "unpack-"  # a fetched bundle being checked
@@ -47,25 +42,25 @@ def fixed_dir(cache_dir: Path) -> Path:
     return cache_dir / "fixed"
 
 
-def source_dir(cache_dir: Path, recipe: Recipe) -> Path:
-    return cache_dir / "src" / recipe.llama_cpp.commit
+def source_dir(cache_dir: Path, commit: str) -> Path:
+    return cache_dir / "src" / commit
 
 
-def build_dir(cache_dir: Path, recipe: Recipe, tools: BuildTools, toolkit_roots: Iterable[Path] = ()) -> Path:
-    """One incremental build tree per key and set of build tools (a venv's cmake and the system's, or two
-    toolkits of one version, each keep their own instead of wiping each other's)."""
+def build_dir(cache_dir: Path, key: str, tools: Iterable[str | None], toolkit_roots: Iterable[Path] = ()) -> Path:
+    """One incremental build tree per key and set of build tools (`tools`: cmake, ninja, ccache; a venv's cmake
+    and the system's, or two toolkits of one version, each keep their own instead of wiping each other's)."""
     roots = "|".join(str(r) for r in toolkit_roots) or "None"
-    tools_id = hashlib.sha256(f"{tools.cmake}|{tools.ninja}|{tools.ccache}|{roots}".encode()).hexdigest()[:8]
-    return cache_dir / "build" / f"{recipe.key()[:16]}-{tools_id}"
+    tools_id = hashlib.sha256(f"{'|'.join(map(str, tools))}|{roots}".encode()).hexdigest()[:8]
+    return cache_dir / "build" / f"{key[:16]}-{tools_id}"
 
 
-def zip_name(recipe: Recipe) -> str:
-    return f"{recipe.name}-{recipe.key()[:12]}.zip"
+def zip_name(name: str, key: str) -> str:
+    return f"{name}-{key[:12]}.zip"
 
 
-def out_zip(cache_dir: Path, recipe: Recipe) -> Path:
+def out_zip(cache_dir: Path, name: str, key: str) -> Path:
     """Where a build leaves its zip."""
-    return cache_dir / "out" / zip_name(recipe)
+    return cache_dir / "out" / zip_name(name, key)
 
 
 def fetched_dir(cache_dir: Path, key: str) -> Path:

@@ -59,7 +59,7 @@ def actions_report(*, output: Path | None, summary: Path | None, key: str, hit: 
     if summary is not None:
         size = sha = ""
         if zip_path is not None and zip_path.is_file():
-            from .bundle import sha256_file
+            from .digest import sha256_file
 
             size, sha = f"{zip_path.stat().st_size / 1e6:.1f} MB", f"`{sha256_file(zip_path)}`"
         with open(summary, "a", encoding="utf-8") as f:

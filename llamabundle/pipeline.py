@@ -29,12 +29,12 @@ from .build import (
 from .bundle import manifest as manifest_mod
 from .bundle import zipstream
 from .bundle.manifest import Expect, Manifest
-from .bundle.package import Made, package
 from .errors import LlamaBundleError, ToolchainError, UsageError, VerifyError
+from .keys import Keyed
 from .log import Log
+from .package import Made, package
 from .platforms import Collected
 from .platforms.base import HostToolchain
-from .recipe import Recipe
 from .settings import Settings
 from .store.base import Entry, Published, Store
 from .verify import Level, Naming, VerifyReport, verify_bundle, verify_unpacked
@@ -71,25 +71,26 @@ def sweep_cache(settings: Settings) -> None:
     cache.sweep(settings.cache_dir)
 
 
-def expect_for(recipe: Recipe) -> Expect:
+def expect_for(keyed: Keyed) -> Expect:
     """What a bundle of this recipe must be: its key, platform, commit and toolkit."""
-    return Expect(key=recipe.key(), platform=recipe.platform, commit=recipe.llama_cpp.commit,
+    recipe = keyed.recipe
+    return Expect(key=keyed.key, platform=recipe.platform, commit=recipe.llama_cpp.commit,
                   toolkit=recipe.cuda.toolkit if recipe.cuda else None)
 
 
-def show_plan(recipe: Recipe, settings: Settings, tools: BuildTools, toolchain: HostToolchain) -> BuildPlan:
+def show_plan(keyed: Keyed, settings: Settings, tools: BuildTools, toolchain: HostToolchain) -> BuildPlan:
     """The build plan `show` prints (with the tools build.locate_tools finds without running anything, and
     the environment the platform set the compiler up in)."""
-    return plan_build(recipe, source_dir=cache.source_dir(settings.cache_dir, recipe),
-                      build_dir=cache.build_dir(settings.cache_dir, recipe, tools), tools=tools, env=toolchain.env,
-                      fixed_root=cache.fixed_dir(settings.cache_dir))
+    return plan_build(keyed.recipe, keyed.host, source_dir=cache.source_dir(settings.cache_dir, keyed.recipe.llama_cpp.commit),
+                      build_dir=cache.build_dir(settings.cache_dir, keyed.key, tools.ids), tools=tools,
+                      env=toolchain.env, fixed_root=cache.fixed_dir(settings.cache_dir))
 
 
 def verify_level_for(platform: str) -> Level:
     return Level.LOAD if platform == platforms.host_name() else Level.STATIC
 
 
-def build(recipe: Recipe, *, settings: Settings, store: Store, log: Log, env: Mapping[str, str], force: bool = False,
+def build(keyed: Keyed, *, settings: Settings, store: Store, log: Log, env: Mapping[str, str], force: bool = False,
           publish: bool = True, out: Path | None = None, jobs: int | None = None, clean: bool = False,
           toolkit_source: str | None = None, check_reproducible: bool = False, ops_tool: bool = False) -> BuildOutcome:
     """Fetch the recipe's bundle from the store, or build it. `ops_tool` builds it (even on a hit) and llama.cpp's
@@ -97,7 +98,7 @@ def build(recipe: Recipe, *, settings: Settings, store: Store, log: Log, env: Ma
     `check_reproducible` builds it (again, even on a
     hit), then a second time from a copy of the source at another path in a fresh build directory, and
     fails (exit 5) naming the files that differ and where, unless both zips are byte-identical."""
-    key = recipe.key()
+    recipe, key = keyed.recipe, keyed.key
     force = force or check_reproducible or ops_tool
     _check_out(out)
     sweep_cache(settings)
@@ -105,7 +106,7 @@ def build(recipe: Recipe, *, settings: Settings, store: Store, log: Log, env: Ma
         entry = store.lookup(key)
         if entry is not None:
             log.info(f"cache hit: {key[:12]} in {store.url}")
-            return _from_store(entry, store=store, settings=settings, log=log, out=out, expect=expect_for(recipe))
+            return _from_store(entry, store=store, settings=settings, log=log, out=out, expect=expect_for(keyed))
         log.info(f"cache miss: {key[:12]} not in {store.url}; building")
     host = platforms.host_name()
     if not platforms.get(recipe.platform).can_build_on(host, recipe.toolchain.compiler):
@@ -124,26 +125,27 @@ def build(recipe: Recipe, *, settings: Settings, store: Store, log: Log, env: Ma
             entry = store.lookup(key)
             if entry is not None:  # the process we waited for stored it
                 log.info(f"cache hit: {key[:12]} in {store.url} (stored while we waited)")
-                return _from_store(entry, store=store, settings=settings, log=log, out=out, expect=expect_for(recipe))
-        return _build_locked(recipe, key=key, settings=settings, store=store, log=log, env=env, publish=publish,
+                return _from_store(entry, store=store, settings=settings, log=log, out=out, expect=expect_for(keyed))
+        return _build_locked(keyed, settings=settings, store=store, log=log, env=env, publish=publish,
                              out=out, jobs=jobs, clean=clean, toolkit_source=toolkit_source,
                              check_reproducible=check_reproducible, ops_tool=ops_tool)
     finally:
         lock.release()
 
 
-def _build_locked(recipe: Recipe, *, key: str, settings: Settings, store: Store, log: Log, env: Mapping[str, str],
+def _build_locked(keyed: Keyed, *, settings: Settings, store: Store, log: Log, env: Mapping[str, str],
                   publish: bool, out: Path | None, jobs: int | None, clean: bool,
                   toolkit_source: str | None, check_reproducible: bool = False, ops_tool: bool = False) -> BuildOutcome:
+    recipe, key, host = keyed.recipe, keyed.key, keyed.host
     platform = platforms.get(recipe.platform)
-    toolchain = platform.setup_toolchain(recipe, env=env, log=log)  # before anything starts: the compiler the key names
+    toolchain = platform.setup_toolchain(recipe, host, env=env, log=log)  # before anything starts: the compiler the key names
     env = {**env, **toolchain.env}
     with log.step(f"source llama.cpp {recipe.llama_cpp.commit[:12]}"):
         src = source_mod.fetch_source(recipe, settings, log, env=env)
     tools = resolve_tools(path=env.get("PATH"))
     prepared: dict[str, Prepared] = {}
     for backend in backends.of(recipe):  # each backend's toolkit (CUDA's), found or installed and checked
-        got = backend.prepare(recipe, settings=settings, log=log, env=env, source=toolkit_source)
+        got = backend.prepare(recipe, host, settings=settings, log=log, env=env, source=toolkit_source)
         if got is not None:
             prepared[backend.name] = got
     sde = settings.source_date_epoch if settings.source_date_epoch is not None else src.commit_time
@@ -151,19 +153,19 @@ def _build_locked(recipe: Recipe, *, key: str, settings: Settings, store: Store,
         log.warn("the commit's date is unknown (this source does not prove it): built_at and the zip's timestamps "
                  "come from the clock, so the bundle is not reproducible; set SOURCE_DATE_EPOCH to fix them")
     build_env = {**env, "SOURCE_DATE_EPOCH": str(sde)} if sde is not None else env
-    made = Made(recipe=recipe, key=key, src=src, tools=tools, prepared=prepared, sde=sde)
-    build_dir = cache.build_dir(settings.cache_dir, recipe, tools, made.toolkit_roots.values())
-    plan = plan_build(recipe, source_dir=src.path, build_dir=build_dir, tools=tools, jobs=jobs,
+    made = Made(keyed=keyed, src=src, tools=tools, prepared=prepared, sde=sde)
+    build_dir = cache.build_dir(settings.cache_dir, key, tools.ids, made.toolkit_roots.values())
+    plan = plan_build(recipe, host, source_dir=src.path, build_dir=build_dir, tools=tools, jobs=jobs,
                       toolkit_roots=made.toolkit_roots, env=toolchain.env, fixed_root=cache.fixed_dir(settings.cache_dir))
     result = run_build(plan, log=log, env=build_env, clean=clean, timeout=settings.build_timeout)
     configure_log = result.log_path.read_text(encoding="utf-8", errors="replace")
     for backend in backends.of(recipe):
-        backend.after_configure(recipe, configure_log)
+        backend.after_configure(recipe, host, configure_log)
     if toolchain.compiler is not None and result.compiler.rsplit(" ", 1)[-1] != toolchain.compiler:
         raise ToolchainError(f"CMake built with {result.compiler}, not the {recipe.toolchain.compiler} "
                              f"{toolchain.compiler} the cache key names", why=f"CMake's record in {plan.build_dir}",
                              fix="rerun with --clean, with one compiler of that family on PATH")
-    out_zip = cache.out_zip(settings.cache_dir, recipe)
+    out_zip = cache.out_zip(settings.cache_dir, recipe.name, key)
     manifest, collected, report = assemble(made, plan, result, out_zip, toolchain=toolchain, settings=settings, log=log)
     outcome = BuildOutcome(key=key, hit=False, zip_path=out_zip, manifest=manifest, verify=report, store=store.url,
                            bundled_libs={k: str(v) for k, v in collected.bundled.items()}, compiled=result.compiled)
@@ -180,7 +182,7 @@ def _build_locked(recipe: Recipe, *, key: str, settings: Settings, store: Store,
             if not published.created:
                 log.info("    an identical key was already stored by another run; kept that one")
     if out is not None:
-        outcome.out_dir = _unpack_to(out_zip, out, expect_for(recipe))
+        outcome.out_dir = _unpack_to(out_zip, out, expect_for(keyed))
         log.info(f"bundle unpacked in {out}")
     return outcome
 
@@ -189,12 +191,11 @@ def assemble(made: Made, plan: BuildPlan, result: BuildResult, out_zip: Path, *,
              settings: Settings, log: Log) -> tuple[Manifest, Collected, VerifyReport]:
     """Collect, write bundle.json, pack and verify: what `build` does after compiling, and all that `bundle`
     does with a build made elsewhere."""
-    recipe = made.recipe
     manifest, collected = package(made, plan, result, out_zip, toolchain=toolchain, cache_dir=settings.cache_dir,
                                   log=log)
-    level = verify_level_for(recipe.platform)
+    level = verify_level_for(made.recipe.platform)
     with log.step(f"verify ({level})"):
-        report = verify_bundle(out_zip, level=level, expect=expect_for(recipe), cache_dir=settings.cache_dir)
+        report = verify_bundle(out_zip, level=level, expect=expect_for(made.keyed), cache_dir=settings.cache_dir)
         _log_report(report, log)
     return manifest, collected, report
 

@@ -14,16 +14,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import cache, data, platforms
+from . import cache, data, keys, platforms
 from .backends import Prepared
 from .backends.cuda.toolkit.layout import Toolkit
 from .build import MEMORY_PROGRAM, BuildResult, BuildTools, compiler_of, plan_build
-from .bundle.package import Made
 from .compilers import version_matches
 from .errors import ToolchainError, UsageError
 from .log import Log
+from .package import Made
 from .pipeline import BuildOutcome, _check_out, _unpack_to, assemble, expect_for, sweep_cache
-from .recipe import Recipe
+from .recipe import HostFacts, Recipe
 from .settings import Settings
 from .source import SourceTree
 
@@ -70,9 +70,10 @@ def read_build_tree(build_dir: Path) -> BuildTree:
 CMAKE_IDS = {"gcc": "GNU", "mingw": "GNU", "clang": "Clang", "msvc": "MSVC"}  # toolchain.compiler -> CMake's id
 
 
-def _keyed(recipe: Recipe, tree: BuildTree) -> Recipe:
-    """The recipe keyed with the compiler that made the build (not one found here): of the recipe's
-    family, and inside its pin."""
+def _host(recipe: Recipe, tree: BuildTree, *, env: Mapping[str, str]) -> HostFacts:
+    """What the key holds of the machine: the compiler that made the build (not one found here), of the
+    recipe's family and inside its pin; the backends' tools as found here."""
+    tools = keys.host_facts(recipe, env=env).tools
     family, _, found = tree.compiler.rpartition(" ")
     want = CMAKE_IDS[recipe.toolchain.compiler]
     if family != want:
@@ -81,14 +82,14 @@ def _keyed(recipe: Recipe, tree: BuildTree) -> Recipe:
                                  "and the compiler is part of the bundle's key",
                              fix="bundle it with a recipe of that compiler, or rebuild with the recipe's")
     if recipe.toolchain.compiler == "msvc":
-        return recipe
+        return HostFacts(tools=tools)
     if not re.fullmatch(r"[0-9]+(\.[0-9]+)*", found):
         raise UsageError(f"CMake's record in {tree.build_dir} names no compiler version", why=f"found {tree.compiler!r}",
                          fix="pass a configured and built directory")
     if recipe.toolchain.version and not version_matches(recipe.toolchain.version, found):
         raise ToolchainError(f"the build was made with {tree.compiler}, outside the recipe's toolchain.version "
                              f"{recipe.toolchain.version}", fix="bundle it with a recipe that pins that compiler")
-    return dataclasses.replace(recipe, host_compiler=found)
+    return HostFacts(compiler=found, tools=tools)
 
 
 def _check_cuda(recipe: Recipe, tree: BuildTree, toolkit_root: Path) -> None:
@@ -131,7 +132,7 @@ def bundle_build(recipe: Recipe, build_dir: Path, *, out: Path, toolkit_root: Pa
         raise UsageError(f"{build_dir} is a build of llama.cpp {tree.commit}, the recipe pins {recipe.llama_cpp.commit[:12]}",
                          why="common/build-info.cpp records the commit the build was configured from",
                          fix="bundle it with a recipe of that commit, or build the pinned commit")
-    recipe = _keyed(recipe, tree)
+    keyed = keys.resolve(recipe, host=_host(recipe, tree, env=env))
     platform = platforms.get(recipe.platform)
     prepared: dict[str, Prepared] = {}
     if recipe.cuda is not None:
@@ -150,9 +151,8 @@ def bundle_build(recipe: Recipe, build_dir: Path, *, out: Path, toolkit_root: Pa
     toolchain = platform.given_toolchain(recipe, redist=msvc_redist)
     src = SourceTree(path=tree.source_dir, commit=recipe.llama_cpp.commit, origin=f"build directory {build_dir}")
     tools = BuildTools(cmake=tree.cmake, ninja="", cmake_version=tree.cmake_version)
-    made = Made(recipe=recipe, key=recipe.key(), src=src, tools=tools, prepared=prepared,
-                sde=settings.source_date_epoch)
-    plan = plan_build(recipe, source_dir=tree.source_dir, build_dir=build_dir, tools=tools,
+    made = Made(keyed=keyed, src=src, tools=tools, prepared=prepared, sde=settings.source_date_epoch)
+    plan = plan_build(recipe, keyed.host, source_dir=tree.source_dir, build_dir=build_dir, tools=tools,
                       toolkit_roots=made.toolkit_roots)
     memory = platform.program_file(MEMORY_PROGRAM)
     if not (plan.output_dir / memory).is_file():  # a tree configured without llamabundle's project include
@@ -164,7 +164,7 @@ def bundle_build(recipe: Recipe, build_dir: Path, *, out: Path, toolkit_root: Pa
         raise UsageError(f"{build_dir} lacks {', '.join(absent)}", why=f"the recipe's programs and backends are "
                          f"looked for in {plan.output_dir}", fix="build the recipe's targets there first")
     result = BuildResult(plan=plan, log_path=build_dir / CMAKE_CACHE, compiler=tree.compiler, compiled=0)
-    zip_path = cache.out_zip(settings.cache_dir, recipe)
+    zip_path = cache.out_zip(settings.cache_dir, recipe.name, keyed.key)
     with log.step(f"bundle {build_dir} as {recipe.name} ({made.key[:12]})"):
         manifest, collected, report = assemble(made, plan, result, zip_path, toolchain=toolchain, settings=settings,
                                                log=log)
@@ -177,6 +177,6 @@ def bundle_build(recipe: Recipe, build_dir: Path, *, out: Path, toolkit_root: Pa
         outcome.zip_path = out
         log.info(f"bundle written to {out}")
     else:
-        outcome.out_dir = _unpack_to(zip_path, out, expect_for(recipe))
+        outcome.out_dir = _unpack_to(zip_path, out, expect_for(keyed))
         log.info(f"bundle unpacked in {out}")
     return outcome

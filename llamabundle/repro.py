@@ -12,10 +12,11 @@ from typing import Any
 
 from . import cache, scratch
 from .build import plan_build, remove_links, run_build
-from .bundle import diff_zips, sha256_file
-from .bundle.package import Made, package
+from .bundle import diff_zips
+from .digest import sha256_file
 from .errors import VerifyError
 from .log import Log
+from .package import Made, package
 from .platforms.base import HostToolchain
 
 
@@ -28,7 +29,7 @@ def rebuild_elsewhere(made: Made, zip_a: Path, *, toolchain: HostToolchain, jobs
         with log.step("second build elsewhere (reproducibility check)"):
             src_b = work / "elsewhere" / "src" / "llama.cpp"
             shutil.copytree(made.src.path, src_b, symlinks=True)
-            plan_b = plan_build(made.recipe, source_dir=src_b, build_dir=work / "b" / "build", tools=made.tools,
+            plan_b = plan_build(made.recipe, made.keyed.host, source_dir=src_b, build_dir=work / "b" / "build", tools=made.tools,
                                 jobs=jobs, toolkit_roots=made.toolkit_roots, env=toolchain.env,
                                 fixed_root=cache.fixed_dir(cache_dir))
             try:

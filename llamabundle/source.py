@@ -30,9 +30,9 @@ from typing import Any
 
 from filelock import FileLock
 
-from . import gitindex, net, proc, pyindex, scratch
+from . import cache, gitindex, net, proc, pyindex, scratch
 from .archive import extract_tar
-from .bundle import sha256_file
+from .digest import sha256_file
 from .errors import SourceError, VerifyError
 from .log import Log
 from .recipe import GithubSource, GitSource, PathSource, PypiSource, Recipe, Source
@@ -40,7 +40,7 @@ from .settings import Settings
 
 MARKER = ".llamabundle-source.json"
 MARKER_FORMAT = 2  # 1 (no "format" field): commit, origin and commit_time only, trusted alone
-TMP_PREFIX = "src-"  # fetch directories and discarded trees in <cache>/tmp, named by their owner
+TMP_PREFIX = cache.SOURCE_PREFIX  # fetch directories and discarded trees in <cache>/tmp, named by their owner
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
@@ -239,7 +239,7 @@ def cached_source(recipe: Recipe, settings: Settings, log: Log | None = None) ->
     """The cached tree of the pinned commit, re-proven against its marker by a stat walk; None (a miss, told
     to `log` with the reason) when it is absent, its marker is damaged or old, or the tree has changed."""
     commit = recipe.llama_cpp.commit
-    path = settings.cache_dir / "src" / commit
+    path = cache.source_dir(settings.cache_dir, commit)
     marker, why = reprove(path, commit)
     if marker is None:
         if why is not None and log is not None:
@@ -290,9 +290,9 @@ def fetch_source(recipe: Recipe, settings: Settings, log: Log, *, env: Mapping[s
     in `<cache>/src/<commit>`). `env`: the environment child processes (git) run with."""
     env = env or {}
     commit = recipe.llama_cpp.commit
-    final = settings.cache_dir / "src" / commit
-    work = settings.cache_dir / "tmp"
-    lock_dir = settings.cache_dir / "locks"
+    final = cache.source_dir(settings.cache_dir, commit)
+    work = cache.tmp_dir(settings.cache_dir)
+    lock_dir = cache.lock_dir(settings.cache_dir)
     try:
         lock_dir.mkdir(parents=True, exist_ok=True)
         lock = FileLock(str(lock_dir / f"src-{commit}.lock"))
@@ -520,15 +520,15 @@ def _fetch_pypi(src: PypiSource, commit: str, tmp: Path, *, settings: Settings, 
 
 def _pypi_sdist(src: PypiSource, settings: Settings, log: Log) -> Path:
     """The sdist, from the download cache or the index by URL (never pip), sha256-checked either way."""
-    cache = settings.cache_dir / "downloads" / src.sha256
-    for f in cache.glob("*.tar.gz") if cache.is_dir() else ():
+    downloads = settings.cache_dir / "downloads" / src.sha256
+    for f in downloads.glob("*.tar.gz") if downloads.is_dir() else ():
         if sha256_file(f) == src.sha256:
             return f
         log.warn(f"{f} does not have the pinned sha256: not trusted, downloading it again")
         f.unlink()
     name = pyindex.sdist_filename(src.package, src.version)
     try:
-        return pyindex.download_pinned(src.package, name, sha256=src.sha256, size=None, dest_dir=cache,
+        return pyindex.download_pinned(src.package, name, sha256=src.sha256, size=None, dest_dir=downloads,
                                        index_url=settings.pip_index_url, http=net.session(), log=log,
                                        connect_timeout=settings.connect_timeout, mismatch_error=SourceMismatch)
     except net.NetworkError as e:  # the index or the file host unreachable: try the next source

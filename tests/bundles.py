@@ -9,8 +9,9 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
-from llamabundle import bundle
-from llamabundle.recipe import Recipe, canonical_json
+from llamabundle import bundle, keys
+from llamabundle.digest import canonical_json
+from llamabundle.recipe import Recipe
 
 COMMIT = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"
 
@@ -21,7 +22,7 @@ def inputs_for(tag: str = "test", *, platform: str = "linux-x86_64", commit: str
 
 
 def inputs_of(recipe: Recipe) -> dict[str, Any]:
-    return recipe.key_inputs()
+    return keys.resolve(recipe).inputs
 
 
 def key_of(inputs: dict[str, Any]) -> str:

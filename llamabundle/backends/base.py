@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from ..bundle.manifest import Manifest
     from ..log import Log
     from ..platforms.base import Extra, Platform
-    from ..recipe import Recipe
+    from ..recipe import HostFacts, Recipe, ToolFound
     from ..settings import Settings
 
 
@@ -51,20 +51,34 @@ class Backend(Protocol):
     device_hint: str  # the machine a GPU check needs ("an NVIDIA GPU and driver")
     run_env: tuple[str, ...]  # variables of the caller's environment the bundle keeps when verify runs it (driver lookup)
 
+    def check_recipe(self, recipe: Recipe) -> None:
+        """The recipe's rules this backend knows (a recipe that has it): raises recipe.error(…) at the line."""
+        ...
+
+    def host_tool(self, recipe: Recipe, *, env: Mapping[str, str] | None) -> ToolFound | None:
+        """The tool of this machine the key names for a recipe that has it (None: none)."""
+        ...
+
+    def key_inputs(self, recipe: Recipe, host: HostFacts) -> dict[str, Any]:
+        """The entries it adds to the key inputs, whether or not the recipe has it (raises ToolchainError when
+        the key needs a tool this machine lacks)."""
+        ...
+
     def targets(self, recipe: Recipe) -> tuple[str, ...]:
         """The CMake targets of its backend modules (loaded at run time, not linked)."""
         ...
 
-    def prepare(self, recipe: Recipe, *, settings: Settings, log: Log, env: Mapping[str, str],
+    def prepare(self, recipe: Recipe, host: HostFacts, *, settings: Settings, log: Log, env: Mapping[str, str],
                 source: str | None) -> Prepared | None:
         """Before the build: find or install the toolkit the backend needs and check it (None: it needs none)."""
         ...
 
-    def cmake_definitions(self, recipe: Recipe, *, platform: Platform, toolkit_root: Path | None) -> dict[str, str]:
+    def cmake_definitions(self, recipe: Recipe, host: HostFacts, *, platform: Platform,
+                          toolkit_root: Path | None) -> dict[str, str]:
         """Cache definitions for a recipe that has this backend."""
         ...
 
-    def after_configure(self, recipe: Recipe, configure_log: str) -> None:
+    def after_configure(self, recipe: Recipe, host: HostFacts, configure_log: str) -> None:
         """After CMake configured the tree (its output): check what it found agrees with the key; raises BuildError."""
         ...
 
@@ -91,7 +105,7 @@ class Backend(Protocol):
         """Copy the licence texts of what it redistributes into `stage`: name -> (origin, why)."""
         ...
 
-    def manifest_section(self, recipe: Recipe, stage: Path, *, platform: Platform,
+    def manifest_section(self, recipe: Recipe, host: HostFacts, stage: Path, *, platform: Platform,
                          prepared: Prepared | None) -> dict[str, Any] | None:
         """Its section of bundle.json, read from the staged files (None: it has none)."""
         ...
@@ -120,17 +134,27 @@ class NoExtras:
     device_hint = "a device and its driver"
     run_env: tuple[str, ...] = ()
 
-    def prepare(self, recipe: Recipe, *, settings: Settings, log: Log, env: Mapping[str, str],
+    def check_recipe(self, recipe: Recipe) -> None:
+        return None
+
+    def host_tool(self, recipe: Recipe, *, env: Mapping[str, str] | None) -> ToolFound | None:
+        return None
+
+    def key_inputs(self, recipe: Recipe, host: HostFacts) -> dict[str, Any]:
+        return {}
+
+    def prepare(self, recipe: Recipe, host: HostFacts, *, settings: Settings, log: Log, env: Mapping[str, str],
                 source: str | None) -> Prepared | None:
         return None
 
-    def cmake_definitions(self, recipe: Recipe, *, platform: Platform, toolkit_root: Path | None) -> dict[str, str]:
+    def cmake_definitions(self, recipe: Recipe, host: HostFacts, *, platform: Platform,
+                          toolkit_root: Path | None) -> dict[str, str]:
         return {}
 
     def prefix_map_flags(self, defs: Mapping[str, str], maps: Sequence[str]) -> dict[str, str]:
         return {}
 
-    def after_configure(self, recipe: Recipe, configure_log: str) -> None:
+    def after_configure(self, recipe: Recipe, host: HostFacts, configure_log: str) -> None:
         return None
 
     def launcher(self, recipe: Recipe, *, platform: Platform, source_dir: Path, build_dir: Path) -> Launcher | None:
@@ -146,7 +170,7 @@ class NoExtras:
     def licenses(self, bundled: Mapping[str, Path], prepared: Prepared | None, stage: Path) -> dict[str, tuple[str, str]]:
         return {}
 
-    def manifest_section(self, recipe: Recipe, stage: Path, *, platform: Platform,
+    def manifest_section(self, recipe: Recipe, host: HostFacts, stage: Path, *, platform: Platform,
                          prepared: Prepared | None) -> dict[str, Any] | None:
         return None
 

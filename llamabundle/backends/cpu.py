@@ -3,12 +3,13 @@ leave some out: `cpu_variants.exclude`). Every bundle has it."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import difflib
+from typing import TYPE_CHECKING, Any
 
 from .base import NoExtras
 
 if TYPE_CHECKING:
-    from ..recipe import Recipe
+    from ..recipe import HostFacts, Recipe
 
 
 def variants(recipe: Recipe) -> tuple[str, ...]:
@@ -20,6 +21,32 @@ class Cpu(NoExtras):
     name = "cpu"
     loader_name = "CPU"
     gpu = False
+
+    def check_recipe(self, recipe: Recipe) -> None:
+        """The variants left out (cpu_variants.exclude) are variants of this compiler's build, not all of them."""
+        exclude, known = recipe.cpu_variants.exclude, recipe.all_cpu_variants()
+        if not exclude:
+            return
+        if recipe.cmake_options.get("GGML_CPU_ALL_VARIANTS") != "ON":
+            raise recipe.error("cpu_variants.exclude", "variants can be left out only of a GGML_CPU_ALL_VARIANTS build",
+                               fix="set cmake: {GGML_CPU_ALL_VARIANTS: ON, GGML_BACKEND_DL: ON}, or remove cpu_variants:")
+        for i, name in enumerate(exclude):
+            if name not in known:
+                hint = difflib.get_close_matches(name, known, n=1)
+                raise recipe.error(f"cpu_variants.exclude[{i}]",
+                                   f"'{name}' is not a CPU variant ggml builds with {recipe.toolchain.compiler}",
+                                   fix=f"did you mean '{hint[0]}'?" if hint else "use some of: " + ", ".join(known))
+        if len(set(exclude)) != len(exclude):
+            raise recipe.error("cpu_variants.exclude", "a variant is listed twice")
+        if set(known) <= set(exclude):
+            raise recipe.error("cpu_variants.exclude", "every CPU variant is excluded: the bundle would have no CPU "
+                               "backend", fix="keep at least one (x64 runs on every x86-64 CPU)")
+
+    def key_inputs(self, recipe: Recipe, host: HostFacts) -> dict[str, Any]:
+        """The variants left out, only when some are: the keys of recipes without it stay as they were."""
+        if not recipe.cpu_variants.exclude:
+            return {}
+        return {"cpu_variants": {"exclude": sorted(recipe.cpu_variants.exclude)}}
 
     def targets(self, recipe: Recipe) -> tuple[str, ...]:
         if recipe.cmake_options.get("GGML_CPU_ALL_VARIANTS") == "ON":

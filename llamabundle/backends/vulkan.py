@@ -25,13 +25,14 @@ from typing import TYPE_CHECKING, Any
 
 from .. import archive, data, net, proc
 from ..errors import BuildError, ToolchainError, VerifyError
+from ..recipe.model import ToolFound
 from .base import NoExtras, Prepared
 
 if TYPE_CHECKING:
     from ..bundle.manifest import Manifest
     from ..log import Log
     from ..platforms.base import Platform
-    from ..recipe import GlslcFound, Recipe, VulkanHeaders
+    from ..recipe import HostFacts, Recipe, VulkanHeaders
     from ..settings import Settings
 
 SHADER = "#version 460\n#extension {ext} : require\nvoid main()\n{{\n}}\n"
@@ -45,16 +46,14 @@ def knowledge() -> dict[str, Any]:
 # ------------------------------------------------------------------------------------------ glslc
 
 
-def detect_glslc(*, env: Mapping[str, str] | None = None) -> GlslcFound | None:
+def detect_glslc(*, env: Mapping[str, str] | None = None) -> ToolFound | None:
     """The glslc first on env's PATH (else the system's default search path): its versions and the shader
     extensions it supports; None when there is none. Asked once per environment in a process."""
     return _detect(tuple(sorted((env or {}).items())))
 
 
 @functools.lru_cache(maxsize=8)
-def _detect(env_items: tuple[tuple[str, str], ...]) -> GlslcFound | None:
-    from ..recipe import GlslcFound
-
+def _detect(env_items: tuple[tuple[str, str], ...]) -> ToolFound | None:
     path = dict(env_items).get("PATH") or os.defpath
     exe = shutil.which("glslc", path=path)
     if exe is None:
@@ -70,7 +69,7 @@ def _detect(env_items: tuple[tuple[str, str], ...]) -> GlslcFound | None:
     shaderc = dict(versions).get("shaderc")
     if res.returncode != 0 or not shaderc:
         return None
-    return GlslcFound(path=exe, version=shaderc, versions=versions, features=probe_features(exe, env=env))
+    return ToolFound(path=exe, version=shaderc, versions=versions, features=probe_features(exe, env=env))
 
 
 def probe_features(glslc: str, *, env: Mapping[str, str]) -> tuple[str, ...]:
@@ -231,6 +230,22 @@ def spirv_headers(env: Mapping[str, str]) -> Path | None:
     return None
 
 
+def glslc_of(recipe: Recipe, host: HostFacts) -> ToolFound:
+    """The glslc the key names: found here, and the pinned one when the recipe pins vulkan.glslc."""
+    assert recipe.vulkan is not None
+    found = host.tools.get("vulkan")
+    if found is None:
+        raise ToolchainError(f"{recipe.origin or recipe.name}: the cache key needs glslc (the Vulkan shader compiler)",
+                             why="a Vulkan recipe's key holds the version of the glslc that compiles its shaders "
+                                 "and the shader extensions it supports, and there is no glslc on PATH here",
+                             fix="install glslc (Debian/Ubuntu: apt-get install glslc; or the Vulkan SDK) and put it on PATH")
+    pin = recipe.vulkan.glslc
+    if pin and not (found.version == pin or found.version.startswith((pin + ".", pin + "-"))):
+        raise ToolchainError(f"{recipe.origin or recipe.name} pins glslc {pin}, the glslc here is {found.version}",
+                             why=f"found {found.path}", fix=f"put glslc {pin} first on PATH, or change vulkan.glslc")
+    return found
+
+
 class Vulkan(NoExtras):
     name = "vulkan"
     loader_name = "Vulkan"
@@ -241,16 +256,34 @@ class Vulkan(NoExtras):
     device_hint = "a Vulkan GPU and its driver, not a CPU implementation such as lavapipe"
     run_env: tuple[str, ...] = tuple(knowledge()["passthrough_env"])
 
+    def check_recipe(self, recipe: Recipe) -> None:
+        if recipe.platform != "linux-x86_64":
+            raise recipe.error("backends", f"this version builds the vulkan backend for linux-x86_64 only, not "
+                               f"{recipe.platform}", fix="remove vulkan from backends, or use platform: linux-x86_64")
+
+    def host_tool(self, recipe: Recipe, *, env: Mapping[str, str] | None) -> ToolFound | None:
+        """The glslc first on PATH: its versions and the shader extensions it supports."""
+        return detect_glslc(env=env)
+
+    def key_inputs(self, recipe: Recipe, host: HostFacts) -> dict[str, Any]:
+        """Only with the backend (the keys of other recipes stay as they were): the pinned headers, and the glslc
+        found here with the shader extensions it supports (two shader sets never share a key)."""
+        if recipe.vulkan is None:
+            return {}
+        found = glslc_of(recipe, host)
+        h = recipe.vulkan.headers
+        return {"vulkan": {"headers": {"version": h.version, "sha256": h.sha256, "include": h.include},
+                           "glslc": {"version": found.version, "versions": dict(found.versions),
+                                     "features": list(found.features)}}}
+
     def targets(self, recipe: Recipe) -> tuple[str, ...]:
         return ("ggml-vulkan",)
 
-    def prepare(self, recipe: Recipe, *, settings: Settings, log: Log, env: Mapping[str, str],
+    def prepare(self, recipe: Recipe, host: HostFacts, *, settings: Settings, log: Log, env: Mapping[str, str],
                 source: str | None) -> Prepared | None:
         """The pinned headers (downloaded once), the glslc the key names, and the system loader to link."""
         assert recipe.vulkan is not None
-        found = recipe.host_glslc
-        recipe.vulkan_key()  # no glslc, or not the pinned one: the error says which
-        assert found is not None
+        found = glslc_of(recipe, host)  # no glslc, or not the pinned one: the error says which
         h = recipe.vulkan.headers
         with log.step(f"Vulkan headers {h.version}"):
             include = fetch_headers(h, cache_dir=settings.cache_dir, log=log)
@@ -266,17 +299,18 @@ class Vulkan(NoExtras):
                                  fix="install it (Debian/Ubuntu: apt-get install libvulkan1)")
         return Prepared(root=include, toolchain={"glslc": found.version, "vulkan_headers": h.version})
 
-    def cmake_definitions(self, recipe: Recipe, *, platform: Platform, toolkit_root: Path | None) -> dict[str, str]:
-        found = recipe.host_glslc
+    def cmake_definitions(self, recipe: Recipe, host: HostFacts, *, platform: Platform,
+                          toolkit_root: Path | None) -> dict[str, str]:
+        found = host.tools.get(self.name)
         defs = {"Vulkan_GLSLC_EXECUTABLE": found.path if found else "glslc"}
         if toolkit_root is not None:
             defs["Vulkan_INCLUDE_DIR"] = str(toolkit_root)
         defs["Vulkan_LIBRARY"] = loader_path() or "libvulkan.so.1"
         return defs
 
-    def after_configure(self, recipe: Recipe, configure_log: str) -> None:
+    def after_configure(self, recipe: Recipe, host: HostFacts, configure_log: str) -> None:
         """The shader extensions CMake found are the ones the key holds (else the key would lie)."""
-        found = recipe.host_glslc
+        found = host.tools.get(self.name)
         seen = configured_features(configure_log)
         if found is None or seen is None:
             return
@@ -286,10 +320,9 @@ class Vulkan(NoExtras):
                                  f"{', '.join(found.features) or 'none'}",
                              fix="check that CMake uses the glslc first on PATH (Vulkan_GLSLC_EXECUTABLE)")
 
-    def manifest_section(self, recipe: Recipe, stage: Path, *, platform: Platform,
+    def manifest_section(self, recipe: Recipe, host: HostFacts, stage: Path, *, platform: Platform,
                          prepared: Prepared | None) -> dict[str, Any] | None:
-        assert recipe.vulkan is not None
-        key = recipe.vulkan_key()
+        key = self.key_inputs(recipe, host)["vulkan"]
         return {"headers": key["headers"]["version"], "headers_sha256": key["headers"]["sha256"],
                 "glslc": key["glslc"]["version"], "glslc_versions": key["glslc"]["versions"],
                 "shader_extensions": key["glslc"]["features"]}

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import json
 import os
 import shutil
@@ -14,6 +13,7 @@ from typing import Any
 
 from .. import __version__, scratch
 from ..archive import _tmp_beside, extract_zip
+from ..digest import sha256_file, walk
 from . import manifest as manifest_mod
 from . import zipstream
 from .manifest import ANYTHING, FORMAT, MANIFEST, ROLES, ContentCheck, Expect, Manifest
@@ -21,14 +21,6 @@ from .manifest import ANYTHING, FORMAT, MANIFEST, ROLES, ContentCheck, Expect, M
 __all__ = ["FORMAT", "MANIFEST", "ROLES", "ContentCheck", "Expect", "Manifest"]
 
 ZIP_EPOCH_DEFAULT = (1980, 1, 1, 0, 0, 0)
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def file_entries(root: Path, roles: Mapping[str, str],
@@ -48,14 +40,6 @@ def file_entries(root: Path, roles: Mapping[str, str],
             entry["origin"], entry["why"] = about[path]
         entries.append(entry)
     return entries
-
-
-def walk(root: Path) -> list[str]:
-    out = []
-    for dirpath, _dirs, files in os.walk(root):
-        for name in files:
-            out.append(os.path.relpath(os.path.join(dirpath, name), root).replace(os.sep, "/"))
-    return out
 
 
 def built_at(source_date_epoch: int | None) -> str:

@@ -9,7 +9,6 @@ file is outside the list. `verify`, `fetch`, `publish`, `install` and a build's 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from collections.abc import Mapping
@@ -19,6 +18,7 @@ from types import MappingProxyType
 from typing import Any
 
 from .. import platforms
+from ..digest import sha256_file, sha256_json, walk
 from ..errors import VerifyError
 
 MANIFEST = "bundle.json"
@@ -100,9 +100,7 @@ class Manifest:
 
     def inputs_key(self) -> str:
         """The sha256 of the recorded inputs: what the key must be."""
-        from ..recipe import canonical_json
-
-        return hashlib.sha256(canonical_json(self.to_json()["inputs"]).encode()).hexdigest()
+        return sha256_json(self.to_json()["inputs"])
 
 
 # ------------------------------------------------------------------------------------- parsing
@@ -390,8 +388,6 @@ class ContentCheck:
 def check_files(root: Path, m: Manifest, *, hashes: Mapping[str, str] | None = None) -> ContentCheck:
     """Every listed file exists with its size and sha256; no file outside the list. `hashes` (path -> sha256)
     are digests of files just written by an unpack that hashed them as it went, so they are not read again."""
-    from . import sha256_file, walk
-
     listed = {f.path: f for f in m.files}
     present = set(walk(root)) - {MANIFEST}
     extra = sorted(present - set(listed))

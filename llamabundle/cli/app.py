@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING
 
 import click
 
+from .. import keys
 from ..errors import UsageError
 from ..lazy import lazy_import
-from ..recipe import load_recipe
 from .context import Ctx, pass_ctx
 from .options import JSON_OPT, InputFile
 from .output import emit
@@ -99,8 +99,8 @@ def install_cmd(c: Ctx, store_url: str | None, recipe_path: Path | None, key_: s
     sha = install_mod.parse_sha256(expect_sha256) if expect_sha256 is not None else None
     digests = install_mod.load_digests(digests_path) if digests_path is not None else None
     if recipe_path is not None:
-        r = load_recipe(recipe_path, env=c.env)
-        key_ = r.key()
+        keyed = keys.resolve(keys.load(recipe_path), env=c.env)
+        r, key_ = keyed.recipe, keyed.key
         expect_commit = expect_commit or r.llama_cpp.commit
         expect_toolkit = expect_toolkit or (r.cuda.toolkit if r.cuda else None)
     assert key_ is not None

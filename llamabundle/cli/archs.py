@@ -13,8 +13,8 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from .. import keys
 from ..backends.cuda.report import ArchReport, Status, arch_report
-from ..recipe import load_recipe
 from .context import Ctx, pass_ctx
 from .options import JSON_OPT, RECIPE_ARG
 from .output import emit
@@ -55,7 +55,8 @@ def print_table(report: ArchReport, console: Console) -> None:
 @pass_ctx
 def archs_cmd(c: Ctx, recipe_path: Path, as_json: bool) -> None:
     """Per GPU generation: does the bundle run it from SASS, from PTX through the driver's JIT, or not at all."""
-    report = arch_report(load_recipe(recipe_path, env=c.env))
+    keyed = keys.resolve(keys.load(recipe_path), env=c.env)
+    report = arch_report(keyed.recipe, key=keyed.key)
     if as_json:
         emit(report.to_json())
     elif c.log.console.is_terminal and sys.stdout.isatty():

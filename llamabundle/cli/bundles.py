@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 
 import click
 
+from .. import keys
 from ..lazy import lazy_import
-from ..recipe import load_recipe
 from .context import Ctx, pass_ctx
 from .options import JSON_OPT, RECIPE_ARG, STORE_OPT
 from .output import emit
@@ -36,17 +36,17 @@ LEVELS = ("static", "load", "gpu", "ops")  # verify.Level, spelled out so that t
 @pass_ctx
 def check(c: Ctx, recipe_path: Path, store_url: str | None, as_json: bool) -> None:
     """Is a bundle for this recipe's inputs in the store? Exit 0 on a hit, 1 on a miss."""
-    r = load_recipe(recipe_path, env=c.env)
-    store = c.store(store_url, r)
-    entry = store.lookup(r.key())
-    c.actions_report(key=r.key(), hit=entry is not None, location=entry.location if entry else None)
+    keyed = keys.resolve(keys.load(recipe_path), env=c.env)
+    store = c.store(store_url, keyed)
+    entry = store.lookup(keyed.key)
+    c.actions_report(key=keyed.key, hit=entry is not None, location=entry.location if entry else None)
     if as_json:
-        emit({"schema": 1, "key": r.key(), "hit": entry is not None, "store": store.url,
+        emit({"schema": 1, "key": keyed.key, "hit": entry is not None, "store": store.url,
               "location": entry.location if entry else None})
     elif entry:
-        click.echo(f"hit   {r.key()}  {entry.location}")
+        click.echo(f"hit   {keyed.key}  {entry.location}")
     else:
-        click.echo(f"miss  {r.key()}  not in {store.url}")
+        click.echo(f"miss  {keyed.key}  not in {store.url}")
     raise SystemExit(0 if entry else 1)
 
 
@@ -73,13 +73,13 @@ def build(c: Ctx, recipe_path: Path, store_url: str | None, force: bool, publish
           jobs: int | None, clean: bool, toolkit_source: str | None, check_reproducible: bool, ops_tool: bool,
           as_json: bool) -> None:
     """Build the recipe's bundle, or fetch and verify it when the store already has it."""
-    r = load_recipe(recipe_path, env=c.env)
-    store = c.store(store_url, r)
+    keyed = keys.resolve(keys.load(recipe_path), env=c.env)
+    store = c.store(store_url, keyed)
     if publish is None:  # a local directory store is a cache: fill it; a remote one only when asked
         from ..store.local import LocalStore
 
         publish = isinstance(store, LocalStore)
-    outcome = pipeline.build(r, settings=c.settings, store=store, log=c.log, env=c.env, force=force,
+    outcome = pipeline.build(keyed, settings=c.settings, store=store, log=c.log, env=c.env, force=force,
                              publish=publish, out=out, jobs=jobs, clean=clean,
                              toolkit_source=toolkit_source, check_reproducible=check_reproducible, ops_tool=ops_tool)
     c.actions_report(key=outcome.key, hit=outcome.hit, location=outcome.location, zip_path=outcome.zip_path)
@@ -105,10 +105,10 @@ def build(c: Ctx, recipe_path: Path, store_url: str | None, force: bool, publish
 def fetch(c: Ctx, what: str, store_url: str | None, out: Path, level: str, as_json: bool) -> None:
     """Fetch a bundle from the store, verify it and unpack it (download, sha256 and unpack in one pass)."""
     is_key = re.fullmatch(r"[0-9a-f]{64}", what) is not None and not os.path.exists(what)
-    r = None if is_key else load_recipe(Path(what), env=c.env)  # anything else is a recipe path (exit 2 if not)
-    key_ = what if r is None else r.key()
-    outcome = pipeline.fetch(key_, store=c.store(store_url, r), settings=c.settings, log=c.log, out=out,
-                             level=verify_mod.Level(level), expect=pipeline.expect_for(r) if r is not None else None)
+    keyed = None if is_key else keys.resolve(keys.load(Path(what)), env=c.env)  # else a recipe path (exit 2 if not)
+    key_ = what if keyed is None else keyed.key
+    outcome = pipeline.fetch(key_, store=c.store(store_url, keyed), settings=c.settings, log=c.log, out=out,
+                             level=verify_mod.Level(level), expect=pipeline.expect_for(keyed) if keyed else None)
     if as_json:
         emit(outcome.to_json(fetch=True))
         return
@@ -175,8 +175,7 @@ def bundle_command(c: Ctx, recipe_path: Path, build_dir: Path, out: Path, toolki
     runtime libraries, write bundle.json, pack and verify (what `build` does after compiling), on any OS."""
     from .. import repair
 
-    r = load_recipe(recipe_path, env=c.env)
-    outcome = repair.bundle_build(r, build_dir, out=out, toolkit_root=toolkit_root, msvc_redist=msvc_redist,
+    outcome = repair.bundle_build(keys.load(recipe_path), build_dir, out=out, toolkit_root=toolkit_root, msvc_redist=msvc_redist,
                                   settings=c.settings, log=c.log, env=c.env)
     if as_json:
         emit(outcome.to_json())

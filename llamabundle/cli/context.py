@@ -8,8 +8,8 @@ from pathlib import Path
 
 import click
 
+from ..keys import Keyed
 from ..log import Log, actions_report
-from ..recipe import Recipe
 from ..settings import Settings
 from ..store import Store, open_store
 
@@ -30,10 +30,10 @@ class Ctx:
                        workspace=self.settings.github_workspace)
         self.debug = debug
 
-    def store(self, url: str | None, recipe: Recipe | None = None) -> Store:
-        """The store; given the recipe, a GitHub store looks its release up by the recipe's tag."""
+    def store(self, url: str | None, keyed: Keyed | None = None) -> Store:
+        """The store; given a keyed recipe, a GitHub store looks its release up by the recipe's tag."""
         return open_store(url or self.settings.store or str(self.settings.cache_dir / "store"),
-                          settings=self.settings, log=self.log, tags={recipe.key(): recipe.tag()} if recipe else None)
+                          settings=self.settings, log=self.log, tags={keyed.key: keyed.tag} if keyed else None)
 
     def actions_report(self, *, key: str, hit: bool, location: str | None, zip_path: Path | None = None) -> None:
         """Under GitHub Actions: the step outputs and the step summary's row of this key (log.actions_report)."""

@@ -11,9 +11,12 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from .. import keys
+from ..digest import canonical_json
 from ..errors import LlamaBundleError, ToolchainError
 from ..lazy import lazy_import
-from ..recipe import canonical_json, json_schema, load_recipe, shipped_recipes
+from ..recipe import shipped_recipes
+from ..recipe.schema import json_schema
 from .context import Ctx, pass_ctx
 from .options import JSON_OPT, RECIPE_ARG
 from .output import emit, error_json
@@ -42,14 +45,14 @@ def recipe_lint(c: Ctx, paths: tuple[Path, ...], as_json: bool) -> None:
     results: list[dict[str, Any]] = []
     for p in paths:
         try:
-            r = load_recipe(p, env=c.env)
+            r = keys.load(p)
         except LlamaBundleError as e:
             c.log.error(e)  # the error itself: under GitHub Actions an annotation at its file, line and column
             failed.append(e)
             results.append({"path": str(p), "ok": False, "name": None, "key": None, "error": error_json(e)})
             continue
         try:  # a valid recipe whose key needs a tool this machine lacks (glslc, an unpinned compiler) is still valid
-            key, why = r.key(), ""
+            key, why = keys.resolve(r, env=c.env).key, ""
         except ToolchainError as e:
             key, why = None, e.what.removeprefix(f"{r.origin}: ")
         results.append({"path": str(p), "ok": True, "name": r.name, "key": key, "error": None})
@@ -68,7 +71,7 @@ def recipe_list(c: Ctx, as_json: bool) -> None:
     """The recipes that ship with llamabundle (any RECIPE argument takes their name)."""
     rows: list[dict[str, Any]] = []
     for name, path in shipped_recipes().items():
-        r = load_recipe(path, env=c.env)
+        r = keys.load(path)
         rows.append({"name": name, "path": str(path), "platform": r.platform, "backends": list(r.backends),
                      "compiler": r.toolchain.compiler, "cuda": r.cuda.toolkit if r.cuda else None})
     if as_json:
@@ -92,20 +95,21 @@ def recipe_schema() -> None:
 def show(c: Ctx, recipe_path: Path, as_json: bool) -> None:
     """Show a recipe, its key, its toolchain and its build plan (nothing is built; for MSVC, vswhere and
     vcvars64.bat run to show the environment the build would use)."""
-    r = load_recipe(recipe_path, env=c.env)
+    keyed = keys.resolve(keys.load(recipe_path), env=c.env)
+    r = keyed.recipe
     from .. import platforms
     from ..build import locate_tools
     from ..log import Log
     from ..platforms.base import HostToolchain
 
     try:
-        toolchain = platforms.get(r.platform).setup_toolchain(r, env=c.env, log=Log(quiet=True))
+        toolchain = platforms.get(r.platform).setup_toolchain(r, keyed.host, env=c.env, log=Log(quiet=True))
         unavailable = None
     except LlamaBundleError as e:  # shown, not fatal: show also runs where the recipe cannot be built
         toolchain, unavailable = HostToolchain(), f"{e.what}" + (f" ({e.why})" if e.why else "")
     # the tools the build would find: on the PATH the toolchain's environment sets (vcvars adds VS's cmake)
-    plan = pipeline.show_plan(r, c.settings, locate_tools(path={**c.env, **toolchain.env}.get("PATH")), toolchain)
-    data: dict[str, Any] = {"schema": 1, "name": r.name, "key": r.key(), "tag": r.tag(), "platform": r.platform,
+    plan = pipeline.show_plan(keyed, c.settings, locate_tools(path={**c.env, **toolchain.env}.get("PATH")), toolchain)
+    data: dict[str, Any] = {"schema": 1, "name": r.name, "key": keyed.key, "tag": keyed.tag, "platform": r.platform,
                             "commit": r.llama_cpp.commit, "backends": list(r.backends), "driver_floor": r.driver_floor,
                             "sources": [source_mod.describe(s) for s in r.llama_cpp.sources],
                             "toolchain": {"summary": list(toolchain.summary), "unavailable": unavailable,
@@ -120,7 +124,7 @@ def show(c: Ctx, recipe_path: Path, as_json: bool) -> None:
     if r.cuda:
         click.echo(f"cuda      {r.cuda.toolkit} ({r.cuda.source}); archs {' '.join(r.cuda.archs)}; driver >= {r.driver_floor}")
     if r.vulkan is not None:
-        g = r.host_glslc
+        g = keyed.host.tools.get("vulkan")
         found = (f"glslc {g.version} at {g.path}; shader extensions: {', '.join(g.features) or 'none'}" if g
                  else "no glslc on PATH (the key needs one)")
         click.echo(f"vulkan    headers {r.vulkan.headers.version} ({r.vulkan.headers.url}); {found}")
@@ -150,14 +154,14 @@ def show(c: Ctx, recipe_path: Path, as_json: bool) -> None:
 @pass_ctx
 def key(c: Ctx, recipe_path: Path, explain: bool, as_json: bool) -> None:
     """Print the recipe's cache key."""
-    r = load_recipe(recipe_path, env=c.env)
+    keyed = keys.resolve(keys.load(recipe_path), env=c.env)
     if as_json:
-        emit({"schema": 1, "key": r.key(), "inputs": r.key_inputs()})
+        emit({"schema": 1, "key": keyed.key, "inputs": keyed.inputs})
     elif explain:
-        click.echo(canonical_json(r.key_inputs()))
-        click.echo(f"sha256 = {r.key()}")
+        click.echo(canonical_json(keyed.inputs))
+        click.echo(f"sha256 = {keyed.key}")
     else:
-        click.echo(r.key())
+        click.echo(keyed.key)
 
 
 COMMANDS: tuple[click.Command, ...] = (recipe, show, key)

@@ -15,14 +15,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from .. import data
+from .. import data, keys
 from ..backends.cuda.toolkit.layout import Toolkit
 from ..backends.cuda.toolkit.manifest import PLATFORMS, Manifest, load_manifest
 from ..backends.cuda.toolkit.plan import SOURCES, ToolkitPlan, plan_for_recipe
 from ..errors import ToolchainError, UsageError
 from ..lazy import lazy_import
 from ..platforms import host_name
-from ..recipe import load_recipe
 from .context import Ctx, pass_ctx
 from .options import InputFile
 from .output import emit
@@ -62,7 +61,7 @@ def _toolkit_plan(recipe_path: Path | None, version: str | None, components: str
     """The plan of the toolkit the command line names: RECIPE's (its cuda: section, --source overriding its
     source), or --version/--components/--platform/--source's. A usage error when they are missing, mixed,
     or name what this llamabundle does not pin."""
-    r = load_recipe(recipe_path) if recipe_path is not None else None  # its cuda: section (the key is not asked)
+    r = keys.load(recipe_path) if recipe_path is not None else None  # its cuda: section (the key is not asked)
     names = [c.strip() for c in components.split(",") if c.strip()] if components else []
     if r is not None:  # the installer and PyPI sources take RECIPE's toolkit whatever the other options say
         cuda = r.cuda

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from ..build import BuildPlan
     from ..bundle.manifest import Manifest
     from ..log import Log
-    from ..recipe import Recipe
+    from ..recipe import HostFacts, Recipe
 
 LOAD_TIMEOUT = 120  # seconds `llama-server --list-devices` may take
 LOADED = re.compile(r"load_backend: loaded (\S+) backend from (.+?)\s*$")
@@ -119,7 +119,7 @@ class Platform(Protocol):
         (CMAKE_PROJECT_INCLUDE) that building with the recipe's toolchain for this platform needs."""
         ...
 
-    def setup_toolchain(self, recipe: Recipe, *, env: Mapping[str, str], log: Log) -> HostToolchain:
+    def setup_toolchain(self, recipe: Recipe, host: HostFacts, *, env: Mapping[str, str], log: Log) -> HostToolchain:
         """Before a build: find the recipe's compiler, check it against the key (and, for CUDA, against the
         host compilers the toolkit accepts), and say which environment and runtime directories it uses.
         Raises ToolchainError with the fix before anything is built."""
@@ -188,12 +188,12 @@ def reasons(plan: BuildPlan, bundled: Iterable[str], *, extras: Mapping[str, str
     return out
 
 
-def host_compiler(recipe: Recipe, *, env: Mapping[str, str], log: Log) -> HostToolchain:
+def host_compiler(recipe: Recipe, host: HostFacts, *, env: Mapping[str, str], log: Log) -> HostToolchain:
     """A compiler found on PATH (gcc, clang, mingw): the one the key names (compilers.check_host)."""
     from ..compilers import check_host
 
-    found = check_host(recipe.toolchain.compiler, pin=recipe.toolchain.version, keyed=recipe.host_compiler, env=env)
-    line = f"compiler: {recipe.toolchain.compiler} {found} (key: {recipe.compiler_key()})"
+    found = check_host(recipe.toolchain.compiler, pin=recipe.toolchain.version, keyed=host.compiler, env=env)
+    line = f"compiler: {recipe.toolchain.compiler} {found} (key: {recipe.toolchain.version or '=' + found})"
     log.info(f"    {line}")
     return HostToolchain(compiler=found, summary=(line,))
 

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from ..build import BuildPlan
     from ..bundle.manifest import Manifest
     from ..log import Log
-    from ..recipe import Recipe
+    from ..recipe import HostFacts, Recipe
 
 
 class Linux:
@@ -38,8 +38,8 @@ class Linux:
     def cmake_setup(self, recipe: Recipe, build_dir: Path) -> tuple[dict[str, str], list[tuple[str, str]], list[str]]:
         return {}, [], []
 
-    def setup_toolchain(self, recipe: Recipe, *, env: Mapping[str, str], log: Log) -> HostToolchain:
-        return base.host_compiler(recipe, env=env, log=log)
+    def setup_toolchain(self, recipe: Recipe, host: HostFacts, *, env: Mapping[str, str], log: Log) -> HostToolchain:
+        return base.host_compiler(recipe, host, env=env, log=log)
 
     def given_toolchain(self, recipe: Recipe, *, redist: Path | None) -> HostToolchain:
         return HostToolchain()

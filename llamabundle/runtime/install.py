@@ -31,8 +31,9 @@ from filelock import FileLock, Timeout
 
 from .. import platforms, scratch
 from ..archive import extract_zip
-from ..bundle import read_manifest, sha256_file
+from ..bundle import read_manifest
 from ..bundle.manifest import Expect, Manifest, trust
+from ..digest import sha256_file
 from ..errors import StoreError, UsageError, VerifyError, disk_fix
 from ..log import Log
 from ..settings import Settings

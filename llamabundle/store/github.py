@@ -30,9 +30,10 @@ import requests
 import urllib3
 
 from .. import net
-from ..bundle import MANIFEST, sha256_file
+from ..bundle import MANIFEST
 from ..bundle import manifest as manifest_mod
 from ..bundle.manifest import Expect, Manifest, ManifestError
+from ..digest import sha256_file
 from ..errors import LlamaBundleError, StoreError, UsageError
 from ..log import Log
 from .base import Entry, Published

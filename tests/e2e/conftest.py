@@ -17,10 +17,10 @@ from typing import Any
 import platformdirs
 import pytest
 
+from llamabundle import keys
 from llamabundle.backends.cuda.toolkit.layout import Toolkit
 from llamabundle.backends.cuda.toolkit.pypi import install_from_pypi
 from llamabundle.log import Log
-from llamabundle.recipe import load_recipe
 from llamabundle.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -86,7 +86,7 @@ CUDA_RECIPE = REPO / "recipes" / "linux-x86_64-cuda13.0.yaml"
 @pytest.fixture(scope="session")
 def toolkit(e2e_env: dict[str, str]) -> Toolkit:
     """The CUDA recipe's toolkit from NVIDIA's wheels on PyPI (cuda_nvrtc included), cached in the e2e cache."""
-    recipe = load_recipe(CUDA_RECIPE)
+    recipe = keys.load(CUDA_RECIPE)
     assert recipe.cuda is not None and "cuda_nvrtc" in recipe.cuda.components
     return install_from_pypi(version=recipe.cuda.toolkit, platform="linux-x86_64", components=list(recipe.cuda.components),
                              settings=Settings.from_env(e2e_env), log=Log(quiet=True))

@@ -23,9 +23,10 @@ from typing import Any
 
 import pytest
 
+from llamabundle import keys
 from llamabundle.backends.cuda.toolkit.layout import Toolkit
+from llamabundle.digest import canonical_json
 from llamabundle.errors import VerifyError
-from llamabundle.recipe import canonical_json, load_recipe
 from llamabundle.verify import Level, verify_bundle
 from tests.e2e.conftest import CUDA_RECIPE, run_cli
 
@@ -119,7 +120,7 @@ def omitted(build_dir: Path, toolkit: Toolkit, e2e_env: dict[str, str],
     assert n == 1
     recipe = work / CUDA_RECIPE.name
     recipe.write_text(changed)
-    assert load_recipe(recipe).cuda.latent_companions == "omit"  # type: ignore[union-attr]
+    assert keys.load(recipe).cuda.latent_companions == "omit"  # type: ignore[union-attr]
     zip_path = work / "omit.zip"
     res = run_cli("bundle", recipe, build_dir, "--out", zip_path, "--toolkit-root", toolkit.root, "--json",
                   env=e2e_env, timeout=BUNDLE_TIMEOUT)
@@ -170,7 +171,7 @@ def test_programs_and_build_products_come_from_the_build(cuda_bundle: dict[str, 
     assert files["LICENSE"]["origin"] == "source"
     manifest = cuda_bundle["manifest"]
     assert manifest["toolchain"]["compiler"].startswith("GNU ")
-    assert manifest["llama_cpp"]["commit"] == load_recipe(CUDA_RECIPE).llama_cpp.commit
+    assert manifest["llama_cpp"]["commit"] == keys.load(CUDA_RECIPE).llama_cpp.commit
 
 
 def test_cuda_licences_are_bundled_and_the_driver_never_is(cuda_bundle: dict[str, Any]) -> None:
@@ -190,7 +191,7 @@ def test_bundle_json_records_toolkit_archs_and_driver_floor(cuda_bundle: dict[st
     assert cuda["archs"] == {"sass": ["90"], "ptx": ["75"]}
     assert cuda["driver_floor"] == "580.95.05"
     assert cuda["compression_mode"] == "size"
-    assert cuda_bundle["manifest"]["inputs"]["cuda"]["components"] == sorted(load_recipe(CUDA_RECIPE).cuda.components)  # type: ignore[union-attr]
+    assert cuda_bundle["manifest"]["inputs"]["cuda"]["components"] == sorted(keys.load(CUDA_RECIPE).cuda.components)  # type: ignore[union-attr]
     assert "latent_companions" not in cuda_bundle["manifest"]["inputs"]["cuda"]  # ship: the default, not in the key
 
 

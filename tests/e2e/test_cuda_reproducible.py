@@ -21,11 +21,11 @@ from pathlib import Path
 
 import pytest
 
-from llamabundle import source
+from llamabundle import keys, source
 from llamabundle.backends.cuda.toolkit.layout import Toolkit
 from llamabundle.build import locate_tools, plan_build, remove_links, run_build
 from llamabundle.log import Log
-from llamabundle.recipe import load_recipe
+from llamabundle.recipe import NO_HOST
 from llamabundle.settings import Settings
 from tests.e2e.conftest import CUDA_RECIPE
 
@@ -34,9 +34,9 @@ OBJECTS = tuple(f"ggml/src/ggml-cuda/CMakeFiles/ggml-cuda.dir/template-instances
 
 
 def _build(recipe_path: Path, src: Path, build: Path, fixed: Path, toolkit: Path, env: dict[str, str]) -> dict[str, str]:
-    recipe = load_recipe(recipe_path)
+    recipe = keys.load(recipe_path)
     tools = dataclasses.replace(locate_tools(path=env.get("PATH")), ccache=None)  # compiled here, not taken from a cache
-    plan = plan_build(recipe, source_dir=src, build_dir=build, tools=tools, jobs=2,
+    plan = plan_build(recipe, NO_HOST, source_dir=src, build_dir=build, tools=tools, jobs=2,
                       toolkit_roots={"cuda": toolkit}, env={}, fixed_root=fixed)
     assert len(plan.links) == 3 and plan.commands  # source, build, toolkit: fixed-length links; the pin compiled first
     fixed_build = plan.links[1][0]
@@ -53,7 +53,7 @@ def test_two_trees_at_paths_of_other_lengths_give_the_same_cuda_objects(toolkit:
     if shutil.which("gcc") is None:
         pytest.skip("needs gcc (the host compiler and the pin's)")
     settings = Settings.from_env(e2e_env)
-    recipe = load_recipe(CUDA_RECIPE)
+    recipe = keys.load(CUDA_RECIPE)
     tree = source.fetch_source(recipe, settings, Log(quiet=True))
     fixed = tmp_path / "fixed"
     short_build = tmp_path / "b"

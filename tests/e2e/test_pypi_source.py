@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from llamabundle.recipe import load_recipe
+from llamabundle import keys
 from tests.fakeindex import FakeIndex
 
 from .conftest import RECIPE
@@ -27,11 +27,11 @@ def hook(event, args):
     if event in ("subprocess.Popen", "os.posix_spawn", "os.exec", "os.spawn", "os.system", "os.fork"):
         spawned.append([event, repr(args)[:300]])
 from llamabundle.log import Log
-from llamabundle.recipe import load_recipe
 from llamabundle.settings import Settings
 from llamabundle.errors import LlamaBundleError
+from llamabundle import keys
 import os
-recipe = load_recipe(sys.argv[1])  # (finds the host compiler's version for the key: before the hook)
+recipe = keys.load(sys.argv[1])
 settings = Settings.from_env(os.environ)
 sys.addaudithook(hook)
 t0 = time.monotonic()
@@ -50,7 +50,7 @@ print(json.dumps(result))
 @pytest.fixture(scope="module")
 def sdist(first_build: dict[str, Any], e2e_env: dict[str, str]) -> Path:
     """The real sdist, as the first build's pypi source left it in the download cache."""
-    src = next(s for s in load_recipe(RECIPE).llama_cpp.sources if getattr(s, "kind", "") == "pypi")
+    src = next(s for s in keys.load(RECIPE).llama_cpp.sources if getattr(s, "kind", "") == "pypi")
     files = list((Path(e2e_env["LLAMABUNDLE_CACHE_DIR"]) / "downloads" / src.sha256).glob("*.tar.gz"))  # type: ignore[attr-defined]
     if not files:
         pytest.skip("the first build took its source from elsewhere (a git or github source): no sdist cached")

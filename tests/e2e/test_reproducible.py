@@ -19,7 +19,7 @@ def test_two_builds_in_different_places_give_the_same_zip(first_build: dict[str,
     assert res.returncode == 0, res.stderr[-6000:]
     out = json.loads(res.stdout)
     zip_path = Path(out["zip"])
-    from llamabundle.bundle import sha256_file
+    from llamabundle.digest import sha256_file
 
     assert out["reproducible"]["sha256"] == sha256_file(zip_path)
     assert "second build elsewhere" in res.stderr

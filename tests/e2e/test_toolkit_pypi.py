@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
+from llamabundle import keys
 from llamabundle.backends.cuda.toolkit import layout, pypi
 from llamabundle.log import Log
-from llamabundle.recipe import load_recipe
 from llamabundle.settings import Settings
 
 pytestmark = pytest.mark.skipif(not (sys.platform.startswith("linux") and platform.machine() in ("x86_64", "AMD64")),
@@ -156,7 +156,7 @@ def test_nvcc_compiles_and_links_a_kernel(toolkit: layout.Toolkit, e2e_env: dict
 
 
 def _llama_source(e2e_env: dict[str, str]) -> Path:
-    recipe = load_recipe(RECIPE)
+    recipe = keys.load(RECIPE)
     settings = Settings.from_env(e2e_env)
     src = settings.cache_dir / "src" / recipe.llama_cpp.commit
     if not (src / "CMakeLists.txt").is_file():

@@ -21,8 +21,9 @@ from typing import Any
 
 import pytest
 
+from llamabundle import keys
 from llamabundle.build import BuildTools, plan_build
-from llamabundle.recipe import load_recipe
+from llamabundle.recipe import NO_HOST
 from tests.e2e.conftest import REPO, run_cli
 
 RECIPE = REPO / "recipes" / "windows-x86_64-cuda12.8.yaml"
@@ -150,10 +151,10 @@ def windows_tree(wheels: Path, tmp_path_factory: pytest.TempPathFactory) -> dict
     (src / "cuda.c").write_text("int ggml_base(void); int cudaGetDeviceCount(int *n); int cublasCreate_v2(void *h); int cuInit(unsigned f);\n"
                                 "__declspec(dllexport) int cuda(void) { int n; return ggml_base() + cudaGetDeviceCount(&n) "
                                 "+ cublasCreate_v2(0) + cuInit(0); }\n")
-    recipe = load_recipe(RECIPE)
+    recipe = keys.load(RECIPE)
     assert recipe.cuda is not None
     (src / "cuda.c").write_text((src / "cuda.c").read_text() + fatbin_section(list(recipe.cuda.archs)))
-    plan = plan_build(recipe, source_dir=src, build_dir=build, tools=BuildTools(cmake="cmake", ninja="ninja"))
+    plan = plan_build(recipe, NO_HOST, source_dir=src, build_dir=build, tools=BuildTools(cmake="cmake", ninja="ninja"))
     for backend in plan.backends:
         if backend.startswith("ggml-cpu"):
             _run(CC, "-shared", "-o", out / backend, "cpu.c", "-L.", "-lggml-base", "-lvcomp140", *crt, cwd=src)

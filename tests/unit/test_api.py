@@ -12,9 +12,8 @@ from typing import Any
 
 import pytest
 
-from llamabundle import api
+from llamabundle import api, keys
 from llamabundle.bundle import manifest as manifest_mod
-from llamabundle.recipe import load_recipe
 from llamabundle.runtime import probe as probe_mod
 from llamabundle.store.local import LocalStore
 from tests import bundles as tb
@@ -102,12 +101,12 @@ def test_install_by_key_lists_reuses_and_uninstalls(tmp_path: Path) -> None:
 
 
 def test_install_by_recipe_expects_its_commit(tmp_path: Path) -> None:
-    recipe = load_recipe("linux-x86_64-cpu")
+    recipe = keys.load("linux-x86_64-cpu")
     store, root = tmp_path / "store", tmp_path / "root"
     m = publish(tmp_path, store, "recipe", inputs=tb.inputs_of(recipe), name=recipe.name)
-    assert m["key"] == recipe.key()
+    assert m["key"] == keys.resolve(recipe).key
     got = api.install(store=f"file://{store}", recipe="linux-x86_64-cpu", root=root)
-    assert got.bundle.key == recipe.key() and got.bundle.commit == recipe.llama_cpp.commit
+    assert got.bundle.key == keys.resolve(recipe).key and got.bundle.commit == recipe.llama_cpp.commit
 
 
 def test_install_pins_the_zip_by_sha256_or_by_a_digest_list(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ import pytest
 from clirun import run  # noqa: E402
 from rich.console import Console
 
-from llamabundle import data
+from llamabundle import data, keys
 from llamabundle.backends.cuda.report import (
     ArchReport,
     Device,
@@ -24,7 +24,6 @@ from llamabundle.backends.cuda.report import (
     gpu_generations,
 )
 from llamabundle.cli.archs import plain_lines, print_table
-from llamabundle.recipe import load_recipe
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU = ROOT / "recipes" / "linux-x86_64-cpu.yaml"
@@ -68,6 +67,9 @@ SCHEMA = {
 }
 
 
+KEY = "0" * 64  # the key is the caller's (keys.py); the report only carries it
+
+
 def recipe_with(tmp_path: Path, base: Path, archs: list[str], *, name: str = "r", extra: str = "") -> Path:
     """A copy of a shipped recipe with another arch list (and optionally a driver floor)."""
     text = re.sub(r"(?m)^  archs: \[.*\]$", f"  archs: [{', '.join(archs)}]", base.read_text())
@@ -83,7 +85,7 @@ def rows(report: ArchReport) -> dict[str, Row]:
 
 
 def report_for(tmp_path: Path, base: Path, archs: list[str], **kw: str) -> dict[str, Row]:
-    return rows(arch_report(load_recipe(recipe_with(tmp_path, base, archs, **kw))))
+    return rows(arch_report(keys.load(recipe_with(tmp_path, base, archs, **kw)), key=KEY))
 
 
 
@@ -109,7 +111,7 @@ def test_generation_data_covers_every_cc_the_toolkits_know() -> None:
 
 
 def test_windows_cuda12_8_recipe() -> None:
-    report = arch_report(load_recipe(WIN128))
+    report = arch_report(keys.load(WIN128), key=KEY)
     r = rows(report)
     assert report.toolkit == "12.8.1" and report.driver_floor == "572.61" and report.platform == "windows-x86_64"
     hopper = r["9.0"]
@@ -135,7 +137,7 @@ def test_windows_cuda12_8_recipe() -> None:
 
 
 def test_linux_cuda13_recipe() -> None:
-    report = arch_report(load_recipe(CUDA13))
+    report = arch_report(keys.load(CUDA13), key=KEY)
     r = rows(report)
     assert report.driver_floor == "580.95.05" and report.archs == ("75-virtual", "90-real")
     for cc in ("5.0", "5.2", "5.3", "6.0", "6.1", "6.2", "7.0", "7.2"):
@@ -151,7 +153,7 @@ def test_linux_cuda13_recipe() -> None:
 
 
 def test_cpu_recipe_runs_on_no_gpu() -> None:
-    report = arch_report(load_recipe(CPU))
+    report = arch_report(keys.load(CPU), key=KEY)
     assert report.toolkit is None and report.driver_floor is None and report.archs == ()
     assert {r.status for r in report.rows} == {Status.UNSUPPORTED}
     assert all("no CUDA backend" in r.notes for r in report.rows)
@@ -185,12 +187,12 @@ def test_arch_specific_a_targets_run_on_their_cc_only(tmp_path: Path) -> None:
     assert (plain["10.0"].status, plain["10.0"].via) == (Status.PTX_JIT, "compute_90")
     # A later 9.x part (none exists yet) would run plain sm_90 but never sm_90a.
     gens = [Generation(name="Hopper", devices=(Device(cc="9.0", examples=("H100",)), Device(cc="9.5", examples=("next",))))]
-    rec = load_recipe(recipe_with(tmp_path, CUDA13, ["90a-real", "80-virtual"], name="n"))
-    later = rows(arch_report(rec, generations=gens))
+    rec = keys.load(recipe_with(tmp_path, CUDA13, ["90a-real", "80-virtual"], name="n"))
+    later = rows(arch_report(rec, key=KEY, generations=gens))
     assert (later["9.5"].status, later["9.5"].via) == (Status.PTX_JIT, "compute_80")
     assert "sm_90a runs only on 9.0" in later["9.5"].notes
-    rec = load_recipe(recipe_with(tmp_path, CUDA13, ["90-real"], name="m"))
-    assert rows(arch_report(rec, generations=gens))["9.5"].via == "sm_90"
+    rec = keys.load(recipe_with(tmp_path, CUDA13, ["90-real"], name="m"))
+    assert rows(arch_report(rec, key=KEY, generations=gens))["9.5"].via == "sm_90"
 
 
 def test_family_f_targets_run_within_their_family(tmp_path: Path) -> None:
@@ -206,10 +208,10 @@ def test_family_f_targets_run_within_their_family(tmp_path: Path) -> None:
     assert only103["10.0"].status == Status.UNSUPPORTED and "sm_103f needs 10.3 or later" in only103["10.0"].notes
     # Family PTX JITs inside the family only; plain PTX on every later major.
     gens = [Generation(name="Blackwell", devices=tuple(Device(cc=c, examples=("x",)) for c in ("12.0", "12.1", "13.0")))]
-    fam = rows(arch_report(load_recipe(recipe_with(tmp_path, CUDA13, ["120f-virtual"], name="fv")), generations=gens))
+    fam = rows(arch_report(keys.load(recipe_with(tmp_path, CUDA13, ["120f-virtual"], name="fv")), key=KEY, generations=gens))
     assert [(fam[c].status, fam[c].via) for c in ("12.0", "12.1", "13.0")] == [
         (Status.PTX_JIT, "compute_120f"), (Status.PTX_JIT, "compute_120f"), (Status.UNSUPPORTED, None)]
-    assert rows(arch_report(load_recipe(recipe_with(tmp_path, CUDA13, ["120-virtual"], name="pv")), generations=gens))["13.0"].via == "compute_120"
+    assert rows(arch_report(keys.load(recipe_with(tmp_path, CUDA13, ["120-virtual"], name="pv")), key=KEY, generations=gens))["13.0"].via == "compute_120"
 
 
 def test_best_sass_is_the_highest_at_or_below_the_device(tmp_path: Path) -> None:
@@ -230,7 +232,7 @@ def test_maxwell_on_cuda12_8_without_low_ptx_says_what_to_add(tmp_path: Path) ->
 
 def test_driver_floor_past_r580_leaves_maxwell_out(tmp_path: Path) -> None:
     floor = '\n  driver_floor: {windows: "590.10", linux: "590.44.01"}'
-    report = arch_report(load_recipe(recipe_with(tmp_path, WIN128, ["50-virtual", "90-real"], extra=floor)))
+    report = arch_report(keys.load(recipe_with(tmp_path, WIN128, ["50-virtual", "90-real"], extra=floor)), key=KEY)
     r = rows(report)
     assert report.driver_floor == "590.10"
     assert r["5.0"].status == Status.UNSUPPORTED and "past R580" in r["5.0"].notes
@@ -242,7 +244,7 @@ def test_driver_floor_past_r580_leaves_maxwell_out(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("recipe", [CPU, CUDA13, WIN128], ids=lambda p: p.stem)
 def test_json_matches_schema(recipe: Path) -> None:
-    info = arch_report(load_recipe(recipe)).to_json()
+    info = arch_report(keys.load(recipe), key=KEY).to_json()
     jsonschema.validate(info, SCHEMA)
     assert [g["name"] for g in info["generations"]] == GENERATIONS
     for row in info["rows"]:
@@ -260,8 +262,9 @@ def test_cli_json_equals_the_report(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 0, err
     info = json.loads(out)
     assert info.pop("ok") is True  # every --json report says whether the command succeeded (cli.output)
-    assert info == json.loads(json.dumps(arch_report(load_recipe(WIN128)).to_json()))
-    assert info["key"] == load_recipe(WIN128).key() and info["toolkit"] == "12.8.1"
+    keyed = keys.resolve(keys.load(WIN128))
+    assert info == json.loads(json.dumps(arch_report(keyed.recipe, key=keyed.key).to_json()))
+    assert info["key"] == keys.resolve(keys.load(WIN128)).key and info["toolkit"] == "12.8.1"
     assert info["sass"] == ["86", "89", "120a"] and info["ptx"] == ["50", "61", "70", "75", "80"]
     hopper = next(r for r in info["rows"] if r["cc"] == "9.0")
     assert hopper["status"] == "ptx-jit" and hopper["via"] == "compute_80" and hopper["generation"] == "Hopper"
@@ -271,7 +274,8 @@ def test_cli_plain_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     code, out, _ = run(capsys, "archs", recipe_with(tmp_path, CUDA13, ["80-virtual"]))
     assert code == 0
     lines = out.splitlines()
-    report = arch_report(load_recipe(tmp_path / "r.yaml"))
+    keyed = keys.resolve(keys.load(tmp_path / "r.yaml"))
+    report = arch_report(keyed.recipe, key=keyed.key)
     assert lines == plain_lines(report)
     assert len([ln for ln in lines if re.match(r"^(Maxwell|Pascal|Volta|Turing|Ampere|Ada Lovelace|Hopper|Blackwell) ", ln)]) == len(report.rows)
     hopper = next(ln for ln in lines if ln.startswith("Hopper "))
@@ -284,7 +288,7 @@ def test_cli_plain_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
 
 def test_cli_rich_table_on_a_terminal() -> None:
     buf = io.StringIO()
-    print_table(arch_report(load_recipe(WIN128)), Console(file=buf, force_terminal=True, width=240, color_system="standard"))
+    print_table(arch_report(keys.load(WIN128), key=KEY), Console(file=buf, force_terminal=True, width=240, color_system="standard"))
     text = buf.getvalue()
     assert "\x1b[" in text and "Hopper" in text and "compute_80" in text and "sm_120a" in text
     assert "summary  only through the PTX JIT" in text

@@ -7,22 +7,22 @@ from pathlib import Path
 
 import pytest
 
-from llamabundle import proc
+from llamabundle import keys, proc
 from llamabundle.build import _NINJA_PROGRESS, MEMORY_PROGRAM, BuildTools, backend_targets, plan_build
 from llamabundle.errors import BuildError
 from llamabundle.log import Log
-from llamabundle.recipe import load_recipe
+from llamabundle.recipe import NO_HOST
 
 REPO = Path(__file__).resolve().parents[2]
-LINUX = load_recipe(REPO / "recipes" / "linux-x86_64-cpu.yaml")
-WINDOWS = load_recipe(REPO / "recipes" / "windows-x86_64-cuda12.8.yaml")
+LINUX = keys.load(REPO / "recipes" / "linux-x86_64-cpu.yaml")
+WINDOWS = keys.load(REPO / "recipes" / "windows-x86_64-cuda12.8.yaml")
 TOOLS = BuildTools(cmake="/opt/cmake", ninja="/opt/ninja")
 X86_VARIANTS = ["x64", "sse42", "sandybridge", "ivybridge", "piledriver", "haswell", "skylakex", "cannonlake",
                 "cascadelake", "icelake", "cooperlake", "zen4", "alderlake", "sapphirerapids"]
 
 
 def _plan(recipe, tools=TOOLS, jobs=None):  # type: ignore[no-untyped-def]
-    return plan_build(recipe, source_dir=Path("/src"), build_dir=Path("/b"), tools=tools, jobs=jobs)
+    return plan_build(recipe, NO_HOST, source_dir=Path("/src"), build_dir=Path("/b"), tools=tools, jobs=jobs)
 
 
 def _defs(plan) -> dict[str, str]:  # type: ignore[no-untyped-def]
@@ -70,7 +70,7 @@ def test_windows_cuda_plan_is_made_on_linux() -> None:
 
 
 def test_cuda_host_compiler_gets_the_prefix_maps_too() -> None:
-    cuda = load_recipe(REPO / "recipes" / "linux-x86_64-cuda13.0.yaml")
+    cuda = keys.load(REPO / "recipes" / "linux-x86_64-cuda13.0.yaml")
     defs = _defs(_plan(cuda))
     # and nvcc's own path- and pid-dependent names fixed (backends/cuda: measured with nvcc 13.0.88), and gcc,
     # preprocessing for nvcc, keeps the toolkit's header paths as given (not resolved through the fixed links)
@@ -82,8 +82,8 @@ def test_cuda_host_compiler_gets_the_prefix_maps_too() -> None:
 def test_the_toolkit_location_is_mapped_out_too() -> None:
     """CUB's asserts name its headers under the toolkit root: a toolkit in another cache directory must not
     change the bytes."""
-    cuda = load_recipe(REPO / "recipes" / "linux-x86_64-cuda13.0.yaml")
-    defs = _defs(plan_build(cuda, source_dir=Path("/src"), build_dir=Path("/b"), tools=TOOLS,
+    cuda = keys.load(REPO / "recipes" / "linux-x86_64-cuda13.0.yaml")
+    defs = _defs(plan_build(cuda, NO_HOST, source_dir=Path("/src"), build_dir=Path("/b"), tools=TOOLS,
                             toolkit_roots={"cuda": Path("/cache/toolkits/cuda-13.0.2")}))
     assert "-Xcompiler=-ffile-prefix-map=/cache/toolkits/cuda-13.0.2=/cuda" in defs["CMAKE_CUDA_FLAGS"].split()
     assert "-ffile-prefix-map=/cache/toolkits/cuda-13.0.2=/cuda" in defs["CMAKE_CXX_FLAGS"].split()
@@ -107,7 +107,7 @@ def test_plan_is_pure_and_serialisable() -> None:
 def test_variants_off_builds_the_single_cpu_backend(tmp_path: Path) -> None:
     text = (REPO / "recipes" / "linux-x86_64-cpu.yaml").read_text().replace("GGML_CPU_ALL_VARIANTS: ON", "GGML_CPU_ALL_VARIANTS: OFF")
     (tmp_path / "r.yaml").write_text(text)
-    plan = _plan(load_recipe(tmp_path / "r.yaml"))
+    plan = _plan(keys.load(tmp_path / "r.yaml"))
     assert plan.targets == ("llama-server", MEMORY_PROGRAM, "ggml-cpu")
     assert plan.backends == ("libggml-cpu.so",)
 

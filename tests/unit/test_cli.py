@@ -14,15 +14,15 @@ from pathlib import Path
 import pytest
 from clirun import run  # noqa: E402
 
-from llamabundle import bundle
+from llamabundle import bundle, keys
 from llamabundle.cli import cli
-from llamabundle.recipe import canonical_json, load_recipe
+from llamabundle.digest import canonical_json
 from tests import bundles as test_bundles
 
 ROOT = Path(__file__).resolve().parents[2]
 LINUX = ROOT / "recipes" / "linux-x86_64-cpu.yaml"
 WINDOWS = ROOT / "recipes" / "windows-x86_64-cuda12.8.yaml"
-LINUX_KEY = load_recipe(LINUX).key()
+LINUX_KEY = keys.resolve(keys.load(LINUX)).key
 # llama-server is a shell script (not an ELF, so the static check passes) that answers the load check
 # like the real one: a CPU backend loaded from inside the bundle, then the device list.
 SERVER = b"""#!/bin/sh
@@ -41,7 +41,7 @@ def make_bundle_dir(tmp: Path, key: str = LINUX_KEY) -> tuple[Path, dict]:
     manifest that names that key over the recipe's inputs (a re-keyed bundle)."""
     stage = tmp / "stage"
     manifest = test_bundles.write_bundle(stage, FILES, ROLES, name="linux-x86_64-cpu",
-                                         inputs=test_bundles.inputs_of(load_recipe(LINUX)), executables=("llama-server",))
+                                         inputs=test_bundles.inputs_of(keys.load(LINUX)), executables=("llama-server",))
     if key != manifest["key"]:
         manifest["key"] = key
         (stage / bundle.MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
@@ -96,7 +96,7 @@ def test_key_and_explain(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "key", LINUX, "--explain")
     assert code == 0
     canonical, last = out.splitlines()
-    assert canonical == canonical_json(load_recipe(LINUX).key_inputs())
+    assert canonical == canonical_json(keys.resolve(keys.load(LINUX)).inputs)
     assert hashlib.sha256(canonical.encode()).hexdigest() == LINUX_KEY
     assert last == f"sha256 = {LINUX_KEY}"
     inputs = json.loads(canonical)

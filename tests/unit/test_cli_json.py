@@ -28,12 +28,11 @@ from test_probe import publish as publish_cuda
 from test_toolkit_cli import RECIPE_13, cli_repo, recipe13  # noqa: F401  (fixtures)
 from test_toolkit_redist import Repo, repo  # noqa: F401  (fixture)
 
-from llamabundle import bundle
+from llamabundle import bundle, keys
 from llamabundle.cli import cli
 from llamabundle.cli.output import wants_json
 from llamabundle.errors import UsageError
 from llamabundle.pipeline import BuildOutcome
-from llamabundle.recipe import load_recipe
 from llamabundle.runtime import parse_utc_timestamp, utc_timestamp
 from llamabundle.settings import Settings
 from llamabundle.verify import VerifyReport
@@ -121,11 +120,11 @@ def test_recipe_list(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "recipe", "list")
     assert code == 0 and out.splitlines()[0].startswith("linux-x86_64-cpu ")
     code, out, _ = run(capsys, "key", "linux-x86_64-cpu")  # a shipped recipe by name
-    assert code == 0 and out.strip() == load_recipe(LINUX).key()
+    assert code == 0 and out.strip() == keys.resolve(keys.load(LINUX)).key
 
 
 def test_key_and_show(capsys: pytest.CaptureFixture[str]) -> None:
-    assert json_of(capsys, "key", "key", WINDOWS)["key"] == load_recipe(WINDOWS).key()
+    assert json_of(capsys, "key", "key", WINDOWS)["key"] == keys.resolve(keys.load(WINDOWS)).key
     data = json_of(capsys, "show", "show", WINDOWS)
     assert data["platform"] == "windows-x86_64" and data["driver_floor"]
 

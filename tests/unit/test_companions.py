@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 from test_recipe import WINDOWS, WINDOWS_PATH, edit, line_of
 
-from llamabundle import bundle
+from llamabundle import bundle, keys
 from llamabundle.backends.cuda import CUDA, companions
 from llamabundle.backends.cuda.companions import Rule
 from llamabundle.errors import RecipeError, ToolchainError, VerifyError
 from llamabundle.platforms.base import Extra
 from llamabundle.platforms.linux import LINUX
 from llamabundle.platforms.windows import WINDOWS as WINDOWS_PLATFORM
-from llamabundle.recipe import Recipe, load_recipe, parse_recipe
+from llamabundle.recipe import Recipe
 from tests import bundles as test_bundles
 
 LINUX_PATH = WINDOWS_PATH.parent / "linux-x86_64-cuda13.0.yaml"  # (test_recipe's LINUX_PATH is the CPU recipe)
@@ -32,7 +32,7 @@ def windows_recipe(**replacements: str) -> Recipe:
     text = WINDOWS
     for old, new in replacements.items():
         text = edit(text, old, new)
-    return parse_recipe(text, file="windows.yaml")
+    return keys.parse(text, file="windows.yaml")
 
 
 def platform_of(m: object) -> object:
@@ -181,14 +181,14 @@ def extras_of(recipe: Recipe, bundled: dict[str, Path], lib_dirs: list[Path], pl
 
 
 def test_the_windows_recipe_ships_two_libraries() -> None:
-    r = load_recipe(WINDOWS_PATH)
+    r = keys.load(WINDOWS_PATH)
     assert r.cuda is not None and r.cuda.libraries == ("nvJitLink_120_0.dll", "nvfatbin_120_0.dll")
     assert r.cuda.latent_companions == "ship"
 
 
 def test_runtime_extras_on_windows_asks_for_companions_and_the_recipe_libraries(tmp_path: Path) -> None:
     d = toolkit(tmp_path)
-    recipe = load_recipe(WINDOWS_PATH)
+    recipe = keys.load(WINDOWS_PATH)
     first = extras_of(recipe, {"cublasLt64_12.dll": d / "cublasLt64_12.dll"}, [tmp_path / "nowhere", d],
                       WINDOWS_PLATFORM)
     assert first == [("nvrtc64_120_0.dll", "loaded by cublasLt64_12.dll at run time (latent companion)"),
@@ -203,14 +203,14 @@ def test_runtime_extras_on_windows_asks_for_companions_and_the_recipe_libraries(
 def test_runtime_extras_a_bundled_name_in_other_case_is_already_there_on_windows(tmp_path: Path) -> None:
     d = toolkit(tmp_path)
     bundled = {"cublasLt64_12.dll": d / "cublasLt64_12.dll", "NVRTC64_120_0.DLL": d / "nvrtc64_120_0.dll"}
-    names = [n for n, _ in extras_of(load_recipe(WINDOWS_PATH), bundled, [d], WINDOWS_PLATFORM)]
+    names = [n for n, _ in extras_of(keys.load(WINDOWS_PATH), bundled, [d], WINDOWS_PLATFORM)]
     assert names == ["nvrtc-builtins64_128.dll", "NVJITLINK_120_0.DLL", "nvfatbin_120_0.dll"]
 
 
 def test_runtime_extras_a_missing_latent_companion_names_its_component_and_omit(tmp_path: Path) -> None:
     d = toolkit(tmp_path, skip=("nvrtc64_120_0.dll",))
     with pytest.raises(ToolchainError) as e:
-        CUDA.runtime_extras(load_recipe(WINDOWS_PATH), {"cublasLt64_12.dll": d / "cublasLt64_12.dll"}, [d],
+        CUDA.runtime_extras(keys.load(WINDOWS_PATH), {"cublasLt64_12.dll": d / "cublasLt64_12.dll"}, [d],
                             platform=WINDOWS_PLATFORM)
     assert e.value.what.startswith("nvrtc64_120_0.dll (loaded by cublasLt64_12.dll at run time (latent companion))")
     assert "cuda_nvrtc" in e.value.fix and "cuda.latent_companions: omit" in e.value.fix
@@ -221,7 +221,7 @@ def test_runtime_extras_a_missing_required_companion_cannot_be_omitted(tmp_path:
     d = toolkit(tmp_path, skip=("nvrtc-builtins64_128.dll",))
     bundled = {"cublasLt64_12.dll": d / "cublasLt64_12.dll", "nvrtc64_120_0.dll": d / "nvrtc64_120_0.dll"}
     with pytest.raises(ToolchainError) as e:
-        CUDA.runtime_extras(load_recipe(WINDOWS_PATH), bundled, [d], platform=WINDOWS_PLATFORM)
+        CUDA.runtime_extras(keys.load(WINDOWS_PATH), bundled, [d], platform=WINDOWS_PLATFORM)
     assert e.value.what.startswith("nvrtc-builtins64_128.dll ")
     assert "cuda_nvrtc" in e.value.fix and "omit" not in e.value.fix
 
@@ -229,7 +229,7 @@ def test_runtime_extras_a_missing_required_companion_cannot_be_omitted(tmp_path:
 def test_runtime_extras_a_missing_recipe_library_is_named(tmp_path: Path) -> None:
     d = toolkit(tmp_path, skip=("nvfatbin_120_0.dll",))
     with pytest.raises(ToolchainError, match=r"^nvfatbin_120_0\.dll \(cuda\.libraries\) is not in the toolkit$"):
-        CUDA.runtime_extras(load_recipe(WINDOWS_PATH), {}, [d], platform=WINDOWS_PLATFORM)
+        CUDA.runtime_extras(keys.load(WINDOWS_PATH), {}, [d], platform=WINDOWS_PLATFORM)
 
 
 def test_runtime_extras_with_omit_asks_for_no_nvrtc(tmp_path: Path) -> None:
@@ -241,7 +241,7 @@ def test_runtime_extras_with_omit_asks_for_no_nvrtc(tmp_path: Path) -> None:
 
 
 def test_runtime_extras_on_linux_case_matters(tmp_path: Path) -> None:
-    recipe = load_recipe(LINUX_PATH)
+    recipe = keys.load(LINUX_PATH)
     assert recipe.cuda is not None and recipe.cuda.libraries == ()
     d = tmp_path / "lib"
     cublaslt = lib(d / "libcublasLt.so.13", b"libnvrtc.so.13\x00")
@@ -274,16 +274,16 @@ def test_a_library_that_is_not_a_file_name_is_a_recipe_error(libraries: str) -> 
 
 
 def test_libraries_and_omit_change_the_key_defaults_do_not() -> None:
-    shipped = load_recipe(WINDOWS_PATH)
+    shipped = keys.load(WINDOWS_PATH)
     bare = windows_recipe(**{LIBRARIES_LINE: ""})
-    assert bare.key() != shipped.key()
-    assert "libraries" not in bare.key_inputs()["cuda"] and "latent_companions" not in bare.key_inputs()["cuda"]
+    assert keys.resolve(bare).key != keys.resolve(shipped).key
+    assert "libraries" not in keys.resolve(bare).inputs["cuda"] and "latent_companions" not in keys.resolve(bare).inputs["cuda"]
     empty = windows_recipe(**{LIBRARIES_LINE: "  libraries: []\n  latent_companions: ship"})
-    assert empty.key() == bare.key() and empty.key_inputs() == bare.key_inputs()
+    assert keys.resolve(empty).key == keys.resolve(bare).key and keys.resolve(empty).inputs == keys.resolve(bare).inputs
     reordered = windows_recipe(**{LIBRARIES_LINE: "  libraries: [nvfatbin_120_0.dll, nvJitLink_120_0.dll]"})
-    assert reordered.key() == shipped.key()
+    assert keys.resolve(reordered).key == keys.resolve(shipped).key
     omit = windows_recipe(**{LIBRARIES_LINE: LIBRARIES_LINE + "\n  latent_companions: omit"})
-    assert omit.key() != shipped.key() and omit.key_inputs()["cuda"]["latent_companions"] == "omit"
+    assert keys.resolve(omit).key != keys.resolve(shipped).key and keys.resolve(omit).inputs["cuda"]["latent_companions"] == "omit"
 
 
 # ------------------------------------------------------------------------------------------------ check_companions

@@ -18,10 +18,11 @@ from pathlib import Path
 
 import pytest
 
+from llamabundle import keys
 from llamabundle.backends.cuda import determinism, nvcc_launch
 from llamabundle.build import FIXED_LENGTH, BuildPlan, BuildTools, fixed_path, make_links, plan_build
 from llamabundle.errors import BuildError
-from llamabundle.recipe import load_recipe
+from llamabundle.recipe import NO_HOST
 
 ROOT = Path(__file__).resolve().parents[2]
 CUDA = ROOT / "recipes" / "linux-x86_64-cuda13.0.yaml"
@@ -48,7 +49,7 @@ def test_fixed_paths_have_one_length_wherever_the_trees_lie(tmp_path: Path) -> N
 
 
 def _plan(recipe: Path, src: Path, build: Path, fixed: Path | None) -> BuildPlan:
-    return plan_build(load_recipe(recipe), source_dir=src, build_dir=build, tools=TOOLS,
+    return plan_build(keys.load(recipe), NO_HOST, source_dir=src, build_dir=build, tools=TOOLS,
                       toolkit_roots={"cuda": Path("/C")}, fixed_root=fixed)
 
 

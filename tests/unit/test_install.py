@@ -27,10 +27,9 @@ from test_probe import (
     wait_for,
 )
 
-from llamabundle import bundle
+from llamabundle import bundle, keys
 from llamabundle.bundle.manifest import Manifest
 from llamabundle.errors import UsageError, VerifyError
-from llamabundle.recipe import load_recipe
 from llamabundle.runtime import Reason
 from llamabundle.runtime.install import (
     BUNDLES,
@@ -62,9 +61,9 @@ def rebundle(stage: Path, m: Manifest, *, extra: dict[str, bytes] | None = None,
 
 def recipe_bundle(tmp: Path, recipe_path: Path) -> tuple[Path, Manifest]:
     """A CPU bundle of a shipped recipe: its key is the one `llamabundle key RECIPE` prints."""
-    recipe = load_recipe(recipe_path)
+    recipe = keys.load(recipe_path)
     stage, m = make_stage(tmp, name=recipe.name, backends=("cpu",), commit=recipe.llama_cpp.commit)
-    m = rebundle(stage, m, key=recipe.key(), inputs=tb.inputs_of(recipe))
+    m = rebundle(stage, m, key=keys.resolve(recipe).key, inputs=tb.inputs_of(recipe))
     return bundle.pack(stage, tmp / f"{recipe.name}.zip", source_date_epoch=0), m
 
 
@@ -337,24 +336,24 @@ def test_the_cli_refuses_a_tampered_bundle_with_exit_5(tmp_path: Path, store: Lo
 
 
 def test_cli_install_by_recipe_list_and_uninstall(tmp_path: Path, store: LocalStore) -> None:
-    recipe = load_recipe(REPO / "recipes" / "linux-x86_64-cpu.yaml")
+    recipe = keys.load(REPO / "recipes" / "linux-x86_64-cpu.yaml")
     zip_path, m = recipe_bundle(tmp_path, REPO / "recipes" / "linux-x86_64-cpu.yaml")
-    assert m.key == recipe.key()
+    assert m.key == keys.resolve(recipe).key
     store.publish(zip_path, m)
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "LLAMABUNDLE_CACHE_DIR": str(tmp_path / "cache"),
            "LLAMABUNDLE_DATA_DIR": str(tmp_path / "data")}
     p = cli("install", "--store", str(store.root), "--recipe", str(REPO / "recipes" / "linux-x86_64-cpu.yaml"), "--json", env=env)
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout)
-    assert (out["key"], out["name"], out["reused"], out["commit"]) == (recipe.key(), recipe.name, False, recipe.llama_cpp.commit)
+    assert (out["key"], out["name"], out["reused"], out["commit"]) == (keys.resolve(recipe).key, recipe.name, False, recipe.llama_cpp.commit)
     p = cli("list", "--json", env=env)
-    assert [b["key"] for b in json.loads(p.stdout)["bundles"]] == [recipe.key()]
-    p = cli("install", "--store", str(store.root), "--key", recipe.key(), env=env)
-    assert p.stdout.startswith(f"already installed and intact: {recipe.name} ({recipe.key()[:12]})")
-    p = cli("install", "--store", str(store.root), "--key", recipe.key(), "--recipe", "x.yaml", env=env)
+    assert [b["key"] for b in json.loads(p.stdout)["bundles"]] == [keys.resolve(recipe).key]
+    p = cli("install", "--store", str(store.root), "--key", keys.resolve(recipe).key, env=env)
+    assert p.stdout.startswith(f"already installed and intact: {recipe.name} ({keys.resolve(recipe).key[:12]})")
+    p = cli("install", "--store", str(store.root), "--key", keys.resolve(recipe).key, "--recipe", "x.yaml", env=env)
     assert p.returncode == 2 and "exactly one of --recipe and --key" in p.stderr
-    p = cli("uninstall", recipe.key(), env=env)
-    assert p.returncode == 0 and p.stdout == f"removed {recipe.name} ({recipe.key()[:12]})\n"
+    p = cli("uninstall", keys.resolve(recipe).key, env=env)
+    assert p.returncode == 0 and p.stdout == f"removed {recipe.name} ({keys.resolve(recipe).key[:12]})\n"
     assert cli("list", env=env).stdout.startswith("no bundles installed in ")
 
 

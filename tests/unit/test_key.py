@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from llamabundle import keys
 from llamabundle.compilers import detect_version
+from llamabundle.digest import canonical_json
 from llamabundle.errors import ToolchainError
-from llamabundle.recipe import BUNDLE_FORMAT, Recipe, canonical_json, load_recipe, parse_recipe
+from llamabundle.recipe import BUNDLE_FORMAT, Recipe
 
 ROOT = Path(__file__).resolve().parents[2]
 LINUX_PATH = ROOT / "recipes" / "linux-x86_64-cpu.yaml"
@@ -42,11 +44,11 @@ def edit(text: str, *edits: tuple[str, str]) -> str:
 
 
 def load(base: str, *edits: tuple[str, str], file: str = "r.yaml") -> Recipe:
-    return parse_recipe(edit(BASES[base], *edits), file=file)
+    return keys.parse(edit(BASES[base], *edits), file=file)
 
 
 def key(base: str, *edits: tuple[str, str]) -> str:
-    return load(base, *edits).key()
+    return keys.resolve(load(base, *edits)).key
 
 
 # ---------------------------------------------------------------------------------- basics
@@ -54,39 +56,39 @@ def key(base: str, *edits: tuple[str, str]) -> str:
 
 @pytest.mark.parametrize("path", [LINUX_PATH, WINDOWS_PATH], ids=["linux", "windows"])
 def test_key_is_64_hex_and_stable(path: Path) -> None:
-    k = load_recipe(path).key()
+    k = keys.resolve(keys.load(path)).key
     assert re.fullmatch(r"[0-9a-f]{64}", k)
-    assert load_recipe(path).key() == k
-    assert parse_recipe(path.read_text(encoding="utf-8"), file="other/place.yaml").key() == k
+    assert keys.resolve(keys.load(path)).key == k
+    assert keys.resolve(keys.parse(path.read_text(encoding="utf-8"), file="other/place.yaml")).key == k
 
 
 def test_key_is_sha256_of_canonical_key_inputs() -> None:
-    r = load_recipe(WINDOWS_PATH)
-    text = canonical_json(r.key_inputs())
-    assert r.key() == hashlib.sha256(text.encode()).hexdigest()
-    assert json.loads(text) == r.key_inputs()
-    assert text == json.dumps(r.key_inputs(), sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    r = keys.load(WINDOWS_PATH)
+    text = canonical_json(keys.resolve(r).inputs)
+    assert keys.resolve(r).key == hashlib.sha256(text.encode()).hexdigest()
+    assert json.loads(text) == keys.resolve(r).inputs
+    assert text == json.dumps(keys.resolve(r).inputs, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
 
 
 def test_linux_and_windows_keys_differ() -> None:
-    assert load_recipe(LINUX_PATH).key() != load_recipe(WINDOWS_PATH).key()
+    assert keys.resolve(keys.load(LINUX_PATH)).key != keys.resolve(keys.load(WINDOWS_PATH)).key
 
 
 def test_key_inputs_are_exactly_design_4() -> None:
     for path in (LINUX_PATH, WINDOWS_PATH):
-        inputs = load_recipe(path).key_inputs()
+        inputs = keys.resolve(keys.load(path)).inputs
         assert set(inputs) == {"recipe", "platform", "commit", "backends", "toolchain", "cuda", "cmake",
                                "targets", "runtime", "bundle_format", "derivation"}
         assert inputs["recipe"] == 1 and inputs["bundle_format"] == BUNDLE_FORMAT
         assert inputs["commit"] == COMMIT
         assert not {"sources", "publish", "name", "origin", "llama_cpp"} & set(inputs)
         blob = canonical_json(inputs)
-        for not_in_key in ("ggml-org", "llama-cpp-python", "832db0699007", "{key12}", load_recipe(path).name, str(path)):
+        for not_in_key in ("ggml-org", "llama-cpp-python", "832db0699007", "{key12}", keys.load(path).name, str(path)):
             assert not_in_key not in blob, not_in_key
 
 
 def test_key_inputs_windows_values() -> None:
-    inputs = load_recipe(WINDOWS_PATH).key_inputs()
+    inputs = keys.resolve(keys.load(WINDOWS_PATH)).inputs
     assert inputs["platform"] == "windows-x86_64"
     assert inputs["backends"] == ["cpu", "cuda"]
     assert inputs["toolchain"] == {"compiler": "msvc", "msvc_version": "[17.0,18.0)"}
@@ -102,7 +104,7 @@ def test_key_inputs_windows_values() -> None:
 
 
 def test_key_inputs_linux_values() -> None:
-    inputs = load_recipe(LINUX_PATH).key_inputs()
+    inputs = keys.resolve(keys.load(LINUX_PATH)).inputs
     assert inputs["platform"] == "linux-x86_64"
     assert inputs["backends"] == ["cpu"]
     assert inputs["toolchain"] == {"compiler": "gcc", "version": "=" + detect_version("gcc")}  # unpinned: the host's
@@ -130,7 +132,7 @@ TWO_TARGETS = ("targets: [llama-server]", "targets: [llama-server, llama-cli]")
 def test_key_ignores_order(base: str, setup: Edits, reordered: Edits) -> None:
     before = load(base, *setup)
     after = load(base, *setup, *reordered)
-    assert after.key() == before.key()
+    assert keys.resolve(after).key == keys.resolve(before).key
 
 
 @pytest.mark.parametrize(("base", "restyled"), [
@@ -196,33 +198,33 @@ L_CUDA = (("backends: [cpu]", "backends: [cpu, cuda]"),
 def test_key_changes_with_every_input(base: str, setup: Edits, change: Edits) -> None:
     before = load(base, *setup)
     after = load(base, *setup, *change)
-    assert after.key() != before.key()
-    changed = {k for k in before.key_inputs() if before.key_inputs()[k] != after.key_inputs()[k]}
+    assert keys.resolve(after).key != keys.resolve(before).key
+    changed = {k for k in keys.resolve(before).inputs if keys.resolve(before).inputs[k] != keys.resolve(after).inputs[k]}
     assert changed and changed <= {"platform", "commit", "backends", "toolchain", "cuda", "cmake", "targets", "runtime"}
 
 
 def test_platform_alone_changes_key_inputs_only_in_platform() -> None:
     before = load("L", CLANG)
     after = load("L", CLANG, ("platform: linux-x86_64", "platform: windows-x86_64"))
-    diff = {k for k in before.key_inputs() if before.key_inputs()[k] != after.key_inputs()[k]}
+    diff = {k for k in keys.resolve(before).inputs if keys.resolve(before).inputs[k] != keys.resolve(after).inputs[k]}
     assert diff == {"platform"}
 
 
 def test_toolkit_alone_changes_key_inputs_only_in_cuda_toolkit() -> None:
-    before = load("W", W_SM75_UP).key_inputs()
-    after = load("W", W_SM75_UP, ("toolkit: 12.8.1", "toolkit: 13.0.1")).key_inputs()
+    before = keys.resolve(load("W", W_SM75_UP)).inputs
+    after = keys.resolve(load("W", W_SM75_UP, ("toolkit: 12.8.1", "toolkit: 13.0.1"))).inputs
     assert {k for k in before if before[k] != after[k]} == {"cuda"}
     assert {k for k in before["cuda"] if before["cuda"][k] != after["cuda"][k]} == {"toolkit"}
 
 
 def test_bundle_format_and_schema_version_are_inputs(monkeypatch: pytest.MonkeyPatch) -> None:
-    import llamabundle.recipe as recipe_mod
+    import llamabundle.recipe.model as recipe_model
 
-    r = load_recipe(LINUX_PATH)
-    k = r.key()
-    monkeypatch.setattr(recipe_mod, "BUNDLE_FORMAT", BUNDLE_FORMAT + 1)
-    assert r.key_inputs()["bundle_format"] == BUNDLE_FORMAT + 1
-    assert r.key() != k
+    r = keys.load(LINUX_PATH)
+    k = keys.resolve(r).key
+    monkeypatch.setattr(recipe_model, "BUNDLE_FORMAT", BUNDLE_FORMAT + 1)
+    assert keys.resolve(r).inputs["bundle_format"] == BUNDLE_FORMAT + 1
+    assert keys.resolve(r).key != k
 
 
 # --------------------------------------------------------------------- what is not in the key
@@ -261,15 +263,15 @@ def test_key_ignores_file_path(tmp_path: Path) -> None:
     for p in (a, b):
         p.parent.mkdir()
         p.write_text(WINDOWS, encoding="utf-8")
-    ra, rb = load_recipe(a), load_recipe(b)
+    ra, rb = keys.load(a), keys.load(b)
     assert ra.origin != rb.origin
     assert ra == rb  # origin is not compared
-    assert ra.key() == rb.key() == load_recipe(WINDOWS_PATH).key()
+    assert keys.resolve(ra).key == keys.resolve(rb).key == keys.resolve(keys.load(WINDOWS_PATH)).key
 
 
 def test_tag_uses_the_key() -> None:
     r = load("L", ('publish: {tag: "{name}-{key12}"}', 'publish: {tag: "{name}-{commit12}-{platform}-{key}"}'))
-    assert r.tag() == f"linux-x86_64-cpu-{COMMIT[:12]}-linux-x86_64-{r.key()}"
+    assert keys.resolve(r).tag == f"linux-x86_64-cpu-{COMMIT[:12]}-linux-x86_64-{keys.resolve(r).key}"
 
 
 # ------------------------------------------------------------------ honest keys: compiler, derivation
@@ -279,22 +281,22 @@ def test_an_unpinned_compiler_keys_the_exact_version_found(monkeypatch: pytest.M
     import llamabundle.compilers as compilers
 
     monkeypatch.setattr(compilers, "detect_version", lambda compiler, env=None: "12.2.0")
-    a = load("L")
+    a = keys.resolve(load("L"))
     monkeypatch.setattr(compilers, "detect_version", lambda compiler, env=None: "12.3.0")
-    b = load("L")
-    assert a.key_inputs()["toolchain"] == {"compiler": "gcc", "version": "=12.2.0"}
-    assert a.key() != b.key()  # another gcc makes other bytes: another key
+    b = keys.resolve(load("L"))
+    assert a.inputs["toolchain"] == {"compiler": "gcc", "version": "=12.2.0"}
+    assert a.key != b.key  # another gcc makes other bytes: another key
 
 
 def test_a_pinned_compiler_keys_the_pin_whatever_is_installed(monkeypatch: pytest.MonkeyPatch) -> None:
     import llamabundle.compilers as compilers
 
     pinned = ("toolchain: {compiler: gcc}", 'toolchain: {compiler: gcc, version: "12.2"}')
-    keys = set()
+    seen = set()
     for found in ("12.2.0", None):
         monkeypatch.setattr(compilers, "detect_version", lambda compiler, env=None, v=found: v)
-        keys.add(load("L", pinned).key())
-    assert len(keys) == 1 and load("L", pinned).key_inputs()["toolchain"] == {"compiler": "gcc", "version": "12.2"}
+        seen.add(keys.resolve(load("L", pinned)).key)
+    assert len(seen) == 1 and keys.resolve(load("L", pinned)).inputs["toolchain"] == {"compiler": "gcc", "version": "12.2"}
 
 
 def test_an_unpinned_recipe_without_its_compiler_cannot_be_keyed(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -303,11 +305,11 @@ def test_an_unpinned_recipe_without_its_compiler_cannot_be_keyed(monkeypatch: py
     monkeypatch.setattr(compilers, "detect_version", lambda compiler, env=None: None)
     r = load("W", (W_TOOLCHAIN, "toolchain: {compiler: mingw}"))
     with pytest.raises(ToolchainError) as e:
-        r.key()
+        keys.resolve(r)
     assert e.value.exit_code == 3 and "x86_64-w64-mingw32-g++-posix" in e.value.what
     assert "toolchain.version" in e.value.why and "version:" in e.value.fix
     with pytest.raises(ToolchainError):
-        load("W", (W_TOOLCHAIN, "toolchain: {compiler: msvc}")).key()  # msvc without msvc_version, no cl here
+        keys.resolve(load("W", (W_TOOLCHAIN, "toolchain: {compiler: msvc}")))  # msvc without msvc_version, no cl here
 
 
 def test_msvc_is_pinned_by_msvc_version_not_version() -> None:
@@ -318,14 +320,13 @@ def test_msvc_is_pinned_by_msvc_version_not_version() -> None:
 
 
 def test_derivation_version_and_knowledge_are_inputs(monkeypatch: pytest.MonkeyPatch) -> None:
-    import llamabundle.recipe as recipe_mod
     from llamabundle import data
 
-    r = load_recipe(LINUX_PATH)
-    k = r.key()
-    assert r.key_inputs()["derivation"]["version"] == recipe_mod.DERIVATION
-    monkeypatch.setattr(recipe_mod, "DERIVATION", recipe_mod.DERIVATION + 1)
-    assert r.key() != k
+    r = keys.load(LINUX_PATH)
+    k = keys.resolve(r).key
+    assert keys.resolve(r).inputs["derivation"]["version"] == keys.DERIVATION
+    monkeypatch.setattr(keys, "DERIVATION", keys.DERIVATION + 1)
+    assert keys.resolve(r).key != k
     monkeypatch.undo()
     real = data.load
 
@@ -336,39 +337,37 @@ def test_derivation_version_and_knowledge_are_inputs(monkeypatch: pytest.MonkeyP
         return value
 
     monkeypatch.setattr(data, "load", more_variants)
-    assert r.key() != k  # a new default CPU-variant set: a new key, though the recipe did not change
+    assert keys.resolve(r).key != k  # a new default CPU-variant set: a new key, though the recipe did not change
 
 
 # The flags, files and variant set the tool derives for the shipped recipes, per DERIVATION. When this
-# test fails, the tool now builds differently: bump recipe.DERIVATION and record the new digest here.
+# test fails, the tool now builds differently: bump keys.DERIVATION and record the new digest here.
 DERIVED = {6: "58138558cd102942cf8722466ec0708deb02c36933f6f718ddc7b7e580bf27b8",
            7: "8bbe1f71b5f30eb428ee23637d922567bb0a2625991e7f65f4c36ae4336e1bcd"}
 
 
 def test_what_the_tool_derives_is_recorded_for_this_derivation_version(tmp_path: Path,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    import dataclasses
-
-    import llamabundle.recipe as recipe_mod
     from llamabundle.backends import vulkan
     from llamabundle.build import BuildTools, plan_build
+    from llamabundle.recipe import HostFacts, ToolFound
 
     # What this machine has (glslc, the Vulkan loader) is fixed: the digest is of what the tool derives.
     monkeypatch.setattr(vulkan, "loader_path", lambda: "/L/libvulkan.so.1")
-    glslc = recipe_mod.GlslcFound(path="/G/glslc", version="2023.2-1", versions=(("shaderc", "2023.2-1"),), features=())
+    glslc = ToolFound(path="/G/glslc", version="2023.2-1", versions=(("shaderc", "2023.2-1"),), features=())
     tools = BuildTools(cmake="cmake", ninja="ninja")
     parts = []
     for path in sorted((ROOT / "recipes").glob("*.yaml")):
-        r = parse_recipe(path.read_text(encoding="utf-8").replace("toolchain: {compiler: mingw}",
+        r = keys.parse(path.read_text(encoding="utf-8").replace("toolchain: {compiler: mingw}",
                                                                   'toolchain: {compiler: mingw, version: "12"}'),
                          file=path.name)
-        r = dataclasses.replace(r, host_glslc=glslc) if r.vulkan else r
+        host = HostFacts(tools={"vulkan": glslc} if r.vulkan else {})
         roots = {**({"cuda": Path("/C")} if r.cuda else {}), **({"vulkan": Path("/V")} if r.vulkan else {})}
-        plan = plan_build(r, source_dir=Path("/S"), build_dir=Path("/B"), tools=tools, toolkit_roots=roots or None,
+        plan = plan_build(r, host, source_dir=Path("/S"), build_dir=Path("/B"), tools=tools, toolkit_roots=roots or None,
                           fixed_root=Path("/F"))
         parts.append({"recipe": path.name, "configure": list(plan.configure), "build": list(plan.build),
                       "files": dict(plan.files), "links": dict(plan.links), "commands": [list(c) for c in plan.commands]})
     # The Python that runs the CUDA launcher is this machine's: not part of what the tool derives.
     digest = hashlib.sha256(canonical_json(parts).replace(sys.executable, "PYTHON").encode()).hexdigest()
-    assert DERIVED.get(recipe_mod.DERIVATION) == digest, (
-        f"the derived build changed (digest {digest}): bump recipe.DERIVATION and record it in DERIVED")
+    assert DERIVED.get(keys.DERIVATION) == digest, (
+        f"the derived build changed (digest {digest}): bump keys.DERIVATION and record it in DERIVED")

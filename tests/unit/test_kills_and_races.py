@@ -15,8 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from llamabundle import bundle
-from llamabundle.recipe import load_recipe
+from llamabundle import bundle, keys
 from llamabundle.store.local import LocalStore
 from tests import bundles as tb
 
@@ -76,7 +75,7 @@ def linux_bundle(tmp: Path, *, payload: int = 0, hang: str | None = None) -> tup
         files["HANG"] = hang.encode()
         roles["HANG"] = "runtime"
     zip_path, m = tb.make_zip(tmp, files, roles, zip_name="linux-x86_64-cpu.zip", name="linux-x86_64-cpu",
-                              inputs=tb.inputs_of(load_recipe(LINUX)), executables=("llama-server",))
+                              inputs=tb.inputs_of(keys.load(LINUX)), executables=("llama-server",))
     return zip_path, m["key"]
 
 
@@ -237,10 +236,10 @@ def _github_with_the_linux_bundle(tmp: Path):  # type: ignore[no-untyped-def]
     from tests.fakegithub import FakeGitHub
 
     zip_path, key = linux_bundle(tmp)
-    recipe = load_recipe(LINUX)
+    recipe = keys.load(LINUX)
     gh = FakeGitHub(REPO, token=TOKEN)
     gh.__enter__()
-    GitHubStore(REPO, api_url=gh.api_url, token=TOKEN, tags={key: recipe.tag()}, sleep=lambda _s: None).publish(
+    GitHubStore(REPO, api_url=gh.api_url, token=TOKEN, tags={key: keys.resolve(recipe).tag}, sleep=lambda _s: None).publish(
         zip_path, bundle.read_manifest(_unpacked(tmp, zip_path)))
     env = {**env_for(tmp), "GITHUB_API_URL": gh.api_url, "GITHUB_TOKEN": TOKEN}
     return gh, env, f"github:{REPO}", key

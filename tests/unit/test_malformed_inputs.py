@@ -20,8 +20,7 @@ import pytest
 from clirun import run
 from test_cli import _all_commands
 
-from llamabundle import bundle
-from llamabundle.recipe import load_recipe
+from llamabundle import bundle, keys
 from tests import bundles as tb
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,9 +34,9 @@ class World:
 
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
-        self.recipe_key = load_recipe(LINUX).key()
+        self.recipe_key = keys.resolve(keys.load(LINUX)).key
         self.good_zip, self.good = tb.make_zip(tmp, FILES, ROLES, zip_name="good.zip", name="linux-x86_64-cpu",
-                                               inputs=tb.inputs_of(load_recipe(LINUX)), executables=("llama-server",))
+                                               inputs=tb.inputs_of(keys.load(LINUX)), executables=("llama-server",))
 
     def path(self, kind: str) -> Path:
         p = self.tmp / f"in-{kind}"
@@ -87,7 +86,7 @@ class World:
 
     def _zip_with_manifest(self, p: Path, data: Any) -> None:
         stage = self.tmp / f"stage-{p.name}"
-        tb.write_bundle(stage, FILES, ROLES, name="linux-x86_64-cpu", inputs=tb.inputs_of(load_recipe(LINUX)))
+        tb.write_bundle(stage, FILES, ROLES, name="linux-x86_64-cpu", inputs=tb.inputs_of(keys.load(LINUX)))
         (stage / bundle.MANIFEST).write_text(json.dumps(data))
         bundle.pack(stage, p, source_date_epoch=0)
 

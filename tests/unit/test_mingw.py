@@ -17,7 +17,7 @@ import jsonschema
 import pytest
 import yaml
 
-from llamabundle import data
+from llamabundle import data, keys
 from llamabundle.build import (
     MEMORY_PROGRAM,
     PROJECT_INCLUDE,
@@ -26,15 +26,15 @@ from llamabundle.build import (
     plan_build,
     run_build,
 )
-from llamabundle.bundle.package import copy_licenses
 from llamabundle.deps import pe
 from llamabundle.errors import RecipeError, VerifyError
 from llamabundle.log import Log
+from llamabundle.package import copy_licenses
 from llamabundle.platforms import RuntimeSources
 from llamabundle.platforms.windows import WINDOWS, wine
 from llamabundle.platforms.windows.mingw import COMPAT as MINGW_COMPAT
 from llamabundle.platforms.windows.mingw import TOOLCHAIN as MINGW_TOOLCHAIN
-from llamabundle.recipe import load_recipe, parse_recipe
+from llamabundle.recipe import NO_HOST
 
 ROOT = Path(__file__).resolve().parents[2]
 MINGW_RECIPE = ROOT / "recipes" / "windows-x86_64-cpu-mingw.yaml"
@@ -58,7 +58,7 @@ def mingw_text(*edits: tuple[str, str]) -> str:
 
 
 def test_the_mingw_recipe_loads_and_pins_what_the_linux_one_does() -> None:
-    r, linux = load_recipe(MINGW_RECIPE), load_recipe(LINUX_RECIPE)
+    r, linux = keys.load(MINGW_RECIPE), keys.load(LINUX_RECIPE)
     assert r.platform == "windows-x86_64" and r.toolchain.compiler == "mingw"
     assert r.llama_cpp == linux.llama_cpp
     assert r.targets == ("llama-server", "llama-cli", "llama-bench")
@@ -69,15 +69,15 @@ def test_the_mingw_recipe_loads_and_pins_what_the_linux_one_does() -> None:
 
 
 def test_excluded_variants_are_a_key_input_and_absent_ones_leave_old_keys_alone() -> None:
-    r = load_recipe(MINGW_RECIPE)
-    assert r.key_inputs()["cpu_variants"] == {"exclude": ["sapphirerapids"]}
-    without = parse_recipe(mingw_text(("cpu_variants:\n  exclude: [sapphirerapids]", "")))
-    assert "cpu_variants" not in without.key_inputs() and "cpu_variants" not in load_recipe(LINUX_RECIPE).key_inputs()
-    assert without.key() != r.key()
-    two = parse_recipe(mingw_text(("[sapphirerapids]", "[zen4, sapphirerapids]")))
-    assert two.key() not in (r.key(), without.key())
-    reordered = parse_recipe(mingw_text(("[sapphirerapids]", "[sapphirerapids, zen4]")))
-    assert reordered.key() == two.key()
+    r = keys.load(MINGW_RECIPE)
+    assert keys.resolve(r).inputs["cpu_variants"] == {"exclude": ["sapphirerapids"]}
+    without = keys.parse(mingw_text(("cpu_variants:\n  exclude: [sapphirerapids]", "")))
+    assert "cpu_variants" not in keys.resolve(without).inputs and "cpu_variants" not in keys.resolve(keys.load(LINUX_RECIPE)).inputs
+    assert keys.resolve(without).key != keys.resolve(r).key
+    two = keys.parse(mingw_text(("[sapphirerapids]", "[zen4, sapphirerapids]")))
+    assert keys.resolve(two).key not in (keys.resolve(r).key, keys.resolve(without).key)
+    reordered = keys.parse(mingw_text(("[sapphirerapids]", "[sapphirerapids, zen4]")))
+    assert keys.resolve(reordered).key == keys.resolve(two).key
 
 
 @pytest.mark.parametrize(("edits", "where", "message", "fix"), [
@@ -92,7 +92,7 @@ def test_excluded_variants_are_a_key_input_and_absent_ones_leave_old_keys_alone(
 ])
 def test_bad_exclusions_name_the_key_and_suggest(edits: tuple[tuple[str, str], ...], where: str, message: str, fix: str) -> None:
     with pytest.raises(RecipeError) as e:
-        parse_recipe(mingw_text(*edits), file="w.yaml")
+        keys.parse(mingw_text(*edits), file="w.yaml")
     assert f" {where}:" in e.value.what and message in e.value.what and e.value.what.startswith("w.yaml:")
     assert fix in (e.value.fix or "")
 
@@ -100,15 +100,15 @@ def test_bad_exclusions_name_the_key_and_suggest(edits: tuple[tuple[str, str], .
 def test_exclusions_are_checked_against_the_compilers_own_variant_list() -> None:
     everything = ", ".join(data.build_knowledge()["cpu_variants"]["x86_64"])
     with pytest.raises(RecipeError, match="every CPU variant is excluded"):
-        parse_recipe(mingw_text(("[sapphirerapids]", f"[{everything}]")))
+        keys.parse(mingw_text(("[sapphirerapids]", f"[{everything}]")))
     msvc = mingw_text(("toolchain: {compiler: mingw}", "toolchain: {compiler: msvc}"), ("[sapphirerapids]", "[ivybridge]"))
     with pytest.raises(RecipeError, match="'ivybridge' is not a CPU variant ggml builds with msvc"):
-        parse_recipe(msvc)  # MSVC builds no ivybridge variant (ggml/src/CMakeLists.txt)
+        keys.parse(msvc)  # MSVC builds no ivybridge variant (ggml/src/CMakeLists.txt)
 
 
 def test_a_recipe_cannot_set_the_project_include() -> None:
     with pytest.raises(RecipeError, match="CMAKE_PROJECT_INCLUDE is set by llamabundle"):
-        parse_recipe(mingw_text(("  GGML_NATIVE: OFF\n", "  GGML_NATIVE: OFF\n  CMAKE_PROJECT_INCLUDE: /x.cmake\n")))
+        keys.parse(mingw_text(("  GGML_NATIVE: OFF\n", "  GGML_NATIVE: OFF\n  CMAKE_PROJECT_INCLUDE: /x.cmake\n")))
 
 
 # -------------------------------------------------------------------------------------------- plan
@@ -116,7 +116,7 @@ def test_a_recipe_cannot_set_the_project_include() -> None:
 
 def test_the_mingw_plan_cross_compiles_and_leaves_the_variant_out(tmp_path: Path) -> None:
     bd = tmp_path / "build"
-    plan = plan_build(load_recipe(MINGW_RECIPE), source_dir=tmp_path / "src", build_dir=bd, tools=TOOLS)
+    plan = plan_build(keys.load(MINGW_RECIPE), NO_HOST, source_dir=tmp_path / "src", build_dir=bd, tools=TOOLS)
     assert not bd.exists()  # pure: the files are data for the executor
     files = dict(plan.files)
     assert set(files) == {str(bd / MINGW_TOOLCHAIN), str(bd / MINGW_COMPAT), str(bd / PROJECT_INCLUDE),
@@ -141,8 +141,8 @@ def test_the_mingw_plan_cross_compiles_and_leaves_the_variant_out(tmp_path: Path
 
 
 def test_a_linux_plan_writes_only_the_memory_program_and_excludes_only_when_asked(tmp_path: Path) -> None:
-    linux = load_recipe(LINUX_RECIPE)
-    plan = plan_build(linux, source_dir=tmp_path, build_dir=tmp_path / "b", tools=TOOLS)
+    linux = keys.load(LINUX_RECIPE)
+    plan = plan_build(linux, NO_HOST, source_dir=tmp_path, build_dir=tmp_path / "b", tools=TOOLS)
     assert [Path(p).name for p, _ in plan.files] == [f"{MEMORY_PROGRAM}.cpp", PROJECT_INCLUDE]
     assert not any("TOOLCHAIN_FILE" in a for a in plan.configure)
     include = dict(plan.files)[str(tmp_path / "b" / PROJECT_INCLUDE)]
@@ -150,7 +150,7 @@ def test_a_linux_plan_writes_only_the_memory_program_and_excludes_only_when_aske
     assert "common_fit_print(" in dict(plan.files)[str(tmp_path / "b" / f"{MEMORY_PROGRAM}.cpp")]
     assert "ggml-cpu-sapphirerapids" in plan.build and MEMORY_PROGRAM in plan.build
     text = LINUX_RECIPE.read_text(encoding="utf-8").replace("targets:", "cpu_variants: {exclude: [zen4]}\ntargets:")
-    plan = plan_build(parse_recipe(text), source_dir=tmp_path, build_dir=tmp_path / "b", tools=TOOLS)
+    plan = plan_build(keys.parse(text), NO_HOST, source_dir=tmp_path, build_dir=tmp_path / "b", tools=TOOLS)
     assert "foreach(_dep ggml-cpu-zen4)" in dict(plan.files)[str(tmp_path / "b" / PROJECT_INCLUDE)]
     assert "ggml-cpu-zen4" not in plan.build and "libggml-cpu-zen4.so" not in plan.backends
 
@@ -172,7 +172,7 @@ def test_the_executor_writes_the_files_before_configure_and_keeps_unchanged_ones
         """))
     fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
     bd = tmp_path / "build"
-    plan = plan_build(load_recipe(MINGW_RECIPE), source_dir=tmp_path, build_dir=bd,
+    plan = plan_build(keys.load(MINGW_RECIPE), NO_HOST, source_dir=tmp_path, build_dir=bd,
                       tools=BuildTools(cmake=str(fake), ninja="ninja"))
     run_build(plan, log=Log(), env=dict(os.environ))
     seen = (bd / "seen-at-configure").read_text().split()
@@ -188,7 +188,7 @@ def test_the_executor_writes_the_files_before_configure_and_keeps_unchanged_ones
 @needs_mingw
 def test_the_compat_header_supplies_what_the_mingw_headers_lack(tmp_path: Path) -> None:
     bd = tmp_path / "b"
-    plan = plan_build(load_recipe(MINGW_RECIPE), source_dir=tmp_path, build_dir=bd, tools=TOOLS)
+    plan = plan_build(keys.load(MINGW_RECIPE), NO_HOST, source_dir=tmp_path, build_dir=bd, tools=TOOLS)
     header = tmp_path / "compat.h"
     header.write_text(dict(plan.files)[str(bd / MINGW_COMPAT)], encoding="utf-8")
     src = tmp_path / "t.c"  # what ggml-cpu.c does with it
@@ -259,7 +259,7 @@ def test_collect_windows_bundles_the_mingw_runtime_and_never_system_dlls(build_t
     (src / "LICENSE").write_text("MIT\n")
     stage = tmp_path / "stage"
     stage.mkdir()
-    labelled = WINDOWS.given_toolchain(load_recipe(MINGW_RECIPE), redist=None).runtime_dirs
+    labelled = WINDOWS.given_toolchain(keys.load(MINGW_RECIPE), redist=None).runtime_dirs
     dirs = [d for d, _ in labelled]
     assert dirs and all(d.is_dir() for d in dirs) and {o for _, o in labelled} == {"mingw"}
     plan = plan_of(build_tree)

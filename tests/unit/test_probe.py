@@ -21,9 +21,9 @@ import pytest
 
 from llamabundle import bundle
 from llamabundle.bundle.manifest import Manifest
+from llamabundle.digest import canonical_json
 from llamabundle.log import Log
 from llamabundle.platforms import base as platform_base
-from llamabundle.recipe import canonical_json
 from llamabundle.runtime import Backend, Reason, explain, reasons
 from llamabundle.runtime.install import install_bundle
 from llamabundle.runtime.probe import (

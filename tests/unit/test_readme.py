@@ -7,7 +7,8 @@ import re
 import shlex
 from pathlib import Path
 
-from llamabundle.recipe import load_recipe, shipped_recipes
+from llamabundle import keys
+from llamabundle.recipe import shipped_recipes
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
@@ -33,7 +34,7 @@ def test_command_a_builds_a_shipped_recipe_by_name_in_a_venv() -> None:
     assert build[0].endswith("llamabundle") and build[1] == "build"
     name = build[2]
     assert name in shipped_recipes() and "/" not in name
-    assert load_recipe(name).platform == "linux-x86_64" and load_recipe(name).backends == ("cpu",)
+    assert keys.load(name).platform == "linux-x86_64" and keys.load(name).backends == ("cpu",)
 
 
 def test_ci_runs_command_b_as_written_from_empty_caches() -> None:

@@ -11,8 +11,10 @@ import pytest
 import yaml
 
 import llamabundle.recipe as recipe_mod
+from llamabundle import keys
 from llamabundle.errors import RecipeError
-from llamabundle.recipe import MAX_RECIPE_BYTES, GithubSource, PypiSource, json_schema, load_recipe, parse_recipe
+from llamabundle.recipe import MAX_RECIPE_BYTES, GithubSource, PypiSource
+from llamabundle.recipe.schema import json_schema
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPES = ROOT / "recipes"
@@ -21,7 +23,7 @@ WINDOWS_PATH = RECIPES / "windows-x86_64-cuda12.8.yaml"
 LINUX = LINUX_PATH.read_text(encoding="utf-8")
 WINDOWS = WINDOWS_PATH.read_text(encoding="utf-8")
 BASES = {"L": (LINUX, "linux.yaml"), "W": (WINDOWS, "windows.yaml")}
-SCHEMA_FILE = Path(recipe_mod.__file__).parent / "data" / "recipe.schema.json"
+SCHEMA_FILE = Path(recipe_mod.__file__).parents[1] / "data" / "recipe.schema.json"
 
 COMMIT = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"
 WHERE = re.compile(r"^(?P<file>[^:]+):(?P<line>\d+):(?P<col>\d+): (?P<path>\S+): (?P<msg>.*)$", re.S)
@@ -42,7 +44,7 @@ def line_of(text: str, needle: str) -> int:
 
 def fails(text: str, file: str = "r.yaml") -> RecipeError:
     with pytest.raises(RecipeError) as info:
-        parse_recipe(text, file=file)
+        keys.parse(text, file=file)
     err = info.value
     assert err.exit_code == 2
     assert err.what and err.fix
@@ -59,7 +61,7 @@ def where(err: RecipeError) -> dict[str, str]:
 
 
 def test_linux_recipe_fields() -> None:
-    r = load_recipe(LINUX_PATH)
+    r = keys.load(LINUX_PATH)
     assert r.recipe == 1
     assert r.name == "linux-x86_64-cpu"
     assert r.platform == "linux-x86_64"
@@ -80,11 +82,11 @@ def test_linux_recipe_fields() -> None:
     assert r.runtime.openmp == "auto"
     assert r.publish.tag == "{name}-{key12}"
     assert r.origin == str(LINUX_PATH)
-    assert r.tag() == f"linux-x86_64-cpu-{r.key()[:12]}"
+    assert keys.resolve(r).tag == f"linux-x86_64-cpu-{keys.resolve(r).key[:12]}"
 
 
 def test_windows_recipe_fields() -> None:
-    r = load_recipe(WINDOWS_PATH)
+    r = keys.load(WINDOWS_PATH)
     assert r.recipe == 1
     assert r.name == "windows-x86_64-cuda12.8"
     assert r.platform == "windows-x86_64"
@@ -107,25 +109,25 @@ def test_windows_recipe_fields() -> None:
 
 
 def test_parse_and_load_agree() -> None:
-    assert parse_recipe(LINUX, file="elsewhere.yaml") == load_recipe(LINUX_PATH)
-    assert parse_recipe(WINDOWS) == load_recipe(WINDOWS_PATH)
+    assert keys.parse(LINUX, file="elsewhere.yaml") == keys.load(LINUX_PATH)
+    assert keys.parse(WINDOWS) == keys.load(WINDOWS_PATH)
 
 
 def test_driver_floor_defaults_to_the_toolkit() -> None:
     no_floor = edit(WINDOWS, '  driver_floor: {windows: "572.61", linux: "570.124.06"}   # optional: derived from toolkit + archs\n', "")
-    r = parse_recipe(no_floor)
+    r = keys.parse(no_floor)
     assert r.cuda is not None and r.cuda.driver_floor is None
     assert r.driver_floor == "572.61"
     on_linux = edit(edit(no_floor, "platform: windows-x86_64", "platform: linux-x86_64"),
                     'toolchain: {compiler: msvc, msvc_version: "[17.0,18.0)"}', "toolchain: {compiler: gcc}")
-    assert parse_recipe(on_linux).driver_floor == "570.124.06"
+    assert keys.parse(on_linux).driver_floor == "570.124.06"
     only_linux = edit(WINDOWS, 'driver_floor: {windows: "572.61", linux: "570.124.06"}', 'driver_floor: {linux: "999.1"}')
-    assert parse_recipe(only_linux).driver_floor == "572.61"  # no windows floor given: the toolkit's
+    assert keys.parse(only_linux).driver_floor == "572.61"  # no windows floor given: the toolkit's
 
 
 def test_source_long_and_short_forms() -> None:
     text = edit(LINUX, "- github: ggml-org/llama.cpp", "- github: {repo: ggml-org/llama.cpp}\n    - git: https://example.invalid/llama.cpp.git\n    - path: ../llama.cpp")
-    r = parse_recipe(text)
+    r = keys.parse(text)
     kinds = [(s.kind, getattr(s, {"github": "repo", "git": "url", "path": "path", "pypi": "package"}[s.kind])) for s in r.llama_cpp.sources]
     assert kinds == [("github", "ggml-org/llama.cpp"), ("git", "https://example.invalid/llama.cpp.git"),
                      ("path", "../llama.cpp"), ("pypi", "llama-cpp-python")]
@@ -332,14 +334,14 @@ def test_billion_laughs_in_a_recipe_value() -> None:
 def test_load_nonexistent_file(tmp_path: Path) -> None:
     missing = tmp_path / "nope.yaml"
     with pytest.raises(RecipeError) as info:
-        load_recipe(missing)
+        keys.load(missing)
     assert info.value.what == f"{missing}: no such recipe file"
     assert info.value.exit_code == 2 and info.value.fix
 
 
 def test_load_directory(tmp_path: Path) -> None:
     with pytest.raises(RecipeError) as info:
-        load_recipe(tmp_path)
+        keys.load(tmp_path)
     assert info.value.what == f"{tmp_path}: not a regular file"
 
 
@@ -347,7 +349,7 @@ def test_load_non_utf8(tmp_path: Path) -> None:
     p = tmp_path / "latin1.yaml"
     p.write_bytes(LINUX.encode().replace(b"# llama.cpp for Linux", b"# llama.cpp f\xfcr Linux", 1))
     with pytest.raises(RecipeError) as info:
-        load_recipe(p)
+        keys.load(p)
     assert info.value.what == f"{p}: recipe is not UTF-8 text"
     assert "utf-8" in info.value.why.lower()
 
@@ -358,7 +360,7 @@ def test_load_too_large(tmp_path: Path) -> None:
     size = p.stat().st_size
     assert size > MAX_RECIPE_BYTES
     with pytest.raises(RecipeError) as info:
-        load_recipe(p)
+        keys.load(p)
     assert info.value.what == f"{p}: recipe is {size} bytes; the limit is {MAX_RECIPE_BYTES}"
 
 
@@ -367,21 +369,21 @@ def test_load_at_the_size_limit(tmp_path: Path) -> None:
     pad = MAX_RECIPE_BYTES - len(LINUX.encode())
     p.write_text(LINUX + "#" * (pad - 1) + "\n", encoding="utf-8")
     assert p.stat().st_size == MAX_RECIPE_BYTES
-    assert load_recipe(p).name == "linux-x86_64-cpu"
+    assert keys.load(p).name == "linux-x86_64-cpu"
 
 
 def test_load_error_names_the_path(tmp_path: Path) -> None:
     p = tmp_path / "bad.yaml"
     p.write_text(edit(LINUX, "backends: [cpu]", "backend: [cpu]"), encoding="utf-8")
     with pytest.raises(RecipeError) as info:
-        load_recipe(p)
+        keys.load(p)
     assert info.value.what.startswith(f"{p}:12:1: backend: unknown key")
 
 
 def test_load_utf8_bom(tmp_path: Path) -> None:
     p = tmp_path / "bom.yaml"
     p.write_bytes(b"\xef\xbb\xbf" + LINUX.encode())
-    assert load_recipe(p) == load_recipe(LINUX_PATH)
+    assert keys.load(p) == keys.load(LINUX_PATH)
 
 
 # ------------------------------------------------------------------------------- cmake values
@@ -395,13 +397,13 @@ def test_load_utf8_bom(tmp_path: Path) -> None:
     ("Release", "Release"), ('"86;89"', "86;89"), ("/opt/some/path", "/opt/some/path"),
 ])
 def test_cmake_values_normalise(yaml_value: str, expected: str) -> None:
-    r = parse_recipe(edit(LINUX, "  GGML_NATIVE: OFF", f"  GGML_NATIVE: {yaml_value}"))
+    r = keys.parse(edit(LINUX, "  GGML_NATIVE: OFF", f"  GGML_NATIVE: {yaml_value}"))
     value = r.cmake_options["GGML_NATIVE"]
     assert value == expected and type(value) is str
 
 
 def test_cmake_options_are_sorted_and_typed() -> None:
-    r = parse_recipe(edit(WINDOWS, "cmake: {GGML_BACKEND_DL: ON, GGML_CPU_ALL_VARIANTS: ON, GGML_NATIVE: OFF}",
+    r = keys.parse(edit(WINDOWS, "cmake: {GGML_BACKEND_DL: ON, GGML_CPU_ALL_VARIANTS: ON, GGML_NATIVE: OFF}",
                           "cmake: {GGML_NATIVE: false, LLAMA_X: 3, GGML_BACKEND_DL: true, GGML_CPU_ALL_VARIANTS: yes}"))
     assert r.cmake == (("GGML_BACKEND_DL", "ON"), ("GGML_CPU_ALL_VARIANTS", "ON"), ("GGML_NATIVE", "OFF"), ("LLAMA_X", "3"))
 
@@ -409,22 +411,22 @@ def test_cmake_options_are_sorted_and_typed() -> None:
 def test_cmake_may_be_absent_or_empty() -> None:
     start = LINUX.index("cmake:\n")
     end = LINUX.index("targets:")
-    assert parse_recipe(LINUX[:start] + LINUX[end:]).cmake == ()
-    assert parse_recipe(LINUX[:start] + "cmake: {}\n" + LINUX[end:]).cmake == ()
+    assert keys.parse(LINUX[:start] + LINUX[end:]).cmake == ()
+    assert keys.parse(LINUX[:start] + "cmake: {}\n" + LINUX[end:]).cmake == ()
 
 
 def test_defaults() -> None:
     text = edit(edit(LINUX, "runtime: {openmp: auto}\n", ""), 'publish: {tag: "{name}-{key12}"}\n', "")
-    r = parse_recipe(text)
+    r = keys.parse(text)
     assert r.runtime.openmp == "auto" and r.publish.tag == "{name}-{key12}"
-    w = parse_recipe(edit(WINDOWS, "  source: redist                    # redist | installer | pypi | system\n", ""))
+    w = keys.parse(edit(WINDOWS, "  source: redist                    # redist | installer | pypi | system\n", ""))
     assert w.cuda is not None and w.cuda.source == "redist"
 
 
 # -------------------------------------------------------------------------------- JSON schema
 
 REGENERATE = ("llamabundle/data/recipe.schema.json is out of date; regenerate it with:\n"
-              "  python3 -c 'import json, llamabundle.recipe as r; "
+              "  python3 -c 'import json, llamabundle.recipe.schema as r; "
               "open(\"llamabundle/data/recipe.schema.json\", \"w\").write(json.dumps(r.json_schema(), indent=2, sort_keys=True) + \"\\n\")'")
 
 

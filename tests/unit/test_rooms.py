@@ -11,13 +11,13 @@ from typing import get_args
 
 import pytest
 
-from llamabundle import backends, platforms, recipe
+from llamabundle import backends, keys, platforms, recipe
 from llamabundle.backends.base import Backend
 from llamabundle.backends.cuda.toolkit import manifest as toolkit_manifest
 from llamabundle.build import MEMORY_PROGRAM, BuildTools, plan_build
 from llamabundle.bundle import manifest as bundle_manifest
 from llamabundle.platforms.base import Platform
-from llamabundle.recipe import parse_recipe
+from llamabundle.recipe import NO_HOST
 
 PACKAGE = Path(__file__).resolve().parents[2] / "llamabundle"
 
@@ -73,7 +73,7 @@ def test_an_unknown_platform_is_a_usage_error() -> None:
 def test_a_plan_names_files_as_its_platform_does(name: str) -> None:
     p = platforms.get(name)
     compiler = "mingw" if "mingw" in p.compilers else p.compilers[0]
-    r = parse_recipe(f"""
+    r = keys.parse(f"""
 recipe: 1
 name: t-{name}
 platform: {name}
@@ -86,7 +86,7 @@ cmake: {{GGML_BACKEND_DL: "ON", GGML_CPU_ALL_VARIANTS: "OFF", GGML_NATIVE: "OFF"
 targets: [llama-server]
 publish: {{tag: "{{name}}-{{key12}}"}}
 """)
-    plan = plan_build(r, source_dir=Path("/s"), build_dir=Path("/b"), tools=BuildTools(cmake="cmake", ninja="ninja"))
+    plan = plan_build(r, NO_HOST, source_dir=Path("/s"), build_dir=Path("/b"), tools=BuildTools(cmake="cmake", ninja="ninja"))
     assert plan.programs == tuple(p.program_file(t) for t in (*r.targets, MEMORY_PROGRAM))
     assert plan.backends == (p.library_file("ggml-cpu"),)
     assert "-DGGML_CUDA=OFF" in plan.configure  # every switched backend is named, on or off

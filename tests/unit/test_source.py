@@ -20,9 +20,10 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from llamabundle import keys
 from llamabundle.errors import SourceError, VerifyError
 from llamabundle.log import Log
-from llamabundle.recipe import Recipe, load_recipe
+from llamabundle.recipe import Recipe
 from llamabundle.settings import Settings
 from llamabundle.source import MARKER, SourceMismatch, archive_commit, cached_source, fetch_source
 from tests.fakeindex import FakeIndex
@@ -154,7 +155,7 @@ def write_recipe(path: Path, commit: str, sources: list[str]) -> Recipe:
     lines += [f"    - {s}" for s in sources]
     lines += ["backends: [cpu]", "toolchain: {compiler: gcc}", "targets: [llama-server]", ""]
     path.write_text("\n".join(lines), encoding="utf-8")
-    return load_recipe(str(path))
+    return keys.load(str(path))
 
 
 def assert_nothing_cached(settings: Settings, commit: str) -> None:

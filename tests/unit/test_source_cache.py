@@ -287,9 +287,9 @@ def test_a_fetch_killed_midway_leaves_nothing_the_next_fetch_keeps(tmp_path: Pat
     (bindir / "git").chmod(0o755)
     settings = settings_for(tmp_path, "http://127.0.0.1:9")
     recipe = write_recipe(tmp_path / "r.yaml", sha, [f"path: {checkout}"])
-    code = ("from pathlib import Path; from llamabundle.log import Log; from llamabundle.recipe import load_recipe; from llamabundle.settings import Settings; "
+    code = ("from pathlib import Path; from llamabundle.log import Log; from llamabundle import keys; from llamabundle.settings import Settings; "
             "from llamabundle.source import fetch_source; "
-            f"fetch_source(load_recipe({str(tmp_path / 'r.yaml')!r}), Settings(cache_dir=Path({str(settings.cache_dir)!r})), "
+            f"fetch_source(keys.load({str(tmp_path / 'r.yaml')!r}), Settings(cache_dir=Path({str(settings.cache_dir)!r})), "
             "Log(quiet=True))")
     p = subprocess.Popen([sys.executable, "-c", code], cwd=REPO,
                          env={**os.environ, "PYTHONPATH": str(REPO), "PATH": f"{bindir}:{os.environ['PATH']}"})

@@ -18,11 +18,11 @@ import py7zr
 import pytest
 from clirun import run  # noqa: E402
 
+from llamabundle import keys
 from llamabundle.backends.cuda.toolkit import installer, layout
 from llamabundle.backends.cuda.toolkit.resolve import resolve_toolkit
 from llamabundle.errors import ToolchainError
 from llamabundle.log import Log
-from llamabundle.recipe import load_recipe
 from llamabundle.settings import Settings
 
 WIN = "windows-x86_64"
@@ -320,7 +320,7 @@ def test_absolute_and_drive_names_are_refused(tmp_path: Path, hostile: str, word
 
 def test_a_symlink_member_is_refused(tmp_path: Path, no_7z: None) -> None:
     link = tmp_path / "link"
-    os.symlink("../../../../etc/passwd", link)
+    os.symlink(os.path.relpath("/etc/passwd", tmp_path), link)  # ../../…/etc/passwd, however deep tmp_path is
     exe = make_exe(tmp_path / "links.exe", archive=make_7z(PAYLOAD, links={"cuda_cudart/cudart/bin/evil.dll": link}))
     plan = installer.plan_installer(version="12.8.1", components=THREE, info=info_for(exe))
     with pytest.raises(ToolchainError, match="is a symbolic link"):
@@ -396,7 +396,7 @@ targets: [llama-server]
     monkeypatch.setattr(installer, "installer_data", _const(info_for(exe, pinned=False)))
     env = {"LLAMABUNDLE_CACHE_DIR": str(tmp_path / "cache")}  # the installer's path and sha256 come from Settings
     sha = hashlib.sha256(exe.read_bytes()).hexdigest()
-    recipe = load_recipe(recipe_path)
+    recipe = keys.load(recipe_path)
     with pytest.raises(ToolchainError, match="no pinned sha256"):
         resolve_toolkit(recipe, settings=Settings.from_env({**env, "LLAMABUNDLE_CUDA_INSTALLER": str(exe)}),
                         log=Log(quiet=True), env={})

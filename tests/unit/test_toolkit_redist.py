@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from llamabundle import data, net
+from llamabundle import data, keys, net
 from llamabundle.backends.cuda.toolkit import layout, redist
 from llamabundle.backends.cuda.toolkit.manifest import load_manifest
 from llamabundle.backends.cuda.toolkit.plan import (
@@ -30,7 +30,6 @@ from llamabundle.backends.cuda.toolkit.plan import (
 )
 from llamabundle.errors import ToolchainError
 from llamabundle.log import Log
-from llamabundle.recipe import load_recipe
 
 ROOT = Path(__file__).resolve().parents[2]
 WINDOWS_RECIPE = ROOT / "recipes" / "windows-x86_64-cuda12.8.yaml"
@@ -267,7 +266,7 @@ def test_every_pinned_manifest_parses(version: str) -> None:
 
 
 def test_windows_12_8_1_plan_totals_exactly() -> None:
-    plan = plan_for_recipe(load_recipe(WINDOWS_RECIPE))
+    plan = plan_for_recipe(keys.load(WINDOWS_RECIPE))
     assert plan.total_bytes == WINDOWS_12_8_1_TOTAL
     assert [a.component for a in plan.archives] == ["cuda_nvcc", "cuda_cudart", "libcublas", "libnvjitlink",
                                                      "cuda_nvrtc", "libnvfatbin", "cuda_cccl"]

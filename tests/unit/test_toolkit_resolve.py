@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from llamabundle import keys
 from llamabundle.backends.cuda.toolkit.resolve import (
     check_host_compiler,
     resolve_toolkit,
@@ -18,11 +19,10 @@ from llamabundle.backends.cuda.toolkit.system import (
 )
 from llamabundle.errors import ToolchainError
 from llamabundle.log import Log
-from llamabundle.recipe import load_recipe
 from llamabundle.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
-CUDA13 = load_recipe(REPO / "recipes" / "linux-x86_64-cuda13.0.yaml")
+CUDA13 = keys.load(REPO / "recipes" / "linux-x86_64-cuda13.0.yaml")
 
 
 def _fake_toolkit(root: Path, version: str) -> Path:
@@ -83,7 +83,7 @@ def test_host_compiler_out_of_range(tmp_path: Path) -> None:
     assert "gcc 16" in e.value.what and "8 to 15" in e.value.why
 
 
-WINDOWS = load_recipe(REPO / "recipes" / "windows-x86_64-cuda12.8.yaml")
+WINDOWS = keys.load(REPO / "recipes" / "windows-x86_64-cuda12.8.yaml")
 
 
 def _fake_cl(tmp_path: Path, version: str) -> dict[str, str]:

@@ -18,13 +18,13 @@ from pathlib import Path
 
 import pytest
 
+from llamabundle import keys, verify
 from llamabundle import recipe as recipe_mod
-from llamabundle import verify
 from llamabundle.archive import UnsafeArchive
 from llamabundle.backends import vulkan
 from llamabundle.errors import BuildError, RecipeError, ToolchainError, VerifyError
 from llamabundle.log import Log
-from llamabundle.recipe import GlslcFound, parse_recipe
+from llamabundle.recipe import HostFacts, ToolFound
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ROOT / "recipes" / "linux-x86_64-vulkan.yaml"
@@ -49,13 +49,21 @@ echo "$f:2: error: '#extension' : extension not supported: $ext" >&2; exit 1
     return exe
 
 
-def found(*features: str, version: str = "2023.2-1") -> GlslcFound:
-    return GlslcFound(path="/x/glslc", version=version, versions=(("shaderc", version),), features=tuple(sorted(features)))
+def found(*features: str, version: str = "2023.2-1") -> ToolFound:
+    return ToolFound(path="/x/glslc", version=version, versions=(("shaderc", version),), features=tuple(sorted(features)))
+
+
+def host(glslc: ToolFound | None) -> HostFacts:
+    return HostFacts(compiler="12.2.0", tools={"vulkan": glslc} if glslc is not None else {})
 
 
 def shipped(**replace: object) -> recipe_mod.Recipe:
-    r = parse_recipe(SHIPPED.read_text(encoding="utf-8"), file=SHIPPED.name)
+    r = keys.parse(SHIPPED.read_text(encoding="utf-8"), file=SHIPPED.name)
     return dataclasses.replace(r, **replace)  # type: ignore[arg-type]
+
+
+def key_with(r: recipe_mod.Recipe, glslc: ToolFound | None) -> str:
+    return keys.resolve(r, host=host(glslc)).key
 
 
 # ------------------------------------------------------------------------------------- recipe and key
@@ -65,34 +73,34 @@ def test_glslc_found_here_and_its_extensions_are_in_the_key(tmp_path: Path) -> N
     bin_dir = tmp_path / "bin"
     fake_glslc(bin_dir, supported=("GL_EXT_integer_dot_product", "GL_KHR_cooperative_matrix"))
     vulkan._detect.cache_clear()
-    r = parse_recipe(SHIPPED.read_text(encoding="utf-8"), file=SHIPPED.name, env={"PATH": f"{bin_dir}:/usr/bin:/bin"})
-    assert r.host_glslc is not None and r.host_glslc.path == str(bin_dir / "glslc")
-    key = r.key_inputs()["vulkan"]
+    r = keys.parse(SHIPPED.read_text(encoding="utf-8"), file=SHIPPED.name)
+    keyed = keys.resolve(r, env={"PATH": f"{bin_dir}:/usr/bin:/bin"})
+    assert keyed.host.tools["vulkan"].path == str(bin_dir / "glslc")
+    key = keyed.inputs["vulkan"]
     assert key["glslc"] == {"version": "2023.2-1", "features": ["GL_EXT_integer_dot_product", "GL_KHR_cooperative_matrix"],
                             "versions": {"shaderc": "2023.2-1", "spirv-tools": "2024.1", "glslang": "11.13.0-1"}}
     assert key["headers"]["version"] == "1.4.309" and len(key["headers"]["sha256"]) == 64
 
 
 def test_two_shader_sets_or_two_glslc_never_share_a_key() -> None:
-    a = shipped(host_glslc=found())
-    assert a.key() != shipped(host_glslc=found("GL_KHR_cooperative_matrix")).key()
-    assert a.key() != shipped(host_glslc=found(version="2024.1")).key()
-    assert a.key() == shipped(host_glslc=dataclasses.replace(found(), path="/elsewhere/glslc")).key()
-    cpu = parse_recipe((ROOT / "recipes" / "linux-x86_64-cpu.yaml").read_text(encoding="utf-8"))
-    assert "vulkan" not in cpu.key_inputs(), "a recipe without the backend keeps the key it had"
+    a = key_with(shipped(), found())
+    assert a != key_with(shipped(), found("GL_KHR_cooperative_matrix"))
+    assert a != key_with(shipped(), found(version="2024.1"))
+    assert a == key_with(shipped(), dataclasses.replace(found(), path="/elsewhere/glslc"))
+    cpu = keys.parse((ROOT / "recipes" / "linux-x86_64-cpu.yaml").read_text(encoding="utf-8"))
+    assert "vulkan" not in keys.resolve(cpu).inputs, "a recipe without the backend keeps the key it had"
 
 
 def test_no_glslc_or_the_wrong_one_is_a_clear_error() -> None:
     with pytest.raises(ToolchainError) as e:
-        shipped(host_glslc=None).key()
+        key_with(shipped(), None)
     assert "glslc" in e.value.what and "apt-get install glslc" in e.value.fix
-    pinned = shipped(host_glslc=found(version="2022.1"))
+    pinned = shipped()
     pinned = dataclasses.replace(pinned, vulkan=dataclasses.replace(pinned.vulkan, glslc="2023.2"))
     with pytest.raises(ToolchainError) as e:
-        pinned.key()
+        key_with(pinned, found(version="2022.1"))
     assert "pins glslc 2023.2" in e.value.what and "2022.1" in e.value.what
-    ok = dataclasses.replace(pinned, host_glslc=found(version="2023.2-1"))
-    assert len(ok.key()) == 64
+    assert len(key_with(pinned, found(version="2023.2-1"))) == 64
 
 
 @pytest.mark.parametrize("edit, message", [
@@ -105,7 +113,7 @@ def test_no_glslc_or_the_wrong_one_is_a_clear_error() -> None:
 ])
 def test_malformed_vulkan_sections_are_refused(edit, message: str) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(RecipeError) as e:
-        parse_recipe(edit(SHIPPED.read_text(encoding="utf-8")), file="v.yaml")
+        keys.parse(edit(SHIPPED.read_text(encoding="utf-8")), file="v.yaml")
     assert message in e.value.what
 
 
@@ -139,11 +147,11 @@ CONFIGURE_LOG = """-- Vulkan found
 def test_what_cmake_found_must_be_what_the_key_holds() -> None:
     assert vulkan.configured_features(CONFIGURE_LOG) == ("GL_EXT_integer_dot_product", "GL_KHR_cooperative_matrix")
     assert vulkan.configured_features("-- Configuring done\n") is None
-    r = shipped(host_glslc=found("GL_EXT_integer_dot_product", "GL_KHR_cooperative_matrix"))
-    vulkan.VULKAN.after_configure(r, CONFIGURE_LOG)  # agrees
-    vulkan.VULKAN.after_configure(r, "no probe lines: the tree was configured before\n")
+    r, both = shipped(), host(found("GL_EXT_integer_dot_product", "GL_KHR_cooperative_matrix"))
+    vulkan.VULKAN.after_configure(r, both, CONFIGURE_LOG)  # agrees
+    vulkan.VULKAN.after_configure(r, both, "no probe lines: the tree was configured before\n")
     with pytest.raises(BuildError) as e:
-        vulkan.VULKAN.after_configure(shipped(host_glslc=found()), CONFIGURE_LOG)
+        vulkan.VULKAN.after_configure(r, host(found()), CONFIGURE_LOG)
     assert "other shader extensions than the key holds" in e.value.what and "GL_KHR_cooperative_matrix" in e.value.why
 
 
@@ -321,10 +329,10 @@ def test_a_gpu_driver_without_its_backend_loading_fails(monkeypatch: pytest.Monk
 
 def test_the_shipped_recipes_with_vulkan_lint() -> None:
     for name in ("linux-x86_64-vulkan", "linux-x86_64-cuda13.0-vulkan"):
-        r = parse_recipe((ROOT / "recipes" / f"{name}.yaml").read_text(encoding="utf-8"), file=name)
+        r = keys.parse((ROOT / "recipes" / f"{name}.yaml").read_text(encoding="utf-8"), file=name)
         assert "vulkan" in r.backends and r.vulkan is not None
-        r = dataclasses.replace(r, host_glslc=found())  # the key, whether or not this machine has a glslc
-        assert json.dumps(r.key_inputs()["backends"]) == json.dumps(sorted(r.backends))
+        inputs = keys.resolve(r, host=host(found())).inputs  # the key, whether or not this machine has a glslc
+        assert json.dumps(inputs["backends"]) == json.dumps(sorted(r.backends))
 
 
 def test_lint_passes_a_vulkan_recipe_on_a_machine_without_glslc(tmp_path: Path) -> None:

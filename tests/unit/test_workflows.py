@@ -17,6 +17,8 @@ from typing import Any
 import pytest
 import yaml
 
+from llamabundle import keys
+
 ROOT = Path(__file__).resolve().parents[2]
 WORKFLOWS = ROOT / ".github" / "workflows"
 RELEASE = WORKFLOWS / "release.yml"
@@ -386,12 +388,11 @@ def test_cuda_legs_cache_the_toolkit_archives_keyed_by_the_manifest() -> None:
 
 def test_the_build_log_is_uploaded_when_the_build_fails() -> None:
     from llamabundle import build, cache
-    from llamabundle.recipe import load_recipe
 
     # where llamabundle writes the log: <cache>/build/<one directory>/llamabundle-build.log
     root = Path("cache-root")
-    tree = cache.build_dir(root, load_recipe(ROOT / "recipes" / "linux-x86_64-cpu.yaml"),
-                           build.BuildTools(cmake="cmake", ninja="ninja"))
+    tree = cache.build_dir(root, keys.resolve(keys.load(ROOT / "recipes" / "linux-x86_64-cpu.yaml")).key,
+                           build.BuildTools(cmake="cmake", ninja="ninja").ids)
     assert tree.parent == root / "build"
 
     steps = release_steps()

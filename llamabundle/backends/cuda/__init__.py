@@ -5,6 +5,7 @@ the Windows installer, PyPI wheels, or the system's)."""
 
 from __future__ import annotations
 
+import difflib
 import fnmatch
 import shutil
 from collections.abc import Mapping, Sequence
@@ -17,14 +18,14 @@ from ...errors import ToolchainError, VerifyError
 from ...platforms.base import Extra
 from ..base import Launcher, NoExtras, Prepared
 from . import companions, determinism
-from .archs import split_archs
+from .archs import check_archs, split_archs
 from .fatbin import binary_archs
 
 if TYPE_CHECKING:
     from ...bundle.manifest import Manifest
     from ...log import Log
     from ...platforms.base import Platform
-    from ...recipe import Recipe
+    from ...recipe import HostFacts, Recipe
     from ...settings import Settings
 
 REPRODUCIBLE_NVCC = ("-objtemp", "-Xcudafe=--orig_src_path_name=/llama.cpp")
@@ -41,10 +42,48 @@ class Cuda(NoExtras):
     driver_name = "NVIDIA driver"
     device_hint = "an NVIDIA GPU and driver"
 
+    def check_recipe(self, recipe: Recipe) -> None:
+        """The toolkit is one this llamabundle knows, the components are in its manifest, the archs in what it
+        supports (CUDA 13 dropped everything below sm_75)."""
+        c = recipe.cuda
+        assert c is not None
+        toolkits = data.cuda_toolkits()
+        if c.toolkit not in toolkits:
+            raise recipe.error("cuda.toolkit", f"CUDA toolkit {c.toolkit} is not known to this llamabundle",
+                               fix="use one of: " + ", ".join(toolkits))
+        if not c.components:
+            raise recipe.error("cuda.components", "the component list is empty")
+        manifest = data.cuda_manifest(c.toolkit)
+        for i, comp in enumerate(c.components):
+            if comp not in manifest:
+                hint = difflib.get_close_matches(comp, list(manifest), n=1)
+                raise recipe.error(f"cuda.components[{i}]", f"'{comp}' is not a component of CUDA {c.toolkit}",
+                                   fix=f"did you mean '{hint[0]}'?" if hint else "see NVIDIA's redistrib manifest")
+        if len(set(c.components)) != len(c.components):
+            raise recipe.error("cuda.components", "a component is listed twice")
+        if len({n.lower() for n in c.libraries}) != len(c.libraries):
+            raise recipe.error("cuda.libraries", "a library is listed twice")
+        check_archs(c.archs, toolkits[c.toolkit]["archs"], toolkit=c.toolkit,
+                    fail=lambda i, msg, fix: recipe.error(f"cuda.archs[{i}]" if c.archs else "cuda.archs", msg, fix))
+
+    def key_inputs(self, recipe: Recipe, host: HostFacts) -> dict[str, Any]:
+        """Toolkit, components, archs and driver floor (`"cuda": null` without CUDA); the libraries and the
+        latent companions only when set, so that the keys of recipes without them stay as they were."""
+        if recipe.cuda is None:
+            return {"cuda": None}
+        c = recipe.cuda
+        cuda: dict[str, Any] = {"toolkit": c.toolkit, "components": sorted(c.components), "archs": sorted(c.archs),
+                                "driver_floor": recipe.driver_floor}
+        if c.libraries:
+            cuda["libraries"] = sorted(c.libraries)
+        if c.latent_companions != "ship":
+            cuda["latent_companions"] = c.latent_companions
+        return {"cuda": cuda}
+
     def targets(self, recipe: Recipe) -> tuple[str, ...]:
         return ("ggml-cuda",)
 
-    def prepare(self, recipe: Recipe, *, settings: Settings, log: Log, env: Mapping[str, str],
+    def prepare(self, recipe: Recipe, host: HostFacts, *, settings: Settings, log: Log, env: Mapping[str, str],
                 source: str | None) -> Prepared | None:
         """The pinned toolkit (found, or installed without admin rights), its nvcc and host compiler checked."""
         from .toolkit.resolve import check_toolkit, resolve_toolkit
@@ -61,7 +100,8 @@ class Cuda(NoExtras):
         return Prepared(root=toolkit.root, lib_dirs=tuple(toolkit.lib_dirs),
                         toolchain={"nvcc": checked["nvcc"]})
 
-    def cmake_definitions(self, recipe: Recipe, *, platform: Platform, toolkit_root: Path | None) -> dict[str, str]:
+    def cmake_definitions(self, recipe: Recipe, host: HostFacts, *, platform: Platform,
+                          toolkit_root: Path | None) -> dict[str, str]:
         assert recipe.cuda is not None
         defs = {"CMAKE_CUDA_ARCHITECTURES": ";".join(recipe.cuda.archs)}
         if data.cuda_toolkits()[recipe.cuda.toolkit].get("compression") and \
@@ -150,7 +190,7 @@ class Cuda(NoExtras):
                        + ("; the toolkit carried no licence file" if origin[name] == "llamabundle" else ""))
                 for name, cs in covers.items()}
 
-    def manifest_section(self, recipe: Recipe, stage: Path, *, platform: Platform,
+    def manifest_section(self, recipe: Recipe, host: HostFacts, stage: Path, *, platform: Platform,
                          prepared: Prepared | None) -> dict[str, Any] | None:
         """Toolkit, nvcc, the SASS and PTX ggml-cuda really carries, the driver floor, the compression mode."""
         assert recipe.cuda is not None

@@ -6,8 +6,9 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-PATTERN = r"^([0-9]{2,3})([af]?)(-(real|virtual))?$"  # also the recipe schema's pattern (ECMA syntax: no named groups)
-_ARCH = re.compile(PATTERN)
+from ...recipe.model import ARCH_PATTERN
+
+_ARCH = re.compile(ARCH_PATTERN)
 
 
 @dataclass(frozen=True, kw_only=True)

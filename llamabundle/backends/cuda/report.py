@@ -150,9 +150,10 @@ class ArchReport:
                 "summary": self.summary()}
 
 
-def arch_report(recipe: Recipe, *, toolkits: Mapping[str, Any] | None = None,
+def arch_report(recipe: Recipe, *, key: str, toolkits: Mapping[str, Any] | None = None,
                 generations: Sequence[Generation] | None = None) -> ArchReport:
-    """Per GPU generation and CC: how the recipe's bundle runs there (data defaults: cuda.json, gpu_generations.json)."""
+    """Per GPU generation and CC: how the recipe's bundle (of `key`) runs there (data defaults: cuda.json,
+    gpu_generations.json)."""
     toolkits = data.cuda_toolkits() if toolkits is None else toolkits
     generations = gpu_generations() if generations is None else generations
     cuda = recipe.cuda
@@ -169,7 +170,7 @@ def arch_report(recipe: Recipe, *, toolkits: Mapping[str, Any] | None = None,
             else:
                 row = _classify(gen, dev, recipe, supported)
             rows.append(row)
-    return ArchReport(recipe=recipe.name, key=recipe.key(), platform=recipe.platform, toolkit=cuda.toolkit if cuda else None,
+    return ArchReport(recipe=recipe.name, key=key, platform=recipe.platform, toolkit=cuda.toolkit if cuda else None,
                       archs=cuda.archs if cuda else (), driver_floor=recipe.driver_floor, rows=tuple(rows))
 
 

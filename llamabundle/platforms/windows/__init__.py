@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from ...build import BuildPlan
     from ...bundle.manifest import Manifest
     from ...log import Log
-    from ...recipe import Recipe
+    from ...recipe import HostFacts, Recipe
 
 
 class Windows:
@@ -42,7 +42,7 @@ class Windows:
             return mingw.cmake_setup(build_dir)
         return {}, [], []
 
-    def setup_toolchain(self, recipe: Recipe, *, env: Mapping[str, str], log: Log) -> HostToolchain:
+    def setup_toolchain(self, recipe: Recipe, host: HostFacts, *, env: Mapping[str, str], log: Log) -> HostToolchain:
         """mingw: the cross compiler on PATH and its runtime directories. MSVC: Visual Studio found through
         vswhere in the recipe's msvc_version range, its toolset's _MSC_VER checked against the CUDA host
         range, and the vcvars64.bat environment captured (no developer prompt needed)."""
@@ -50,7 +50,7 @@ class Windows:
             from . import msvc
 
             return msvc.host_toolchain(recipe, env=env, log=log)
-        found = base.host_compiler(recipe, env=env, log=log)
+        found = base.host_compiler(recipe, host, env=env, log=log)
         if recipe.toolchain.compiler != "mingw":
             return found
         return HostToolchain(compiler=found.compiler, summary=found.summary,

@@ -13,16 +13,17 @@ import os
 import sys
 from pathlib import Path
 
+from llamabundle import keys
 from llamabundle.build import locate_tools, plan_build, run_build
 from llamabundle.log import Log
-from llamabundle.recipe import load_recipe
+from llamabundle.recipe import NO_HOST
 
 INSTANCES = "ggml/src/ggml-cuda/template-instances"
 OBJECTS = "ggml/src/ggml-cuda/CMakeFiles/ggml-cuda.dir/template-instances"
 
 
 def main(argv: list[str]) -> int:
-    recipe = load_recipe(Path(argv[1]))
+    recipe = keys.load(Path(argv[1]))
     tools = dataclasses.replace(locate_tools(path=os.environ["PATH"]), ccache=None)
     trees = [tuple(Path(p) for p in arg.split(":")) for arg in argv[2:4]]
     want = set(argv[4].split(",")) if len(argv) > 4 else None
@@ -31,7 +32,7 @@ def main(argv: list[str]) -> int:
     sums = []
     for name, (src, build) in zip("AB", trees, strict=True):
         toolkit = Path(os.environ.get(f"TOOLKIT_{name}") or os.environ["TOOLKIT"])
-        plan = plan_build(recipe, source_dir=src, build_dir=build, tools=tools, jobs=2,
+        plan = plan_build(recipe, NO_HOST, source_dir=src, build_dir=build, tools=tools, jobs=2,
                           toolkit_roots={"cuda": toolkit}, env={},
                           fixed_root=Path(os.environ.get(f"FIXED_{name}") or os.environ["FIXED"]))
         plan = dataclasses.replace(plan, build=(tools.ninja, "-C", plan.links[1][0], "-j2", *objects), programs=(),

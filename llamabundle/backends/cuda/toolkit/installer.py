@@ -23,7 +23,6 @@ one the user passes explicitly. An installer with neither is refused before anyt
 from __future__ import annotations
 
 import filecmp
-import hashlib
 import io
 import json
 import lzma
@@ -50,10 +49,9 @@ import requests
 
 from .... import data, net, proc
 from ....archive import MAX_MEMBERS, MAX_TOTAL_BYTES
-from ....bundle import sha256_file
+from ....digest import sha256_file, sha256_json
 from ....errors import ToolchainError
 from ....log import Log
-from ....recipe import canonical_json
 from ....settings import Settings
 from . import layout
 from .manifest import load_manifest
@@ -134,9 +132,8 @@ class InstallerPlan:
     @property
     def pin(self) -> str:
         """The content address of an install: the installer's sha256 and what is taken from it."""
-        return hashlib.sha256(canonical_json({"installer": self.installer.file, "sha256": self.sha256,
-                                              "folders": {c: list(f) for c, f in self.folders.items()},
-                                              "components": self.components}).encode()).hexdigest()
+        return sha256_json({"installer": self.installer.file, "sha256": self.sha256,
+                            "folders": {c: list(f) for c, f in self.folders.items()}, "components": self.components})
 
     def root(self, cache_dir: Path) -> Path:
         return layout.toolkit_root(cache_dir, version=self.version, platform=self.platform, source=SOURCE,

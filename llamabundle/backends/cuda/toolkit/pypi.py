@@ -28,10 +28,9 @@ from filelock import FileLock
 
 from .... import data, net, platforms, proc, pyindex
 from ....archive import extract_zip
-from ....bundle import sha256_file
+from ....digest import sha256_file, sha256_json
 from ....errors import ToolchainError, VerifyError
 from ....log import Log
-from ....recipe import canonical_json
 from ....settings import Settings
 from . import layout
 
@@ -121,7 +120,7 @@ def plan_pypi(version: str, platform: str, components: Sequence[str]) -> list[Wh
 
 def plan_pin(records: Sequence[WheelRecord]) -> str:
     """sha256 of the canonical JSON of the wheel records: the content address of an install."""
-    return hashlib.sha256(canonical_json([dataclasses.asdict(r) for r in records]).encode()).hexdigest()
+    return sha256_json([dataclasses.asdict(r) for r in records])
 
 
 def default_root(settings: Settings, *, version: str, platform: str, records: Sequence[WheelRecord]) -> Path:

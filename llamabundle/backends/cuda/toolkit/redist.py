@@ -27,7 +27,7 @@ import requests
 
 from .... import archive as archive_mod
 from .... import net, platforms
-from ....bundle import sha256_file
+from ....digest import sha256_file
 from ....errors import ToolchainError, VerifyError
 from ....log import Log
 from ....settings import Settings

@@ -11,17 +11,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import backends, cache, platforms, scratch
-from ..backends import Prepared
-from ..build import BuildPlan, BuildResult, BuildTools
-from ..errors import VerifyError
-from ..log import Log
-from ..platforms import Collected, RuntimeSources
-from ..platforms.base import HostToolchain
-from ..recipe import Recipe
-from ..source import SourceTree
-from . import built_at, file_entries, pack, write_manifest
-from .manifest import Manifest
+from . import backends, cache, platforms, scratch
+from .backends import Prepared
+from .build import BuildPlan, BuildResult, BuildTools
+from .bundle import built_at, file_entries, pack, write_manifest
+from .bundle.manifest import Manifest
+from .errors import VerifyError
+from .keys import Keyed
+from .log import Log
+from .platforms import Collected, RuntimeSources
+from .platforms.base import HostToolchain
+from .recipe import Recipe
+from .source import SourceTree
 
 LICENSE_FILES = {"LICENSE": "LICENSE", "licenses/LICENSE-jsonhpp": "LICENSE-jsonhpp"}
 
@@ -29,12 +30,19 @@ LICENSE_FILES = {"LICENSE": "LICENSE", "licenses/LICENSE-jsonhpp": "LICENSE-json
 @dataclass(frozen=True, kw_only=True)
 class Made:
     """What a build of one recipe was made with: enough to package it, or to build it again elsewhere."""
-    recipe: Recipe
-    key: str
+    keyed: Keyed
     src: SourceTree
     tools: BuildTools
     prepared: Mapping[str, Prepared]  # backend name -> its toolkit
     sde: int | None  # SOURCE_DATE_EPOCH: the commit's date unless the environment sets it
+
+    @property
+    def recipe(self) -> Recipe:
+        return self.keyed.recipe
+
+    @property
+    def key(self) -> str:
+        return self.keyed.key
 
     @property
     def toolkit_roots(self) -> dict[str, Path]:
@@ -68,7 +76,7 @@ def package(made: Made, plan: BuildPlan, result: BuildResult, out_zip: Path, *, 
         fields: dict[str, Any] = {
             "name": recipe.name,
             "key": made.key,
-            "inputs": recipe.key_inputs(),
+            "inputs": dict(made.keyed.inputs),
             "llama_cpp": {"commit": recipe.llama_cpp.commit, "version": llama_version(plan.build_dir),
                           "source": made.src.origin},
             "platform": recipe.platform,
@@ -80,11 +88,11 @@ def package(made: Made, plan: BuildPlan, result: BuildResult, out_zip: Path, *, 
             "glibc_floor": collected.glibc_floor,
             "files": file_entries(stage, roles, about),
             "built_at": built_at(made.sde),
-            "publish": {"tag": recipe.tag()},
+            "publish": {"tag": made.keyed.tag},
         }
         for b in backends.REGISTRY.values():  # every backend's section: null when the bundle lacks it
             if b.manifest_key:
-                fields[b.manifest_key] = b.manifest_section(recipe, stage, platform=platform,
+                fields[b.manifest_key] = b.manifest_section(recipe, made.keyed.host, stage, platform=platform,
                                                             prepared=made.prepared.get(b.name)) if b in have else None
         manifest = write_manifest(stage, fields)
         with log.step("pack"):

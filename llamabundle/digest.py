@@ -1,0 +1,36 @@
+"""The ground floor's hashing: a file's sha256, the files under a directory, and the canonical JSON that keys
+and pins are the sha256 of. Every room may use it; it imports nothing of the package."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def sha256_json(value: Any) -> str:
+    """The sha256 of a value's canonical JSON (a cache key, a pin)."""
+    return hashlib.sha256(canonical_json(value).encode()).hexdigest()
+
+
+def canonical_json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+
+
+def walk(root: Path) -> list[str]:
+    """Every file under root, as '/'-separated paths relative to it (unsorted)."""
+    out = []
+    for dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            out.append(os.path.relpath(os.path.join(dirpath, name), root).replace(os.sep, "/"))
+    return out

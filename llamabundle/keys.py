@@ -1,0 +1,133 @@
+"""The cache key (DESIGN §4), computed above the backends: the recipe's inputs in canonical form, what this
+machine contributes (the exact compiler of an unpinned toolchain, a backend's tool such as glslc) and each
+backend's own part (`Backend.key_inputs`); and the rules of a recipe that need a platform or a backend
+(`Backend.check_recipe`). The key is the sha256 of the canonical JSON of the inputs; `--explain` prints it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from . import backends, compilers, data, platforms
+from .digest import sha256_json
+from .errors import ToolchainError
+from .recipe import HostFacts, Recipe, load_recipe, parse_recipe
+from .recipe import model as recipe_model
+
+# What the tool itself derives from a recipe (the CMake flags and files of build.py, the CPU-variant sets, the
+# mingw compatibility header, the collection of runtime libraries): a new llamabundle that builds differently
+# must never serve an old bundle as a hit. Bump DERIVATION with any change to that code; the knowledge files'
+# digest follows their data by itself. tests/unit/test_key.py records the flags each version derives and fails
+# when they change without a bump. The history of the versions is in docs/key.md.
+DERIVATION = 7
+DERIVATION_DATA = ("build.json", "mingw.json", "msvc.json", "cuda_runtime.json")
+
+
+def derivation() -> dict[str, Any]:
+    return {"version": DERIVATION, "data": sha256_json({name: data.load(name) for name in DERIVATION_DATA})[:16]}
+
+
+# ------------------------------------------------------------------------------------------ checks
+
+
+def check(recipe: Recipe) -> Recipe:
+    """The rules that need a platform or a backend (the model's own were checked when it was loaded): the
+    compiler can target the platform, then each backend's (CUDA's toolkit, components and archs; the CPU
+    variants left out; where Vulkan builds). Raises RecipeError at the line the problem is on."""
+    allowed = platforms.get(recipe.platform).compilers
+    if recipe.toolchain.compiler not in allowed:
+        raise recipe.error("toolchain.compiler", f"compiler '{recipe.toolchain.compiler}' cannot target {recipe.platform}",
+                           fix="use one of: " + ", ".join(allowed))
+    for b in backends.of(recipe):
+        b.check_recipe(recipe)
+    return recipe
+
+
+def load(path: str | Path) -> Recipe:
+    """A recipe file (or a shipped recipe's name), loaded and checked: model, platform and backends."""
+    return check(load_recipe(path))
+
+
+def parse(text: str, *, file: str = "<recipe>") -> Recipe:
+    """A recipe from YAML text, loaded and checked."""
+    return check(parse_recipe(text, file=file))
+
+
+# -------------------------------------------------------------------------------------------- key
+
+
+def host_facts(recipe: Recipe, *, env: Mapping[str, str] | None = None) -> HostFacts:
+    """What this machine contributes to the key, found on env's PATH (default: the system's default search
+    path): the exact version of the compiler when the recipe does not pin it, and the tools its backends
+    build with (glslc). Each is asked once per environment in a process."""
+    compiler = None if recipe.pins_compiler else compilers.detect_version(recipe.toolchain.compiler, env=env)
+    tools = {b.name: t for b in backends.of(recipe) if (t := b.host_tool(recipe, env=env)) is not None}
+    return HostFacts(compiler=compiler, tools=tools)
+
+
+def compiler_key(recipe: Recipe, host: HostFacts) -> str | None:
+    """The compiler's part of the key: the recipe's pin, else `=<exact version found here>` (None for MSVC
+    pinned by msvc_version, which is in the key itself)."""
+    if recipe.toolchain.version:
+        return recipe.toolchain.version
+    if recipe.toolchain.compiler == "msvc" and recipe.toolchain.msvc_version:
+        return None
+    if host.compiler:
+        return "=" + host.compiler
+    raise ToolchainError(f"{recipe.origin or recipe.name}: the cache key needs the version of "
+                         f"{compilers.cxx_program(recipe.toolchain.compiler)}",
+                         why="the recipe does not pin toolchain.version, so its key holds the exact version of the "
+                             "compiler that builds it, and there is no such compiler on PATH here",
+                         fix="pin the compiler in the recipe (toolchain: {compiler: "
+                             f"{recipe.toolchain.compiler}, version: \"12.2\"}}), or install it here")
+
+
+def key_inputs(recipe: Recipe, host: HostFacts) -> dict[str, Any]:
+    """Every input that changes the bundle's files, in canonical form (DESIGN §4): the recipe's, the
+    compiler's, and each registered backend's entries (a backend adds entries whether or not the recipe has
+    it: CUDA's `"cuda": null` keeps the keys of every recipe without CUDA as they were)."""
+    toolchain: dict[str, Any] = {"compiler": recipe.toolchain.compiler}
+    if (pin := compiler_key(recipe, host)) is not None:
+        toolchain["version"] = pin
+    if recipe.toolchain.msvc_version:
+        toolchain["msvc_version"] = recipe.toolchain.msvc_version
+    inputs: dict[str, Any] = {
+        "recipe": recipe.recipe,
+        "bundle_format": recipe_model.BUNDLE_FORMAT,
+        "derivation": derivation(),
+        "platform": recipe.platform,
+        "commit": recipe.llama_cpp.commit,
+        "backends": sorted(recipe.backends),
+        "toolchain": toolchain,
+        "cmake": dict(sorted(recipe.cmake)),
+        "targets": sorted(recipe.targets),
+        "runtime": {"openmp": recipe.runtime.openmp},
+    }
+    for b in backends.REGISTRY.values():
+        inputs.update(b.key_inputs(recipe, host))
+    return inputs
+
+
+@dataclass(frozen=True, kw_only=True)
+class Keyed:
+    """A checked recipe with its key: the host facts it was computed with, the inputs and their sha256."""
+    recipe: Recipe
+    host: HostFacts
+    inputs: Mapping[str, Any]
+    key: str
+
+    @property
+    def tag(self) -> str:
+        """The release tag of its bundle (publish.tag filled in)."""
+        r, commit = self.recipe, self.recipe.llama_cpp.commit
+        return r.publish.tag.format(name=r.name, key=self.key, key12=self.key[:12], commit=commit,
+                                    commit12=commit[:12], platform=r.platform)
+
+
+def resolve(recipe: Recipe, *, env: Mapping[str, str] | None = None, host: HostFacts | None = None) -> Keyed:
+    """The recipe's key on this machine (`host`: facts found elsewhere, e.g. a build tree's CMake cache)."""
+    host = host_facts(recipe, env=env) if host is None else host
+    inputs = key_inputs(recipe, host)
+    return Keyed(recipe=recipe, host=host, inputs=inputs, key=sha256_json(inputs))
