@@ -143,7 +143,7 @@ class InstallResult:
 
 
 def _installed(i: Installed) -> InstalledBundle:
-    cuda = i.manifest.cuda
+    cuda = i.cuda_info
     return InstalledBundle(name=i.name, key=i.key, path=i.path, installed_at=i.installed_at, platform=i.manifest.platform,
                            commit=i.manifest.llama_cpp.commit, backends=tuple(i.manifest.backends),
                            toolkit=cuda.toolkit if cuda else None, driver_floor=cuda.driver_floor if cuda else None)

@@ -20,6 +20,7 @@ from .compilers import EXECUTABLES
 from .errors import BuildError, ToolchainError
 from .log import Log
 from .platforms import Platform
+from .platforms.base import Products
 from .recipe import HostFacts, Recipe
 
 STAMP = "llamabundle-configure.json"
@@ -55,6 +56,11 @@ class BuildPlan:
     env: tuple[tuple[str, str], ...] = ()  # laid over the environment configure and build run in (MSVC's vcvars)
     links: tuple[tuple[str, str], ...] = ()  # (fixed-length path, the real directory): made before configuring
     commands: tuple[tuple[str, ...], ...] = ()  # run before configuring (a compiler launcher's helper)
+
+    @property
+    def products(self) -> Products:
+        """What the build makes that goes into the bundle (what a platform collects)."""
+        return Products(output_dir=self.output_dir, programs=self.programs, backends=self.backends)
 
     def to_json(self) -> dict[str, object]:
         d = asdict(self)

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from . import __version__, scratch
+from . import __version__, backends, scratch
 from .errors import DiskError, UsageError, disk_fix
 
 if TYPE_CHECKING:
@@ -108,9 +108,10 @@ def rows_of(entries: Iterable[Entry]) -> tuple[Row, ...]:
     rows = []
     for e in entries:
         m = e.manifest
+        facts = next((f for b in backends.of(m.backends) if (f := b.index_facts(m)) is not None), None)
         rows.append(Row(name=m.name, key=e.key, platform=m.platform, backends=m.backends,
-                        toolkit=m.cuda.toolkit if m.cuda else None, sass=m.cuda.sass if m.cuda else (),
-                        ptx=m.cuda.ptx if m.cuda else (), driver_floor=m.cuda.driver_floor if m.cuda else None,
+                        toolkit=facts.toolkit if facts else None, sass=facts.sass if facts else (),
+                        ptx=facts.ptx if facts else (), driver_floor=facts.driver_floor if facts else None,
                         glibc_floor=m.glibc_floor, commit=m.llama_cpp.commit, version=m.llama_cpp.version,
                         built_at=m.built_at, zip_name=e.zip_name, zip_size=e.zip_size, zip_sha256=e.zip_sha256,
                         url=download_url(e.location), location=e.location))

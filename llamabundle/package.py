@@ -66,7 +66,7 @@ def package(made: Made, plan: BuildPlan, result: BuildResult, out_zip: Path, *, 
                 extras=lambda bundled, dirs: [e for b in have
                                               for e in b.runtime_extras(recipe, bundled, dirs, platform=platform)],
                 openmp=recipe.runtime.openmp)
-            collected = platform.collect(plan, stage, log=log, sources=sources)
+            collected = platform.collect(plan.products, stage, log=log, sources=sources)
             about = {n: (collected.origins.get(n, "build"), collected.why.get(n, "")) for n in collected.bundled}
             about |= {n: ("source", "llama.cpp's licence") for n in copy_licenses(made.src.path, stage)}
             about |= platform.licenses(collected, stage)

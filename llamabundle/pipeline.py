@@ -72,10 +72,11 @@ def sweep_cache(settings: Settings) -> None:
 
 
 def expect_for(keyed: Keyed) -> Expect:
-    """What a bundle of this recipe must be: its key, platform, commit and toolkit."""
+    """What a bundle of this recipe must be: its key, platform, commit and each backend's toolkit."""
     recipe = keyed.recipe
-    return Expect(key=keyed.key, platform=recipe.platform, commit=recipe.llama_cpp.commit,
-                  toolkit=recipe.cuda.toolkit if recipe.cuda else None)
+    toolkits = {name: part["toolkit"] for name, part in keyed.inputs.items()
+                if isinstance(part, dict) and isinstance(part.get("toolkit"), str)}
+    return Expect(key=keyed.key, platform=recipe.platform, commit=recipe.llama_cpp.commit, toolkits=toolkits)
 
 
 def show_plan(keyed: Keyed, settings: Settings, tools: BuildTools, toolchain: HostToolchain) -> BuildPlan:

@@ -13,7 +13,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from . import backends, cache, opscheck, platforms, proc, scratch
+from . import backends, cache, opscheck, platforms, scratch
 from . import bundle as bundle_mod
 from .bundle.manifest import ANYTHING, Expect, Manifest
 from .errors import LlamaBundleError, UsageError, VerifyError
@@ -173,6 +173,7 @@ def verify_unpacked(root: Path, manifest: Manifest, check: bundle_mod.ContentChe
     platform = platforms.get(manifest.platform)
     report = VerifyReport(path=label, key=manifest.key, platform=manifest.platform,
                           files=check.files, bytes=check.bytes)
+    backends.read_sections(manifest)  # each backend's section, typed (a wrong field names itself)
     report.levels["manifest"] = "passed"
     check_static(root, manifest)
     report.levels["static"] = "passed"
@@ -195,7 +196,7 @@ def check_ops(root: Path, manifest: Manifest, report: VerifyReport, *, tool: Pat
         report.levels["ops"] = "skipped: " + report.levels["load"].removeprefix("skipped: ")
         return
     platform = platforms.get(manifest.platform)
-    keep = proc.inherited([*(k for b in backends.of(manifest.backends) for k in b.run_env), *opscheck.DEVICE_ENV])
+    keep = backends.run_keep(manifest, *opscheck.DEVICE_ENV)
     listed = run_list_devices(root, exe_name=platform.program_file("llama-server"), keep=keep)
     devices = [d.split(":", 1)[0] for d in listed.devices if not d.startswith("CPU")]
     if not devices:
@@ -228,7 +229,7 @@ def check_load(root: Path, manifest: Manifest, report: VerifyReport, *, wine_pre
     """llama-server --verbose --list-devices from `root` on this host (under Wine for a Windows bundle on
     Linux): the CPU backend, and every backend that loads, must come from inside `root`."""
     loaded = platforms.get(manifest.platform).check_load(root, manifest, host=platforms.host_name(),
-                                                         wine_prefix=wine_prefix)
+                                                         wine_prefix=wine_prefix, keep=backends.run_keep(manifest))
     report.backends_loaded.update(loaded.backends)
     report.devices.extend(loaded.devices)
     report.compute_caps.update(loaded.compute_caps)

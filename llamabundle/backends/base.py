@@ -27,6 +27,16 @@ class Prepared:
 
 
 @dataclass(frozen=True, kw_only=True)
+class IndexFacts:
+    """What a store's index shows of a bundle for its backend: the toolkit it was built with, the GPU code it
+    carries (SASS and PTX), and the driver it needs."""
+    toolkit: str
+    sass: tuple[str, ...] = ()
+    ptx: tuple[str, ...] = ()
+    driver_floor: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
 class Launcher:
     """A compiler launcher a backend puts in front of its language's compiler (before ccache), with the files
     it needs in the build tree and the commands that make them, run before configuring."""
@@ -110,6 +120,18 @@ class Backend(Protocol):
         """Its section of bundle.json, read from the staged files (None: it has none)."""
         ...
 
+    def read_section(self, manifest: Manifest) -> object | None:
+        """Its section of a bundle.json, typed (None: the bundle has none); a wrong field is a ManifestError."""
+        ...
+
+    def section_schema(self) -> dict[str, Any] | None:
+        """The JSON schema of its section (None: it has none), in data/schemas/bundle.schema.json."""
+        ...
+
+    def index_facts(self, manifest: Manifest) -> IndexFacts | None:
+        """Its cells of the store index's row (`llamabundle index`): None when it has nothing to show."""
+        ...
+
     def check(self, root: Path, manifest: Manifest, *, platform: Platform) -> dict[str, str]:
         """Its static checks of an unpacked bundle that has it: level name -> "passed (…)"; raises VerifyError."""
         ...
@@ -172,6 +194,15 @@ class NoExtras:
 
     def manifest_section(self, recipe: Recipe, host: HostFacts, stage: Path, *, platform: Platform,
                          prepared: Prepared | None) -> dict[str, Any] | None:
+        return None
+
+    def read_section(self, manifest: Manifest) -> object | None:
+        return None
+
+    def section_schema(self) -> dict[str, Any] | None:
+        return None
+
+    def index_facts(self, manifest: Manifest) -> IndexFacts | None:
         return None
 
     def check(self, root: Path, manifest: Manifest, *, platform: Platform) -> dict[str, str]:

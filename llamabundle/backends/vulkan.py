@@ -20,16 +20,26 @@ import shutil
 import tarfile
 import tempfile
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import archive, data, net, proc
+from ..bundle.manifest import (
+    HEX64,
+    SCHEMA_STRINGS,
+    Manifest,
+    as_obj,
+    as_str,
+    as_strs,
+    field_error,
+    schema_text,
+)
 from ..errors import BuildError, ToolchainError, VerifyError
 from ..recipe.model import ToolFound
 from .base import NoExtras, Prepared
 
 if TYPE_CHECKING:
-    from ..bundle.manifest import Manifest
     from ..log import Log
     from ..platforms.base import Platform
     from ..recipe import HostFacts, Recipe, VulkanHeaders
@@ -230,6 +240,49 @@ def spirv_headers(env: Mapping[str, str]) -> Path | None:
     return None
 
 
+@dataclass(frozen=True, kw_only=True)
+class VulkanInfo:
+    """bundle.json's `vulkan` section: the headers compiled against, the glslc that compiled the shaders and the
+    shader extensions it supported (the shader set depends on them)."""
+    headers: str | None
+    headers_sha256: str | None
+    glslc: str
+    glslc_versions: tuple[tuple[str, str], ...]
+    shader_extensions: tuple[str, ...]
+
+
+def read_section(m: Manifest) -> VulkanInfo | None:
+    v = m.sections.get("vulkan")
+    if v is None:
+        return None
+    versions = as_obj(v.get("glslc_versions", {}), "vulkan.glslc_versions")
+    for name, value in versions.items():
+        as_str(value, f"vulkan.glslc_versions.{name}")
+    sha = as_str(v.get("headers_sha256"), "vulkan.headers_sha256", optional=True)
+    if sha is not None and not HEX64.fullmatch(sha):
+        raise field_error("vulkan.headers_sha256", f"is {sha[:80]!r}, not 64 lowercase hex digits")
+    return VulkanInfo(headers=as_str(v.get("headers"), "vulkan.headers", optional=True), headers_sha256=sha,
+                      glslc=as_str(v.get("glslc"), "vulkan.glslc") or "",
+                      glslc_versions=tuple((str(k), str(x)) for k, x in versions.items()),
+                      shader_extensions=as_strs(v.get("shader_extensions"), "vulkan.shader_extensions"))
+
+
+def section_schema() -> dict[str, Any]:
+    text, strings = schema_text, SCHEMA_STRINGS
+    return {
+        "type": "object",
+        "required": ["glslc", "shader_extensions"],
+        "properties": {
+            "headers": text(description="the Vulkan headers' version ggml-vulkan was compiled against, e.g. 1.4.309"),
+            "headers_sha256": text(HEX64),
+            "glslc": text(description="the shaderc version of the glslc that compiled the shaders"),
+            "glslc_versions": {"type": "object", "additionalProperties": text()},
+            "shader_extensions": {**strings, "description": "the shader extensions glslc supported (the shader set "
+                                  "depends on them: GL_KHR_cooperative_matrix, GL_EXT_integer_dot_product, …)"},
+        },
+    }
+
+
 def glslc_of(recipe: Recipe, host: HostFacts) -> ToolFound:
     """The glslc the key names: found here, and the pinned one when the recipe pins vulkan.glslc."""
     assert recipe.vulkan is not None
@@ -336,14 +389,21 @@ class Vulkan(NoExtras):
         if any(f.path.lower() == loader.lower() for f in manifest.files):
             raise VerifyError(f"the bundle carries {loader}", why="the Vulkan loader belongs to the machine's "
                               "graphics stack (its drivers register with it)", fix="rebuild the bundle")
-        section = manifest.to_json().get("vulkan") or {}
+        section = read_section(manifest)
         inputs = manifest.inputs.get("vulkan")
         recorded = (inputs or {}).get("glslc", {}).get("features") if isinstance(inputs, Mapping) else None
-        if recorded is not None and list(section.get("shader_extensions", [])) != list(recorded):
+        exts = list(section.shader_extensions) if section is not None else []
+        if recorded is not None and exts != list(recorded):
             raise VerifyError("bundle.json's Vulkan shader extensions differ from its key inputs",
                               fix="rebuild the bundle (the manifest was edited)")
-        exts = section.get("shader_extensions") or []
-        return {"vulkan": f"passed (glslc {section.get('glslc', '?')}; shader extensions: {', '.join(exts) or 'none'})"}
+        glslc = section.glslc if section is not None else "?"
+        return {"vulkan": f"passed (glslc {glslc}; shader extensions: {', '.join(exts) or 'none'})"}
+
+    def read_section(self, manifest: Manifest) -> VulkanInfo | None:
+        return read_section(manifest)
+
+    def section_schema(self) -> dict[str, Any] | None:
+        return section_schema()
 
     def device_present(self) -> bool:
         """A Vulkan driver for a GPU is registered here (an ICD manifest other than a CPU implementation's)."""

@@ -12,20 +12,21 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Any, get_args
 
-from .. import platforms
 from ..digest import sha256_file, sha256_json, walk
 from ..errors import VerifyError
+from ..recipe.model import Backend, Platform
 
 MANIFEST = "bundle.json"
 FORMAT = 1
 ROLES = ("exe", "backend", "runtime", "license")
-PLATFORMS = platforms.NAMES
-_HEX64 = re.compile(r"[0-9a-f]{64}")
+PLATFORMS: tuple[str, ...] = get_args(Platform)  # a bundle is for a platform a recipe can name
+SECTIONS: tuple[str, ...] = get_args(Backend)  # a backend's own section is named after it (cuda, vulkan)
+HEX64 = re.compile(r"[0-9a-f]{64}")
 _COMMIT = re.compile(r"[0-9a-f]{40}")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,99}")
 MAX_MANIFEST_BYTES = 16 << 20
@@ -51,18 +52,6 @@ class FileEntry:
 
 
 @dataclass(frozen=True, kw_only=True)
-class CudaInfo:
-    toolkit: str
-    sass: tuple[str, ...]
-    ptx: tuple[str, ...]
-    driver_floor: str | None
-    nvcc: str | None = None
-
-    def archs_json(self) -> dict[str, list[str]]:
-        return {"sass": list(self.sass), "ptx": list(self.ptx)}
-
-
-@dataclass(frozen=True, kw_only=True)
 class LlamaCpp:
     commit: str
     version: str | None = None
@@ -77,7 +66,7 @@ class Manifest:
     llama_cpp: LlamaCpp
     platform: str
     backends: tuple[str, ...]
-    cuda: CudaInfo | None
+    sections: Mapping[str, Mapping[str, Any]]  # each backend's own section, read-only (its backend reads it typed)
     files: tuple[FileEntry, ...]
     system_deps: tuple[str, ...]
     glibc_floor: str | None
@@ -88,6 +77,11 @@ class Manifest:
 
     def file(self, path: str) -> FileEntry | None:
         return next((f for f in self.files if f.path == path), None)
+
+    def toolkit(self, section: str) -> str | None:
+        """The toolkit release a backend's section records (cuda: 12.8.1), or None."""
+        value = self.sections.get(section, {}).get("toolkit")
+        return value if isinstance(value, str) else None
 
     def to_json(self) -> dict[str, Any]:
         """The manifest as it was read (a new copy: unknown fields of format 1 are kept)."""
@@ -106,33 +100,35 @@ class Manifest:
 # ------------------------------------------------------------------------------------- parsing
 
 
-def _fail(field: str, what: str) -> ManifestError:
+def field_error(field: str, what: str) -> ManifestError:
+    """A field of bundle.json that is not what it must be (`field`: its path, e.g. cuda.archs.sass)."""
     return ManifestError(f"{MANIFEST}: '{field}' {what}", field=field,
                          why="the manifest does not have the form of a bundle.json")
 
 
-def _obj(value: Any, field: str) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise _fail(field, f"is {_kind(value)}, not an object")
+def as_obj(value: Any, field: str) -> Mapping[str, Any]:
+    """A field's value as an object, else a ManifestError naming it (also for a backend reading its section)."""
+    if not isinstance(value, Mapping):
+        raise field_error(field, f"is {_kind(value)}, not an object")
     return value
 
 
-def _str(value: Any, field: str, *, pattern: re.Pattern[str] | None = None, optional: bool = False,
-         what: str = "") -> str | None:
+def as_str(value: Any, field: str, *, pattern: re.Pattern[str] | None = None, optional: bool = False,
+           what: str = "") -> str | None:
     if value is None and optional:
         return None
     if not isinstance(value, str):
-        raise _fail(field, f"is {_kind(value)}, not a string")
+        raise field_error(field, f"is {_kind(value)}, not a string")
     if pattern is not None and not pattern.fullmatch(value):
-        raise _fail(field, f"is {value[:80]!r}, not {what}")
+        raise field_error(field, f"is {value[:80]!r}, not {what}")
     return value
 
 
-def _strs(value: Any, field: str) -> tuple[str, ...]:
-    if not isinstance(value, list):
-        raise _fail(field, f"is {_kind(value)}, not a list")
+def as_strs(value: Any, field: str) -> tuple[str, ...]:
+    if not isinstance(value, (list, tuple)):
+        raise field_error(field, f"is {_kind(value)}, not a list")
     for i, v in enumerate(value):
-        _str(v, f"{field}[{i}]")
+        as_str(v, f"{field}[{i}]")
     return tuple(value)
 
 
@@ -140,7 +136,8 @@ def _kind(value: Any) -> str:
     if value is None:
         return "null"
     return {bool: "a boolean", int: "a number", float: "a number", str: f"the string {str(value)[:40]!r}",
-            list: "a list", dict: "an object"}.get(type(value), type(value).__name__)
+            list: "a list", tuple: "a list", dict: "an object", MappingProxyType: "an object"}.get(type(value),
+                                                                                                type(value).__name__)
 
 
 def _freeze(value: Any) -> Any:
@@ -162,112 +159,91 @@ def parse(data: Any) -> Manifest:
     for k in ("name", "key", "inputs", "llama_cpp", "platform", "files"):
         if k not in data:
             raise ManifestError(f"{MANIFEST} lacks '{k}'", field=k, why="every bundle.json records it")
-    name = _str(data["name"], "name", pattern=_NAME, what="a bundle name")
-    key = _str(data["key"], "key", pattern=_HEX64, what="64 lowercase hex digits")
-    inputs = _obj(data["inputs"], "inputs")
-    ll = _obj(data["llama_cpp"], "llama_cpp")
-    llama = LlamaCpp(commit=_str(ll.get("commit"), "llama_cpp.commit", pattern=_COMMIT, what="a 40-digit commit") or "",
-                     version=_str(ll.get("version"), "llama_cpp.version", optional=True),
-                     source=_str(ll.get("source"), "llama_cpp.source", optional=True))
-    platform = _str(data["platform"], "platform") or ""
+    name = as_str(data["name"], "name", pattern=_NAME, what="a bundle name")
+    key = as_str(data["key"], "key", pattern=HEX64, what="64 lowercase hex digits")
+    inputs = as_obj(data["inputs"], "inputs")
+    ll = as_obj(data["llama_cpp"], "llama_cpp")
+    llama = LlamaCpp(commit=as_str(ll.get("commit"), "llama_cpp.commit", pattern=_COMMIT, what="a 40-digit commit") or "",
+                     version=as_str(ll.get("version"), "llama_cpp.version", optional=True),
+                     source=as_str(ll.get("source"), "llama_cpp.source", optional=True))
+    platform = as_str(data["platform"], "platform") or ""
     if platform not in PLATFORMS:
         raise ManifestError(f"{MANIFEST}: 'platform' is {platform[:40]!r}, which this llamabundle does not know",
                             field="platform", why=f"known platforms: {', '.join(PLATFORMS)}", fix="upgrade llamabundle")
-    backends = _strs(data.get("backends", []), "backends")
-    cuda = None
-    if data.get("cuda") is not None:
-        c = _obj(data["cuda"], "cuda")
-        archs = _obj(c.get("archs", {}), "cuda.archs")
-        cuda = CudaInfo(toolkit=_str(c.get("toolkit"), "cuda.toolkit") or "",
-                        sass=_strs(archs.get("sass", []), "cuda.archs.sass"),
-                        ptx=_strs(archs.get("ptx", []), "cuda.archs.ptx"),
-                        driver_floor=_str(c.get("driver_floor"), "cuda.driver_floor", optional=True),
-                        nvcc=_str(c.get("nvcc"), "cuda.nvcc", optional=True))
+    backends = as_strs(data.get("backends", []), "backends")
+    sections = {}  # each read typed by its backend (Backend.read_section); here: an object, its toolkit a string
+    for section in SECTIONS:
+        if data.get(section) is not None:
+            sections[section] = as_obj(data[section], section)
+            as_str(sections[section].get("toolkit"), f"{section}.toolkit", optional=True)
     if not isinstance(data["files"], list):
-        raise _fail("files", f"is {_kind(data['files'])}, not a list")
+        raise field_error("files", f"is {_kind(data['files'])}, not a list")
     files: list[FileEntry] = []
     seen: set[str] = set()
     for i, f in enumerate(data["files"]):
         where = f"files[{i}]"
-        f = _obj(f, where)
-        path = _str(f.get("path"), f"{where}.path") or ""
+        f = as_obj(f, where)
+        path = as_str(f.get("path"), f"{where}.path") or ""
         if (not path or path.startswith("/") or "\\" in path or ".." in path.split("/") or path == MANIFEST
                 or ":" in path.split("/")[0]):
-            raise _fail(f"{where}.path", f"is {path[:80]!r}, not a relative path inside the bundle")
+            raise field_error(f"{where}.path", f"is {path[:80]!r}, not a relative path inside the bundle")
         if path.lower() in seen:
-            raise _fail(f"{where}.path", f"lists {path!r} twice")
+            raise field_error(f"{where}.path", f"lists {path!r} twice")
         seen.add(path.lower())
         size = f.get("size")
         if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-            raise _fail(f"{where}.size", f"is {_kind(size)}, not a size in bytes")
-        role = _str(f.get("role"), f"{where}.role") or ""
+            raise field_error(f"{where}.size", f"is {_kind(size)}, not a size in bytes")
+        role = as_str(f.get("role"), f"{where}.role") or ""
         if role not in ROLES:
-            raise _fail(f"{where}.role", f"is {role[:40]!r}, not one of {', '.join(ROLES)}")
-        files.append(FileEntry(path=path, sha256=_str(f.get("sha256"), f"{where}.sha256", pattern=_HEX64,
+            raise field_error(f"{where}.role", f"is {role[:40]!r}, not one of {', '.join(ROLES)}")
+        files.append(FileEntry(path=path, sha256=as_str(f.get("sha256"), f"{where}.sha256", pattern=HEX64,
                                                       what="64 lowercase hex digits") or "",
-                               size=size, role=role, origin=_str(f.get("origin"), f"{where}.origin", optional=True),
-                               why=_str(f.get("why"), f"{where}.why", optional=True)))
+                               size=size, role=role, origin=as_str(f.get("origin"), f"{where}.origin", optional=True),
+                               why=as_str(f.get("why"), f"{where}.why", optional=True)))
     publish = data.get("publish")
     tag = None
     if publish is not None:
-        tag = _str(_obj(publish, "publish").get("tag"), "publish.tag", optional=True)
+        tag = as_str(as_obj(publish, "publish").get("tag"), "publish.tag", optional=True)
     toolchain = data.get("toolchain")
     if toolchain is not None:
-        _obj(toolchain, "toolchain")
+        as_obj(toolchain, "toolchain")
     return Manifest(name=name or "", key=key or "", inputs=_freeze(inputs), llama_cpp=llama, platform=platform,
-                    backends=backends, cuda=cuda, files=tuple(files),
-                    system_deps=_strs(data.get("system_deps") or [], "system_deps"),
-                    glibc_floor=_str(data.get("glibc_floor"), "glibc_floor", optional=True),
-                    publish_tag=tag, tool=_str(data.get("tool"), "tool", optional=True),
-                    built_at=_str(data.get("built_at"), "built_at", optional=True), _raw=json.dumps(data, sort_keys=True))
+                    backends=backends, sections=_freeze(sections), files=tuple(files),
+                    system_deps=as_strs(data.get("system_deps") or [], "system_deps"),
+                    glibc_floor=as_str(data.get("glibc_floor"), "glibc_floor", optional=True),
+                    publish_tag=tag, tool=as_str(data.get("tool"), "tool", optional=True),
+                    built_at=as_str(data.get("built_at"), "built_at", optional=True), _raw=json.dumps(data, sort_keys=True))
 
 
-def json_schema() -> dict[str, Any]:
-    """bundle.json's JSON schema, generated from the rules `parse` applies (patterns, roles, platforms and
-    backends from their registries): committed as data/schemas/bundle.schema.json, and a test fails when
-    it drifts. Apps in any language can validate a manifest with it before `trust`'s own checks."""
-    from .. import backends
+def schema_text(pattern: re.Pattern[str] | None = None, **more: Any) -> dict[str, Any]:
+    """A string field's schema (anchored pattern, description …)."""
+    return {"type": "string", **({"pattern": f"^{pattern.pattern}$"} if pattern else {}), **more}
 
-    def text(pattern: re.Pattern[str] | None = None, **more: Any) -> dict[str, Any]:
-        return {"type": "string", **({"pattern": f"^{pattern.pattern}$"} if pattern else {}), **more}
 
-    def maybe(schema: dict[str, Any]) -> dict[str, Any]:
-        return {"anyOf": [schema, {"type": "null"}]}
+def schema_maybe(schema: dict[str, Any]) -> dict[str, Any]:
+    """A field that may also be null."""
+    return {"anyOf": [schema, {"type": "null"}]}
 
-    strings = {"type": "array", "items": {"type": "string"}}
+
+SCHEMA_STRINGS: dict[str, Any] = {"type": "array", "items": {"type": "string"}}
+
+
+def json_schema(sections: Mapping[str, dict[str, Any]], *, backends: tuple[str, ...]) -> dict[str, Any]:
+    """bundle.json's JSON schema, generated from the rules `parse` applies (patterns, roles, platforms) and each
+    backend's section schema (`sections`, by name; `backends`: the names this version knows): committed as
+    data/schemas/bundle.schema.json (backends.bundle_schema), and a test fails when it drifts. Apps in any
+    language can validate a manifest with it before `trust`'s own checks."""
+    text, maybe, strings = schema_text, schema_maybe, SCHEMA_STRINGS
     file_entry = {
         "type": "object",
         "required": ["path", "sha256", "size", "role"],
         "properties": {
             "path": text(description="relative path inside the bundle ('/' separated, no '..', not bundle.json)"),
-            "sha256": text(_HEX64),
+            "sha256": text(HEX64),
             "size": {"type": "integer", "minimum": 0},
             "role": {"enum": list(ROLES)},
             "origin": maybe(text()),
             "why": maybe(text()),
-        },
-    }
-    cuda = {
-        "type": "object",
-        "required": ["toolkit"],
-        "properties": {
-            "toolkit": text(description="the CUDA toolkit release the bundle was built with, e.g. 12.8.1"),
-            "nvcc": maybe(text()),
-            "archs": {"type": "object", "properties": {"sass": strings, "ptx": strings}},
-            "driver_floor": maybe(text(description="the oldest NVIDIA driver that runs the bundle")),
-            "compression_mode": maybe(text()),
-        },
-    }
-    vulkan = {
-        "type": "object",
-        "required": ["glslc", "shader_extensions"],
-        "properties": {
-            "headers": text(description="the Vulkan headers' version ggml-vulkan was compiled against, e.g. 1.4.309"),
-            "headers_sha256": text(_HEX64),
-            "glslc": text(description="the shaderc version of the glslc that compiled the shaders"),
-            "glslc_versions": {"type": "object", "additionalProperties": text()},
-            "shader_extensions": {**strings, "description": "the shader extensions glslc supported (the shader set "
-                                  "depends on them: GL_KHR_cooperative_matrix, GL_EXT_integer_dot_product, …)"},
         },
     }
     return {
@@ -278,15 +254,14 @@ def json_schema() -> dict[str, Any]:
         "properties": {
             "format": {"const": FORMAT},
             "name": text(_NAME),
-            "key": text(_HEX64, description="sha256 of the canonical JSON of `inputs`"),
+            "key": text(HEX64, description="sha256 of the canonical JSON of `inputs`"),
             "inputs": {"type": "object", "description": "the recipe's canonical key inputs"},
             "llama_cpp": {"type": "object", "required": ["commit"],
                           "properties": {"commit": text(_COMMIT), "version": maybe(text()), "source": maybe(text())}},
             "platform": {"enum": list(PLATFORMS)},
             "backends": {"type": "array", "items": {"type": "string"},
-                         "description": "the ggml backends it carries; this version knows " + ", ".join(backends.NAMES)},
-            "cuda": maybe(cuda),
-            "vulkan": maybe(vulkan),
+                         "description": "the ggml backends it carries; this version knows " + ", ".join(backends)},
+            **{name: maybe(schema) for name, schema in sections.items()},
             "toolchain": maybe({"type": "object", "additionalProperties": maybe(text())}),
             "system_deps": maybe(strings),
             "glibc_floor": maybe(text()),
@@ -343,7 +318,7 @@ class Expect:
     key: str | None = None
     platform: str | None = None
     commit: str | None = None
-    toolkit: str | None = None
+    toolkits: Mapping[str, str] = field(default_factory=dict)  # backend name -> its toolkit: {"cuda": "12.8.1"}
 
 
 ANYTHING = Expect()  # nothing asked for: the manifest's own consistency (and the files) only
@@ -352,8 +327,7 @@ ANYTHING = Expect()  # nothing asked for: the manifest's own consistency (and th
 def check_consistent(m: Manifest, expect: Expect = ANYTHING) -> None:
     """The manifest against its own inputs and against what was asked for (no file is read)."""
     inputs = m.inputs
-    recorded_cuda = inputs.get("cuda")
-    for ok, what, why in [
+    checks = [
         (m.inputs_key() == m.key, f"its key {m.key[:12]} is not the sha256 of the inputs its {MANIFEST} records",
          "the manifest was edited, or its inputs are not what the bundle was built from"),
         (inputs.get("platform", m.platform) == m.platform,
@@ -361,20 +335,26 @@ def check_consistent(m: Manifest, expect: Expect = ANYTHING) -> None:
         (inputs.get("commit", m.llama_cpp.commit) == m.llama_cpp.commit,
          f"it says llama.cpp {m.llama_cpp.commit[:12]}, its inputs say {str(inputs.get('commit'))[:12]}",
          "the manifest was edited"),
-        ((recorded_cuda.get("toolkit") if isinstance(recorded_cuda, Mapping) else None)
-         == (m.cuda.toolkit if m.cuda else None) or "cuda" not in inputs,
-         (f"it says CUDA {m.cuda.toolkit if m.cuda else 'none'}, its inputs say "
-          f"{recorded_cuda.get('toolkit') if isinstance(recorded_cuda, Mapping) else 'none'}"), "the manifest was edited"),
+    ]
+    for name in SECTIONS:  # a backend's toolkit: the one its section records is the one its inputs record
+        if name in inputs:
+            recorded = inputs[name].get("toolkit") if isinstance(inputs[name], Mapping) else None
+            said = m.toolkit(name)
+            checks.append((recorded == said, f"it says {name.upper()} {said or 'none'}, its inputs say "
+                                             f"{recorded or 'none'}", "the manifest was edited"))
+    checks += [
         (expect.key is None or m.key == expect.key, f"its {MANIFEST} names key {m.key[:12]}, not {(expect.key or '')[:12]}",
          "it is stored under a key that is not its own"),
         (expect.platform is None or m.platform == expect.platform,
          f"it is built for {m.platform}, not {expect.platform}", "a bundle runs only on its own platform"),
         (expect.commit is None or m.llama_cpp.commit == expect.commit,
          f"it holds llama.cpp {m.llama_cpp.commit}, expected {expect.commit}", "the commit differs"),
-        (expect.toolkit is None or (m.cuda is not None and m.cuda.toolkit == expect.toolkit),
-         f"it was built with CUDA {m.cuda.toolkit}, expected {expect.toolkit}" if m.cuda
-         else f"it was built without CUDA, expected CUDA {expect.toolkit}", "the toolkit differs"),
-    ]:
+    ]
+    for name, want in expect.toolkits.items():
+        got = m.toolkit(name)
+        checks.append((got == want, f"it was built with {name.upper()} {got}, expected {want}" if got
+                       else f"it was built without {name.upper()}, expected {name.upper()} {want}", "the toolkit differs"))
+    for ok, what, why in checks:
         if not ok:
             raise ManifestError(f"bundle {m.key[:12]} refused: {what}", why=why)
 

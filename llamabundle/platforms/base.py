@@ -17,7 +17,6 @@ from ..data import MEMORY_PROGRAM
 from ..errors import VerifyError
 
 if TYPE_CHECKING:
-    from ..build import BuildPlan
     from ..bundle.manifest import Manifest
     from ..log import Log
     from ..recipe import HostFacts, Recipe
@@ -27,6 +26,15 @@ LOADED = re.compile(r"load_backend: loaded (\S+) backend from (.+?)\s*$")
 DEVICE = re.compile(r"^\s+(\S+): (.+)$")
 # ggml_cuda_init's "  Device 0: NVIDIA H200, compute capability 9.0, VMM: yes" (after the log prefix)
 CUDA_CC = re.compile(r"\bDevice (\d+): .*?, compute capability (\d+)\.(\d+)\b")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Products:
+    """What a build made that goes into the bundle: the recipe's programs and the backend modules (file names)
+    in the build's output directory."""
+    output_dir: Path
+    programs: tuple[str, ...]
+    backends: tuple[str, ...]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -130,7 +138,7 @@ class Platform(Protocol):
         the platform needs them named (the MSVC redist), else found here."""
         ...
 
-    def collect(self, plan: BuildPlan, stage: Path, *, log: Log, sources: RuntimeSources) -> Collected:
+    def collect(self, plan: Products, stage: Path, *, log: Log, sources: RuntimeSources) -> Collected:
         """Copy the build's programs and backends into `stage` with the import closure of runtime libraries
         they need (never the system's or the driver's), and say what each file is."""
         ...
@@ -144,8 +152,10 @@ class Platform(Protocol):
         driver set; raises VerifyError naming the first that does not. Returns the system imports."""
         ...
 
-    def check_load(self, root: Path, manifest: Manifest, *, host: str, wine_prefix: Path | None) -> Loaded:
-        """Run the bundle's llama-server --verbose --list-devices from `root` (a copy) on this host."""
+    def check_load(self, root: Path, manifest: Manifest, *, host: str, wine_prefix: Path | None,
+                   keep: Mapping[str, str]) -> Loaded:
+        """Run the bundle's llama-server --verbose --list-devices from `root` (a copy) on this host, in a clean
+        environment but for `keep` (the caller's variables the bundle's backends read: their driver lookup)."""
         ...
 
 
@@ -167,7 +177,7 @@ def closure_with_extras(resolve: Callable[[list[Path]], C], bundled_of: Callable
         extras.update({e.path.name: e for e in new})
 
 
-def reasons(plan: BuildPlan, bundled: Iterable[str], *, extras: Mapping[str, str],
+def reasons(plan: Products, bundled: Iterable[str], *, extras: Mapping[str, str],
             importers: Mapping[str, Sequence[str]]) -> dict[str, str]:
     """Why each collected file is in the bundle: a program or backend of the recipe, an extra (its own
     reason), or imported by the files that import it."""
@@ -198,7 +208,7 @@ def host_compiler(recipe: Recipe, host: HostFacts, *, env: Mapping[str, str], lo
     return HostToolchain(compiler=found, summary=(line,))
 
 
-def roles_of(plan: BuildPlan, bundled: Iterable[str]) -> dict[str, str]:
+def roles_of(plan: Products, bundled: Iterable[str]) -> dict[str, str]:
     """exe for the recipe's programs, backend for the backend modules, runtime for everything else copied in."""
     roles = {n: "exe" for n in plan.programs} | {n: "backend" for n in plan.backends}
     return roles | {n: "runtime" for n in bundled if n not in roles}
@@ -236,14 +246,6 @@ def read_list_devices(lines: Sequence[str], *, root: Path, loaded: Loaded, exe: 
             raise VerifyError(f"the {name} backend was loaded from {path}, outside the bundle",
                               why=f"a {'DLL' if exe.endswith('.exe') else 'library'} outside the bundle shadows the "
                                   "bundled one", details=tail)
-
-
-def run_keep(manifest: Manifest, *more: str) -> dict[str, str]:
-    """The caller's variables a bundle keeps when it is run in a clean environment: those its backends' driver
-    lookup reads (Backend.run_env), and `more`."""
-    from .. import backends
-
-    return proc.inherited([*(k for b in backends.of(manifest.backends) for k in b.run_env), *more])
 
 
 def clean_env(root: Path, keep: Mapping[str, str] | None = None) -> dict[str, str]:

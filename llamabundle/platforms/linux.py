@@ -11,10 +11,9 @@ from ..deps import elf
 from ..deps.policy import LibClass, linux_policy
 from ..errors import VerifyError
 from . import base
-from .base import Collected, HostToolchain, Loaded, RuntimeSources
+from .base import Collected, HostToolchain, Loaded, Products, RuntimeSources
 
 if TYPE_CHECKING:
-    from ..build import BuildPlan
     from ..bundle.manifest import Manifest
     from ..log import Log
     from ..recipe import HostFacts, Recipe
@@ -44,7 +43,7 @@ class Linux:
     def given_toolchain(self, recipe: Recipe, *, redist: Path | None) -> HostToolchain:
         return HostToolchain()
 
-    def collect(self, plan: BuildPlan, stage: Path, *, log: Log, sources: RuntimeSources) -> Collected:
+    def collect(self, plan: Products, stage: Path, *, log: Log, sources: RuntimeSources) -> Collected:
         policy = linux_policy()
         roots = [plan.output_dir / n for n in plan.programs + plan.backends]
         lib_dirs = [*sources.dirs, *elf.system_library_dirs(policy, ldconfig_output=elf.ldconfig_cache())]
@@ -90,10 +89,11 @@ class Linux:
                                   why="only $ORIGIN keeps a bundle relocatable", fix="rebuild the bundle")
         return list(manifest.system_deps)
 
-    def check_load(self, root: Path, manifest: Manifest, *, host: str, wine_prefix: Path | None) -> Loaded:
+    def check_load(self, root: Path, manifest: Manifest, *, host: str, wine_prefix: Path | None,
+                   keep: Mapping[str, str]) -> Loaded:
         if host != self.name:
             return Loaded(level=f"skipped: a {manifest.platform} bundle cannot run on {host}")
-        return base.run_list_devices(root, exe_name=self.program_file("llama-server"), keep=base.run_keep(manifest))
+        return base.run_list_devices(root, exe_name=self.program_file("llama-server"), keep=keep)
 
 
 LINUX = Linux()

@@ -38,7 +38,7 @@ class Diagnosis:
 
     def _driver_ok(self, inst: Installed) -> bool | None:
         """Whether the driver found meets the bundle's floor; None when either is unknown or not a version."""
-        floor = inst.manifest.cuda.driver_floor if inst.manifest.cuda is not None else None
+        floor = inst.cuda_info.driver_floor if inst.cuda_info is not None else None
         driver = self.result.facts.get("driver")
         if not isinstance(floor, str) or not isinstance(driver, str) or not is_driver_version(floor) \
                 or not is_driver_version(driver):
@@ -58,7 +58,7 @@ class Diagnosis:
         rows.append(("driver", f"{driver or 'none'}" + (f" (kernel module {f['proc_driver']})" if f.get("proc_driver") else "")))
         for i in self.installed:
             ok = self._driver_ok(i)
-            info, commit = i.manifest.cuda, i.manifest.llama_cpp.commit
+            info, commit = i.cuda_info, i.manifest.llama_cpp.commit
             floor = info.driver_floor if info is not None else None
             note = "" if ok is None else " (driver ok)" if ok else f" (driver {driver} is too old)"
             if floor and not is_driver_version(floor):

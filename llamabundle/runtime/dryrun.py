@@ -176,8 +176,9 @@ def open_dry_run(bundle: Path, *, extra: Sequence[str] = (), host: str | None = 
                  on_run: Callable[[Launch, DeviceMemory | None, float], None] | None = None) -> DryRun | str:
     """The dry run of an unpacked bundle directory, or why it cannot be used here (a sentence)."""
     from .. import platforms
+    from ..backends import run_keep
     from ..bundle import read_manifest
-    from ..platforms.base import clean_env, run_keep
+    from ..platforms.base import clean_env
 
     manifest = read_manifest(bundle)  # not a bundle: its ManifestError (the caller named it)
     host = host or platforms.host_name()

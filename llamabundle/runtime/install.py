@@ -29,8 +29,10 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
-from .. import platforms, scratch
+from .. import backends, platforms, scratch
 from ..archive import extract_zip
+from ..backends.cuda import section as cuda_section
+from ..backends.cuda.section import CudaInfo
 from ..bundle import read_manifest
 from ..bundle.manifest import Expect, Manifest, trust
 from ..digest import sha256_file
@@ -82,8 +84,13 @@ class Installed:
         """bundle.json's `cuda` object as it was written ({} without CUDA)."""
         return dict(self.manifest.to_json().get("cuda") or {})
 
+    @property
+    def cuda_info(self) -> CudaInfo | None:
+        """bundle.json's `cuda` section, typed (None without CUDA)."""
+        return cuda_section.read(self.manifest)
+
     def to_json(self) -> dict[str, Any]:
-        cuda = self.manifest.cuda
+        cuda = self.cuda_info
         return {"name": self.name, "key": self.key, "path": str(self.path), "installed_at": self.installed_at,
                 "platform": self.manifest.platform, "commit": self.manifest.llama_cpp.commit or None,
                 "backends": self.backends, "toolkit": cuda.toolkit if cuda else None,
@@ -212,11 +219,12 @@ class InstallOutcome:
 def check_bundle(path: Path, *, key: str, platform: str, commit: str | None = None,
                  toolkit: str | None = None) -> Manifest:
     """Trust nothing unchecked (DESIGN §5): manifest.trust of the unpacked bundle against what was asked for
-    (format, platform, key and the key of its inputs, commit, toolkit, every file). Returns the manifest;
-    raises BundleInvalid."""
+    (format, platform, key and the key of its inputs, commit, the CUDA toolkit, every file) and each backend's
+    section read typed. Returns the manifest; raises BundleInvalid."""
     try:
         m = read_manifest(path)
-        trust(m, path, Expect(key=key, platform=platform, commit=commit, toolkit=toolkit))
+        trust(m, path, Expect(key=key, platform=platform, commit=commit, toolkits={"cuda": toolkit} if toolkit else {}))
+        backends.read_sections(m)
     except VerifyError as e:
         raise _invalid(key, e.what, e.why) from None
     return m

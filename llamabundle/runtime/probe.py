@@ -40,6 +40,7 @@ from filelock import FileLock
 from packaging.version import InvalidVersion, Version
 
 from .. import backends, data, platforms, proc
+from ..backends.cuda import section as cuda_section
 from ..bundle import read_manifest
 from ..bundle.manifest import Manifest
 from ..errors import LlamaBundleError, VerifyError
@@ -423,7 +424,8 @@ def _cuda_verdict(manifest: Manifest, scan: GpuScan, facts: dict[str, Any], list
     the GPUs' compute capabilities are checked against the bundle's SASS and PTX too (`kernels`)."""
     if not scan.present:
         return Reason.GPU_MISSING, {"detail": scan.error or "no NVIDIA driver found"}
-    floor = manifest.cuda.driver_floor if manifest.cuda is not None else None
+    info = cuda_section.read(manifest)
+    floor = info.driver_floor if info is not None else None
     facts.update(floor=floor)
     if floor and not is_driver_version(floor):
         return Reason.BUNDLE_INVALID, {"detail": f"its bundle.json records the driver floor {floor[:40]!r}, "
@@ -526,7 +528,8 @@ class _Look:
 
     @property
     def toolkit(self) -> str | None:
-        return self.manifest.cuda.toolkit if self.manifest.cuda is not None and self.manifest.cuda.toolkit else None
+        info = cuda_section.read(self.manifest)
+        return info.toolkit if info is not None and info.toolkit else None
 
     def smi(self, args: tuple[str, ...], what: str) -> str | None:
         """nvidia-smi's stdout for `args` (its timeout, its own process group), or None with the reason in errors."""
@@ -679,7 +682,7 @@ def _library_verdict(reason: Reason, name: str, by: list[str], *, searched: list
 
 
 def _archs_of(look: _Look) -> tuple[list[str], list[str]] | None:
-    cuda = look.manifest.cuda
+    cuda = cuda_section.read(look.manifest)
     if cuda is None or not (cuda.sass or cuda.ptx):
         look.errors.append("archs: bundle.json records no CUDA archs")
         return None
@@ -777,7 +780,8 @@ def _driver_cause(look: _Look) -> Verdict | None:
     toolkit, driver = look.toolkit, look.scan.driver
     if toolkit is None or _major_minor(toolkit) is None:
         return None
-    recorded = look.manifest.cuda.driver_floor if look.manifest.cuda is not None else None
+    info = cuda_section.read(look.manifest)
+    recorded = info.driver_floor if info is not None else None
     if recorded:  # the bundle's own floor is met: only the driver's CUDA version can still say it is behind
         have = look.driver_cuda()
         need = _major_minor(toolkit)

@@ -36,7 +36,8 @@ def report_of(loaded: Loaded) -> verify.VerifyReport:
 
 
 def manifest(sass: tuple[str, ...], ptx: tuple[str, ...], *backends: str) -> Manifest:
-    return SimpleNamespace(backends=backends, cuda=SimpleNamespace(sass=sass, ptx=ptx))  # type: ignore[return-value]
+    cuda = {"toolkit": "13.0.2", "archs": {"sass": list(sass), "ptx": list(ptx)}}
+    return SimpleNamespace(backends=backends, sections={"cuda": cuda})  # type: ignore[return-value]
 
 
 @pytest.fixture(autouse=True)

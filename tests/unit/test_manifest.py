@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from llamabundle import bundle
+from llamabundle import backends, bundle
 from llamabundle.bundle import manifest
 from llamabundle.bundle.manifest import Expect, ManifestError
 from tests.bundles import COMMIT, inputs_for, key_of, make_zip, write_bundle
@@ -60,8 +60,8 @@ def with_(data: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
 ])
 def test_a_wrong_type_is_a_verification_error_naming_the_field(tmp_path: Path, path: str, value: Any, field: str,
                                                                what: str) -> None:
-    with pytest.raises(ManifestError) as e:
-        manifest.parse(with_(good(tmp_path), path, value))
+    with pytest.raises(ManifestError) as e:  # parsed, and each backend's section read typed, as trust paths do
+        backends.read_sections(manifest.parse(with_(good(tmp_path), path, value)))
     assert e.value.exit_code == 5
     assert e.value.field == field
     assert e.value.what == f"bundle.json: '{field}' {what}"
@@ -129,7 +129,7 @@ def test_trust_passes_an_intact_bundle_and_what_was_asked_for(tmp_path: Path) ->
     ({}, Expect(key="e" * 64), "names key"),
     ({}, Expect(platform="windows-x86_64"), "it is built for linux-x86_64, not windows-x86_64"),
     ({}, Expect(commit="2" * 40), "expected 2222222222222222222222222222222222222222"),
-    ({}, Expect(toolkit="12.8.1"), "it was built without CUDA, expected CUDA 12.8.1"),
+    ({}, Expect(toolkits={"cuda": "12.8.1"}), "it was built without CUDA, expected CUDA 12.8.1"),
 ])
 def test_trust_refuses_a_rekeyed_edited_or_unasked_for_bundle(tmp_path: Path, change: dict[str, Any], expect: Expect,
                                                               message: str) -> None:
@@ -168,8 +168,8 @@ def test_verify_refuses_a_rekeyed_real_zip_and_names_the_zip(tmp_path: Path) -> 
 
 BUNDLE_SCHEMA = Path(manifest.__file__).resolve().parents[1] / "data" / "bundle.schema.json"
 REGENERATE_BUNDLE = ("llamabundle/data/bundle.schema.json is out of date; regenerate it with:\n"
-                     "  python3 -c 'import json; from llamabundle.bundle.manifest import json_schema; "
-                     "open(\"llamabundle/data/bundle.schema.json\", \"w\").write(json.dumps(json_schema(), indent=2, "
+                     "  python3 -c 'import json; from llamabundle.backends import bundle_schema; "
+                     "open(\"llamabundle/data/bundle.schema.json\", \"w\").write(json.dumps(bundle_schema(), indent=2, "
                      "sort_keys=True) + \"\\n\")'")
 
 
@@ -177,7 +177,7 @@ def test_bundle_schema_file_is_current_and_valid() -> None:
     import jsonschema
 
     committed = BUNDLE_SCHEMA.read_text(encoding="utf-8")
-    assert committed == json.dumps(manifest.json_schema(), indent=2, sort_keys=True) + "\n", REGENERATE_BUNDLE
+    assert committed == json.dumps(backends.bundle_schema(), indent=2, sort_keys=True) + "\n", REGENERATE_BUNDLE
     jsonschema.Draft202012Validator.check_schema(json.loads(committed))
 
 

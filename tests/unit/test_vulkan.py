@@ -270,7 +270,7 @@ def test_a_bundle_that_carries_the_loader_fails_the_vulkan_check(tmp_path: Path)
     files = (SimpleNamespace(path="libggml-vulkan.so"), SimpleNamespace(path="libvulkan.so.1"))
     section = {"glslc": "2023.2-1", "shader_extensions": []}
     m = SimpleNamespace(platform="linux-x86_64", files=files, inputs={"vulkan": {"glslc": {"features": []}}},
-                        to_json=lambda: {"vulkan": section})
+                        sections={"vulkan": section})
     with pytest.raises(VerifyError) as e:
         vulkan.VULKAN.check(tmp_path, m, platform=get("linux-x86_64"))  # type: ignore[arg-type]
     assert "carries libvulkan.so.1" in e.value.what
@@ -292,7 +292,7 @@ def report(loaded: dict[str, str], devices: list[str]) -> verify.VerifyReport:
 def manifest_of(*backends: str) -> verify.Manifest:
     from types import SimpleNamespace
 
-    return SimpleNamespace(backends=backends, cuda=None)  # type: ignore[return-value]
+    return SimpleNamespace(backends=backends, sections={})  # type: ignore[return-value]
 
 
 def test_gpu_level_is_asked_of_every_gpu_backend(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any
 from ... import data
 from ...errors import ToolchainError, VerifyError
 from ...platforms.base import Extra
-from ..base import Launcher, NoExtras, Prepared
+from ..base import IndexFacts, Launcher, NoExtras, Prepared
 from . import companions, determinism
+from . import section as cuda_section
 from .archs import check_archs, split_archs
 from .fatbin import binary_archs
 
@@ -199,9 +200,23 @@ class Cuda(NoExtras):
                 "archs": found.to_json(), "driver_floor": recipe.driver_floor,
                 "compression_mode": recipe.cmake_options.get("GGML_CUDA_COMPRESSION_MODE", "size")}
 
+    def read_section(self, manifest: Manifest) -> cuda_section.CudaInfo | None:
+        return cuda_section.read(manifest)
+
+    def section_schema(self) -> dict[str, Any] | None:
+        return cuda_section.schema()
+
+    def index_facts(self, manifest: Manifest) -> IndexFacts | None:
+        """The toolkit, the SASS and PTX, and the driver floor (the index's CUDA and driver columns)."""
+        info = cuda_section.read(manifest)
+        if info is None:
+            return None
+        return IndexFacts(toolkit=info.toolkit, sass=info.sass, ptx=info.ptx, driver_floor=info.driver_floor)
+
     def check(self, root: Path, manifest: Manifest, *, platform: Platform) -> dict[str, str]:
         """The SASS and PTX in ggml-cuda equal what the recipe asked for and what bundle.json records."""
-        if manifest.cuda is None:
+        info = cuda_section.read(manifest)
+        if info is None:
             return {}
         lib = platform.library_file("ggml-cuda")
         if not (root / lib).is_file():
@@ -210,7 +225,7 @@ class Cuda(NoExtras):
         cuda_inputs = manifest.inputs.get("cuda")
         asked = cuda_inputs.get("archs", ()) if isinstance(cuda_inputs, Mapping) else ()
         wanted = split_archs([str(a) for a in asked])
-        recorded = manifest.cuda.archs_json()
+        recorded = info.archs_json()
         if found != wanted:
             raise VerifyError(f"{lib} carries SASS {found['sass']} and PTX {found['ptx']}",
                               why=f"the recipe asks for SASS {wanted['sass']} and PTX {wanted['ptx']}",
@@ -259,7 +274,7 @@ class Cuda(NoExtras):
         when the capabilities or the archs are not known."""
         from .report import Status, serving
 
-        cuda = manifest.cuda
+        cuda = cuda_section.read(manifest)
         listed = [d.split(":", 1)[0] for d in devices if d.startswith(self.loader_name)]
         caps = {d: compute_caps[d] for d in listed if d in compute_caps}
         if cuda is None or not (cuda.sass or cuda.ptx) or not listed or len(caps) < len(listed):

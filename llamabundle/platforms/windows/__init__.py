@@ -12,11 +12,10 @@ from typing import TYPE_CHECKING
 from ...deps import elf, pe
 from ...errors import UsageError, VerifyError
 from .. import base
-from ..base import Collected, HostToolchain, Loaded, RuntimeSources
+from ..base import Collected, HostToolchain, Loaded, Products, RuntimeSources
 from . import mingw, wine
 
 if TYPE_CHECKING:
-    from ...build import BuildPlan
     from ...bundle.manifest import Manifest
     from ...log import Log
     from ...recipe import HostFacts, Recipe
@@ -72,7 +71,7 @@ class Windows:
         return HostToolchain(runtime_dirs=tuple((d, "msvc-redist") for d in dirs),
                              summary=(f"MSVC redist: {redist}",))
 
-    def collect(self, plan: BuildPlan, stage: Path, *, log: Log, sources: RuntimeSources) -> Collected:
+    def collect(self, plan: Products, stage: Path, *, log: Log, sources: RuntimeSources) -> Collected:
         """The programs and backends with every DLL of their PE import closure, and the extras the backends
         ask for, found in the build's output or in the runtime directories (the CUDA toolkit's bin, the MSVC
         redist, the mingw sysroot); system and driver DLLs are never looked up or copied."""
@@ -130,14 +129,15 @@ class Windows:
                               fix="rebuild the bundle so that it collects every runtime DLL")
         return closure.system_deps
 
-    def check_load(self, root: Path, manifest: Manifest, *, host: str, wine_prefix: Path | None) -> Loaded:
+    def check_load(self, root: Path, manifest: Manifest, *, host: str, wine_prefix: Path | None,
+                   keep: Mapping[str, str]) -> Loaded:
         if host == "linux-x86_64":
             if wine_prefix is None:
                 return Loaded(level="skipped: no Wine prefix was given to load a Windows bundle on Linux in")
             return wine.check_load(root, prefix=wine_prefix)
         if host != self.name:
             return Loaded(level=f"skipped: a {manifest.platform} bundle cannot run on {host}")
-        return base.run_list_devices(root, exe_name=self.program_file("llama-server"))
+        return base.run_list_devices(root, exe_name=self.program_file("llama-server"), keep=keep)
 
 
 def _bundled(closure: pe.PeClosure) -> dict[str, Path]:
