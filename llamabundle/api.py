@@ -90,8 +90,9 @@ def probe(*, root: str | os.PathLike[str] | None = None, bundle: str | os.PathLi
     cuda_gpu_layers_zero); `prefer`: a backend to use where it works; `max_age`: reuse a cached result younger
     than this many seconds (0: probe now). The result is cached where the CLI caches it, so that `llamabundle
     doctor` shows it."""
+    from .gpus import PROC_VERSION
     from .runtime import probe as probe_mod
-    from .runtime import utc_timestamp
+    from .runtime.results import utc_timestamp
 
     if prefer is not None and prefer not in ("cuda", "vulkan", "cpu"):
         raise UsageError(f"prefer={prefer!r} is not a backend", fix="pass 'cuda', 'vulkan', 'cpu' or None")
@@ -100,7 +101,7 @@ def probe(*, root: str | os.PathLike[str] | None = None, bundle: str | os.PathLi
     environ, settings = _settings(env)
     result = probe_mod.probe(root=_root(settings, root), env=environ, cache_dir=Path(settings.cache_dir) / "runtime",
                              max_age=max_age, bundle=Path(bundle) if bundle is not None else None,
-                             nvidia_smi=nvidia_smi, proc_version=probe_mod.PROC_VERSION, prefer=prefer)
+                             nvidia_smi=nvidia_smi, proc_version=PROC_VERSION, prefer=prefer)
     result = probe_mod.with_gpu_layers(result, ngl)
     facts = result.facts
     return ProbeReport(backend=result.backend.value, reason=result.reason.value, sentence=result.sentence,

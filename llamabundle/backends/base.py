@@ -9,12 +9,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from ..reasons import Reason, Verdict
+
 if TYPE_CHECKING:
     from ..bundle.manifest import Manifest
     from ..log import Log
     from ..platforms.base import Extra, Platform
     from ..recipe import HostFacts, Recipe, ToolFound
     from ..settings import Settings
+    from .probing import Sight
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,6 +63,10 @@ class Backend(Protocol):
     driver_name: str  # what must be installed for its device to work ("NVIDIA driver")
     device_hint: str  # the machine a GPU check needs ("an NVIDIA GPU and driver")
     run_env: tuple[str, ...]  # variables of the caller's environment the bundle keeps when verify runs it (driver lookup)
+    reasons: tuple[Reason, ...]  # the reason codes its probe verdict can give
+    works: Reason | None  # the code of a verdict that it runs here (ok, vulkan_ok)
+    device_fact: str  # the fact its verdict names the device by (cuda_device, device)
+    hide_env: str | None  # the variable that, set and empty, hides its devices from llama-server
 
     def check_recipe(self, recipe: Recipe) -> None:
         """The recipe's rules this backend knows (a recipe that has it): raises recipe.error(…) at the line."""
@@ -140,6 +147,10 @@ class Backend(Protocol):
         """A GPU backend: this machine has the device driver (so its backend should have loaded)."""
         ...
 
+    def verdict(self, sight: Sight) -> Verdict:
+        """A GPU backend: whether it runs the bundle here (`works`), else why not, with the facts behind it."""
+        ...
+
     def unserved(self, manifest: Manifest, devices: Sequence[str], compute_caps: Mapping[str, str]) -> str | None:
         """A GPU backend whose devices are listed: why no kernel of the bundle runs on any of them (the bundle's
         code targets other GPUs), or None when one can or it cannot be told."""
@@ -155,6 +166,10 @@ class NoExtras:
     driver_name = "device driver"
     device_hint = "a device and its driver"
     run_env: tuple[str, ...] = ()
+    reasons: tuple[Reason, ...] = ()
+    works: Reason | None = None
+    device_fact = "device"
+    hide_env: str | None = None
 
     def check_recipe(self, recipe: Recipe) -> None:
         return None
@@ -210,6 +225,9 @@ class NoExtras:
 
     def device_present(self) -> bool:
         return False
+
+    def verdict(self, sight: Sight) -> Verdict:
+        raise NotImplementedError(f"{type(self).__name__} is not a GPU backend: probe asks it nothing")
 
     def unserved(self, manifest: Manifest, devices: Sequence[str], compute_caps: Mapping[str, str]) -> str | None:
         return None

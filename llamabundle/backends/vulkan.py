@@ -36,8 +36,10 @@ from ..bundle.manifest import (
     schema_text,
 )
 from ..errors import BuildError, ToolchainError, VerifyError
+from ..reasons import Reason, Verdict
 from ..recipe.model import ToolFound
 from .base import NoExtras, Prepared
+from .probing import Sight, device_name, device_of
 
 if TYPE_CHECKING:
     from ..log import Log
@@ -307,6 +309,11 @@ class Vulkan(NoExtras):
     manifest_key: str | None = "vulkan"
     driver_name = "Vulkan GPU driver"
     device_hint = "a Vulkan GPU and its driver, not a CPU implementation such as lavapipe"
+    reasons: tuple[Reason, ...] = (Reason.VULKAN_OK, Reason.VULKAN_LOADER_MISSING, Reason.VULKAN_UNAVAILABLE,
+                                   Reason.VULKAN_NO_GPU)
+    works: Reason | None = Reason.VULKAN_OK
+    device_fact = "device"
+    hide_env: str | None = "GGML_VK_VISIBLE_DEVICES"
     run_env: tuple[str, ...] = tuple(knowledge()["passthrough_env"])
 
     def check_recipe(self, recipe: Recipe) -> None:
@@ -404,6 +411,21 @@ class Vulkan(NoExtras):
 
     def section_schema(self) -> dict[str, Any] | None:
         return section_schema()
+
+    def verdict(self, sight: Sight) -> Verdict:
+        """The system loader, the backend loading from the bundle (a registered driver), a GPU listed (ggml-vulkan
+        lists no CPU implementation)."""
+        if loader_path() is None:
+            return Reason.VULKAN_LOADER_MISSING, {"detail": "libvulkan.so.1 is not installed"}
+        dev = device_of(sight, self.loader_name, failed=Reason.VULKAN_UNAVAILABLE,
+                        not_loaded=(Reason.VULKAN_UNAVAILABLE, {"detail": "no Vulkan driver (ICD) could be loaded: the "
+                                                                          "backend says nothing in a release build"}),
+                        no_device=(Reason.VULKAN_NO_GPU, {"detail": "only a CPU implementation, or no device, is "
+                                                                    "registered"}))
+        if not isinstance(dev, str):
+            return dev
+        name, _, desc = dev.partition(": ")
+        return Reason.VULKAN_OK, {"device": name, "device_name": device_name(desc)}
 
     def device_present(self) -> bool:
         """A Vulkan driver for a GPU is registered here (an ICD manifest other than a CPU implementation's)."""

@@ -30,7 +30,7 @@ def index_cmd(c: Ctx, store_url: str | None, out: Path, as_json: bool) -> None:
     """Write a static site of every bundle in the store: DIR/index.html (one self-contained page, grouped by
     platform, sortable) and DIR/index.json (the same data). Nothing is half-written: the site is written
     beside DIR and renamed into place."""
-    from ..runtime import utc_timestamp
+    from ..runtime.results import utc_timestamp
 
     store = c.store(store_url)
     epoch = c.settings.source_date_epoch  # a reproducible site when SOURCE_DATE_EPOCH is set

@@ -11,9 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import Reason, utc_timestamp
+from ..gpus import PROC_VERSION, SMI_TIMEOUT, driver_older, is_driver_version
+from ..reasons import Reason
 from .install import Installed, list_installed
-from .probe import PROC_VERSION, SMI_TIMEOUT, ProbeResult, driver_older, is_driver_version, probe, read_cached
+from .probe import ProbeResult, probe, read_cached
+from .results import utc_timestamp
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -38,9 +38,10 @@ from ..bundle.manifest import Expect, Manifest, trust
 from ..digest import sha256_file
 from ..errors import StoreError, UsageError, VerifyError, disk_fix
 from ..log import Log
+from ..reasons import Reason
 from ..settings import Settings
 from ..store.base import Entry, Store
-from . import Reason, utc_timestamp, write_atomic
+from .results import utc_timestamp, write_atomic
 
 BUNDLES = "bundles"
 POINTER = "current"

@@ -55,7 +55,6 @@ from __future__ import annotations
 
 import re
 import shlex
-import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
@@ -571,8 +570,6 @@ def plan_offload(model: ModelInfo, *, free_vram: int, ctx: int | None = None, mi
 
 # ---------------------------------------------------------------------------- free VRAM from the driver
 
-SMI_MEMORY_ARGS = ("--query-gpu=index,memory.free,memory.total", "--format=csv,noheader,nounits")
-_SMI_LINE = re.compile(r"([0-9]{1,3})\s*,\s*([0-9]{1,9})\s*,\s*([0-9]{1,9})")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -592,46 +589,23 @@ class FreeVram:
                 "nvidia_smi": self.nvidia_smi}
 
 
-def parse_smi_memory(text: str, gpu: int) -> tuple[int, int]:
-    """(free, total) bytes of GPU `gpu` in `nvidia-smi --query-gpu=index,memory.free,memory.total
-    --format=csv,noheader,nounits` output. Raises ValueError saying what is wrong."""
-    seen: list[int] = []
-    for line in (ln.strip() for ln in text.splitlines() if ln.strip()):
-        m = _SMI_LINE.fullmatch(line)
-        if m is None:
-            raise ValueError(f"it printed {line[:100]!r}, not 'index, memory.free, memory.total' in MiB")
-        if int(m[1]) == gpu:
-            return int(m[2]) * MiB, int(m[3]) * MiB
-        seen.append(int(m[1]))
-    if not seen:
-        raise ValueError("it listed no GPU")
-    raise ValueError(f"it lists GPU {', '.join(map(str, seen))}, not GPU {gpu}")
-
-
 def query_free_vram(*, env: Mapping[str, str], nvidia_smi: str | None = None, gpu: int = 0,
                     timeout: float | None = None) -> FreeVram:
     """GPU `gpu`'s free memory as the driver reports it, through nvidia-smi (given, or found on env's PATH),
     run by proc.capture with probe's timeout. Raises UsageError (exit 2) with a fix when it cannot be read."""
-    from .. import proc
-    from .probe import SMI_TIMEOUT
+    from .. import gpus
 
-    timeout = SMI_TIMEOUT if timeout is None else timeout
+    timeout = gpus.SMI_TIMEOUT if timeout is None else timeout
     fix = "pass --free-vram SIZE (e.g. --free-vram 22GiB), or --nvidia-smi PATH for the driver's nvidia-smi"
     what = f"cannot read the free VRAM of GPU {gpu} from nvidia-smi, and no --free-vram was given"
-    exe = nvidia_smi or shutil.which("nvidia-smi", path=env.get("PATH"))
+    exe = gpus.find(env, nvidia_smi)
     if exe is None:
         raise UsageError(what, why="nvidia-smi is not on PATH (no NVIDIA driver here?)", fix=fix)
+    answer = gpus.run(exe, gpus.MEMORY_ARGS, env=env, timeout=timeout)
+    if answer.stdout is None:
+        raise UsageError(what, why=f"{exe}: {answer.failure}", fix=fix)
     try:
-        done = proc.capture([exe, *SMI_MEMORY_ARGS], env=env, timeout=timeout)
-    except proc.Timeout:
-        raise UsageError(what, why=f"{exe} did not answer in {timeout:g}s (it was stopped)", fix=fix) from None
-    except OSError as e:
-        raise UsageError(what, why=f"{exe} could not be started: {e}", fix=fix) from None
-    if done.returncode != 0:
-        last = ((done.stdout + done.stderr).strip().splitlines()[-1:] or ["it printed nothing"])[0].strip()
-        raise UsageError(what, why=f"{exe} exited with {done.returncode}: {last[:300]}", fix=fix)
-    try:
-        free, total = parse_smi_memory(done.stdout, gpu)
+        free, total = gpus.read_memory(answer.stdout, gpu)
     except ValueError as e:
         raise UsageError(what, why=f"{exe}: {e}", fix=fix + "; --gpu N picks another GPU") from None
     return FreeVram(free=free, total=total, gpu=gpu, source="nvidia-smi", nvidia_smi=exe)

@@ -18,7 +18,6 @@ timeout; nothing here raises to the caller: a failure is an inactive result with
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import time
@@ -31,15 +30,15 @@ from typing import Any
 from filelock import FileLock
 from filelock import Timeout as LockTimeout
 
-from .. import proc
+from .. import gpus
 from ..bundle import read_manifest
 from ..errors import VerifyError
-from . import parse_utc_timestamp, utc_timestamp, write_atomic
+from ..gpus import SMI_TIMEOUT, GpuStat
+from . import results
 from .install import list_installed
-from .probe import MAX_OUTPUT_LINES, SMI_TIMEOUT, _lock, _mib, is_driver_version, take_token
+from .results import parse_utc_timestamp, utc_timestamp
 
-NVIDIA_SMI_ARGS = ("--query-gpu=index,name,driver_version,utilization.gpu,memory.used,memory.total",
-                   "--format=csv,noheader,nounits")
+NVIDIA_SMI_ARGS = gpus.STATS_ARGS
 DEFAULT_MAX_AGE = 5.0
 CACHE = "telemetry.json"
 REFRESH_LOCK = "telemetry.lock"
@@ -54,19 +53,6 @@ class Inactive(StrEnum):
     NOT_BUNDLE_SERVER = "not_bundle_server"
     NO_NVIDIA_SMI = "no_nvidia_smi"
     NVIDIA_SMI_FAILED = "nvidia_smi_failed"
-
-
-@dataclass(frozen=True, kw_only=True)
-class GpuStat:
-    index: int
-    name: str
-    utilization_pct: int | None  # None: nvidia-smi said [N/A] (a MIG instance, some GPUs)
-    memory_used_mib: int | None
-    memory_total_mib: int | None
-
-    def to_json(self) -> dict[str, Any]:
-        return {"index": self.index, "name": self.name, "utilization_pct": self.utilization_pct,
-                "memory_used_mib": self.memory_used_mib, "memory_total_mib": self.memory_total_mib}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -144,70 +130,21 @@ class Telemetry:
 # ------------------------------------------------------------------------------------ nvidia-smi's answer
 
 
-def read_query(text: str) -> tuple[list[GpuStat], str | None, list[str]]:
-    """`nvidia-smi --query-gpu=index,name,driver_version,utilization.gpu,memory.used,memory.total
-    --format=csv,noheader,nounits` output: the GPUs, the driver version (the first GPU's), and for each other
-    non-empty line what is wrong with it (the line is not a GPU)."""
-    gpus: list[GpuStat] = []
-    driver: str | None = None
-    bad: list[str] = []
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    for line in lines[:MAX_OUTPUT_LINES]:
-        head, _, rest = line.partition(",")
-        fields = [f.strip() for f in rest.rsplit(",", 4)]  # a GPU's name may hold a comma, the numbers do not
-        why = None
-        if not rest or len(fields) != 5:
-            why = "not 6 comma-separated fields"
-        else:
-            name, drv, util, used, total = fields
-            (util_v, util_ok), (used_v, used_ok), (total_v, total_ok) = _mib(util), _mib(used), _mib(total)
-            if not head.strip().isascii() or not head.strip().isdigit() or len(head.strip()) > 3:
-                why = f"index {head.strip()[:40]!r} is not a GPU index"
-            elif not name or not name.isprintable() or len(name) > 200:
-                why = "no GPU name" if not name else "the GPU name is not printable text of at most 200 characters"
-            elif not is_driver_version(drv):
-                why = f"driver version {drv[:40]!r} is not a version like 580.65.06"
-            elif not util_ok or (util_v is not None and util_v > 100):
-                why = f"utilization.gpu {util[:40]!r} is not a percentage"
-            elif not used_ok:
-                why = f"memory.used {used[:40]!r} is not a whole number of MiB"
-            elif not total_ok:
-                why = f"memory.total {total[:40]!r} is not a whole number of MiB"
-            else:
-                gpus.append(GpuStat(index=int(head.strip()), name=name, utilization_pct=util_v, memory_used_mib=used_v,
-                                    memory_total_mib=total_v))
-                driver = driver or drv
-                continue
-        bad.append(f"{line[:100]!r}: {why}")
-    if len(lines) > MAX_OUTPUT_LINES:
-        bad.append(f"{len(lines) - MAX_OUTPUT_LINES} more lines after the first {MAX_OUTPUT_LINES}, not read")
-    return gpus, driver, bad
-
-
 def sample_gpus(exe: str, *, env: Mapping[str, str], token: int, started: int, timeout: float = SMI_TIMEOUT) -> Sample:
     """Run nvidia-smi's query once (its own process group, ended with what it started on the timeout). Never
     raises: a failure is a sample without GPUs that says why."""
-    failure: str | None = None
     warning: str | None = None
-    gpus: list[GpuStat] = []
+    found: list[GpuStat] = []
     driver: str | None = None
-    try:
-        done = proc.capture([exe, *NVIDIA_SMI_ARGS], env=env, timeout=timeout)
-    except proc.Timeout:
-        failure = f"nvidia-smi did not answer in {timeout:g}s (it was stopped, with what it started)"
-    except OSError as e:
-        failure = f"nvidia-smi could not be started: {e}"
-    else:
-        last = ((done.stdout + done.stderr).strip().splitlines()[-1:] or [""])[0].strip()
-        if done.returncode != 0:
-            failure = f"nvidia-smi exited with {done.returncode}: {last}"
-        else:
-            gpus, driver, bad = read_query(done.stdout)
-            if not gpus:
-                failure = ("nvidia-smi listed no GPU: " + ("; ".join(bad[:3]) if bad else "it printed nothing"))
-            elif bad:
-                warning = f"nvidia-smi printed {len(bad)} line(s) that are not GPUs, left out: " + "; ".join(bad[:3])
-    return Sample(token=token, sampled_at=started, nvidia_smi=exe, gpus=tuple(gpus),
+    answer = gpus.run(exe, NVIDIA_SMI_ARGS, env=env, timeout=timeout)
+    failure = answer.failure
+    if answer.stdout is not None:
+        found, driver, bad = gpus.read_stats(answer.stdout)
+        if not found:
+            failure = "nvidia-smi listed no GPU: " + ("; ".join(bad[:3]) if bad else "it printed nothing")
+        elif bad:
+            warning = f"nvidia-smi printed {len(bad)} line(s) that are not GPUs, left out: " + "; ".join(bad[:3])
+    return Sample(token=token, sampled_at=started, nvidia_smi=exe, gpus=tuple(found),
                   driver=driver, failure=failure[:500] if failure else None,
                   warning=warning[:500] if warning else None)
 
@@ -269,20 +206,12 @@ def find_server(pid: int | None, *, root: Path, bundle: Path | None = None,
 
 
 def read_sample(cache_dir: Path) -> Sample | None:
-    try:
-        return Sample.from_json(json.loads((cache_dir / CACHE).read_text(encoding="utf-8")))
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+    return results.read(cache_dir / CACHE, Sample.from_json)
 
 
 def store_sample(cache_dir: Path, sample: Sample) -> bool:
-    """Write the sample unless one whose token is newer is already there (probe's cache lock). True if written."""
-    with _lock(cache_dir):
-        last = read_sample(cache_dir)
-        if last is not None and last.token > sample.token:
-            return False
-        write_atomic(cache_dir / CACHE, json.dumps(sample.to_json(), indent=2, sort_keys=True) + "\n")
-        return True
+    """Write the sample unless one whose token is newer is already there (results.store). True if written."""
+    return results.store(cache_dir / CACHE, sample.to_json(), token=sample.token)
 
 
 def _fresh(cache_dir: Path | None, exe: str, max_age: float, now: float) -> Sample | None:
@@ -312,7 +241,7 @@ def _refresh(exe: str, *, env: Mapping[str, str], cache_dir: Path | None, max_ag
             if last is not None:
                 return last, True
         try:
-            token = take_token(cache_dir)
+            token = results.take_token(cache_dir)
         except OSError:
             token = 0
         sample = sample_gpus(exe, env=env, token=token, started=int(clock()), timeout=timeout)

@@ -12,9 +12,8 @@ from typing import Any
 
 import pytest
 
-from llamabundle import api, keys
+from llamabundle import api, gpus, keys
 from llamabundle.bundle import manifest as manifest_mod
-from llamabundle.runtime import probe as probe_mod
 from llamabundle.store.local import LocalStore
 from tests import bundles as tb
 
@@ -56,8 +55,8 @@ def smi(where: Path, *lines: str) -> Path:
 
 @pytest.fixture(autouse=True)
 def _no_kernel_driver(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """The probe reads the kernel driver's version file through probe.PROC_VERSION: none here."""
-    monkeypatch.setattr(probe_mod, "PROC_VERSION", tmp_path / "no-nvidia-driver")
+    """The probe reads the kernel driver's version file through gpus.PROC_VERSION: none here."""
+    monkeypatch.setattr(gpus, "PROC_VERSION", tmp_path / "no-nvidia-driver")
 
 
 # ------------------------------------------------------------------------------------- the API itself

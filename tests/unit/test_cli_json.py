@@ -33,7 +33,7 @@ from llamabundle.cli import cli
 from llamabundle.cli.output import wants_json
 from llamabundle.errors import UsageError
 from llamabundle.pipeline import BuildOutcome
-from llamabundle.runtime import parse_utc_timestamp, utc_timestamp
+from llamabundle.runtime.results import parse_utc_timestamp, utc_timestamp
 from llamabundle.settings import Settings
 from llamabundle.verify import VerifyReport
 
@@ -456,5 +456,5 @@ def test_the_probe_result_inside_other_schemas_is_the_probe_schema(name: str) ->
 
 
 def test_probe_schema_names_every_reason_code() -> None:
-    from llamabundle.runtime import reasons
+    from llamabundle.reasons import reasons
     assert set(schema("probe")["properties"]["reason"]["enum"]) == set(reasons())

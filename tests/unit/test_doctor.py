@@ -8,7 +8,7 @@ from pathlib import Path
 
 from test_probe import H200, NAME, OLD, cli, fake_smi, installed, run_probe
 
-from llamabundle.runtime import Reason
+from llamabundle.reasons import Reason
 from llamabundle.runtime.doctor import diagnose
 
 

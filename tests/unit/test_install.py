@@ -30,7 +30,7 @@ from test_probe import (
 from llamabundle import bundle, keys
 from llamabundle.bundle.manifest import Manifest
 from llamabundle.errors import UsageError, VerifyError
-from llamabundle.runtime import Reason
+from llamabundle.reasons import Reason
 from llamabundle.runtime.install import (
     BUNDLES,
     POINTER,

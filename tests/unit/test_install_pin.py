@@ -19,7 +19,7 @@ from clirun import run
 from llamabundle import bundle
 from llamabundle.errors import UsageError
 from llamabundle.log import Log
-from llamabundle.runtime import Reason
+from llamabundle.reasons import Reason
 from llamabundle.runtime.install import (
     BUNDLES,
     POINTER,

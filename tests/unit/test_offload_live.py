@@ -16,6 +16,7 @@ from test_cli_json import valid
 from test_offload import NONE, write
 
 from llamabundle.errors import UsageError
+from llamabundle.gpus import read_memory
 from llamabundle.runtime.offload import (
     ALL_LAYERS,
     MiB,
@@ -24,7 +25,6 @@ from llamabundle.runtime.offload import (
     estimate,
     launch_args,
     parse_server_args,
-    parse_smi_memory,
     plan_for_app,
     query_free_vram,
     read_model,
@@ -60,7 +60,7 @@ def test_free_vram_from_a_fake_nvidia_smi(tmp_path: Path) -> None:
     assert (got.free, got.total, got.gpu, got.source) == (30000 * MiB, 81559 * MiB, 1, "nvidia-smi")
     on_path = query_free_vram(env={"PATH": f"{exe.parent}:/usr/bin:/bin"})  # found on the env's PATH, GPU 0
     assert on_path.free == 1000 * MiB and on_path.nvidia_smi == str(exe)
-    assert parse_smi_memory(" 0 , 5 , 7 \n", 0) == (5 * MiB, 7 * MiB)
+    assert read_memory(" 0 , 5 , 7 \n", 0) == (5 * MiB, 7 * MiB)
 
 
 @pytest.mark.parametrize(("body", "gpu", "why"), [

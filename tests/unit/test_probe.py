@@ -22,21 +22,19 @@ import pytest
 from llamabundle import bundle
 from llamabundle.bundle.manifest import Manifest
 from llamabundle.digest import canonical_json
+from llamabundle.gpus import driver_older, parse_nvidia_smi, parse_proc_version
 from llamabundle.log import Log
 from llamabundle.platforms import base as platform_base
-from llamabundle.runtime import Backend, Reason, explain, reasons
+from llamabundle.reasons import Chosen, Reason, explain, reasons
 from llamabundle.runtime.install import install_bundle
 from llamabundle.runtime.probe import (
     ProbeResult,
-    driver_older,
     ensure_backend,
-    parse_nvidia_smi,
-    parse_proc_version,
     probe,
     read_cached,
-    take_token,
     with_gpu_layers,
 )
+from llamabundle.runtime.results import take_token
 from llamabundle.store.local import LocalStore
 
 REPO = Path(__file__).resolve().parents[2]
@@ -197,7 +195,7 @@ def test_parsers_of_nvidia_smi_and_the_proc_version_file() -> None:
 
 def test_no_nvidia_smi_and_no_driver_is_gpu_missing(tmp_path: Path, env: dict[str, str]) -> None:
     r = run_probe(tmp_path, env, None)
-    assert (r.backend, r.reason) == (Backend.CPU, Reason.GPU_MISSING)
+    assert (r.backend, r.reason) == (Chosen.CPU, Reason.GPU_MISSING)
     assert r.sentence == "no NVIDIA GPU was found (nvidia-smi is not on PATH)"
     assert r.facts["gpus"] == [] and r.facts["nvidia_smi"] is None
 
@@ -248,7 +246,7 @@ def test_the_kernel_driver_alone_counts_as_a_gpu(tmp_path: Path, env: dict[str, 
 def test_old_driver_is_driver_too_old(tmp_path: Path, env: dict[str, str]) -> None:
     m = installed(tmp_path, floor="572.61")
     r = run_probe(tmp_path, env, fake_smi(tmp_path / "bin", OLD))
-    assert (r.backend, r.reason) == (Backend.CPU, Reason.DRIVER_TOO_OLD)
+    assert (r.backend, r.reason) == (Chosen.CPU, Reason.DRIVER_TOO_OLD)
     assert r.sentence == "driver 551.61 is older than 572.61 required by this bundle"
     assert r.fix == "update the NVIDIA driver to 572.61 or newer"
     assert r.facts["bundle_key"] == m.key
@@ -266,7 +264,7 @@ def test_the_bundles_own_list_devices_decides(tmp_path: Path, env: dict[str, str
     m = installed(tmp_path, server=server)
     r = run_probe(tmp_path, env, fake_smi(tmp_path / "bin", H200))
     assert r.reason is reason, r.sentence
-    assert r.backend is (Backend.CUDA if reason is Reason.OK else Backend.CPU)
+    assert r.backend is (Chosen.CUDA if reason is Reason.OK else Chosen.CPU)
     if detail is None:
         assert r.facts["devices"] == ["CUDA0: NVIDIA H200 (143155 MiB, 142629 MiB free)"]
         assert r.facts["backends_loaded"]["CUDA"].endswith("/libggml-cuda.so")
@@ -302,7 +300,7 @@ def test_planned_zero_gpu_layers(tmp_path: Path, env: dict[str, str]) -> None:
     installed(tmp_path)
     ok = run_probe(tmp_path, env, fake_smi(tmp_path / "bin", H200))
     zero = with_gpu_layers(ok, 0)
-    assert (zero.backend, zero.reason, zero.facts["ngl"]) == (Backend.CPU, Reason.CUDA_GPU_LAYERS_ZERO, 0)
+    assert (zero.backend, zero.reason, zero.facts["ngl"]) == (Chosen.CPU, Reason.CUDA_GPU_LAYERS_ZERO, 0)
     assert zero.sentence == "the CUDA bundle works but the plan puts no layer on the GPU (-ngl 0)"
     assert with_gpu_layers(ok, 33).reason is Reason.OK
     assert with_gpu_layers(ok, None) == ok
@@ -350,7 +348,7 @@ def test_an_older_probe_finishing_last_does_not_overwrite_a_newer_result(tmp_pat
 
 def test_tokens_increase_across_processes(tmp_path: Path) -> None:
     cache = tmp_path / "cache"
-    code = f"from pathlib import Path; from llamabundle.runtime.probe import take_token; print(take_token(Path({str(cache)!r})))"
+    code = f"from pathlib import Path; from llamabundle.runtime.results import take_token; print(take_token(Path({str(cache)!r})))"
     procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=REPO,
                               env={**os.environ, "PYTHONPATH": str(REPO)}) for _ in range(4)]
     got = sorted(int(p.communicate(timeout=60)[0]) for p in procs)
@@ -368,7 +366,7 @@ def test_on_demand_installs_only_on_binary_missing_then_probes_again(tmp_path: P
     none = ensure_backend(store=store, key=m.key, nvidia_smi=None, **kw)
     assert none.reason is Reason.GPU_MISSING and not (tmp_path / "data").exists()  # nothing installed without a GPU
     r = ensure_backend(store=store, key=m.key, nvidia_smi=str(fake_smi(tmp_path / "bin", H200)), **kw)
-    assert (r.backend, r.reason, r.facts["bundle_key"]) == (Backend.CUDA, Reason.OK, m.key)
+    assert (r.backend, r.reason, r.facts["bundle_key"]) == (Chosen.CUDA, Reason.OK, m.key)
 
 
 def test_on_demand_installs_only_the_pinned_zip(tmp_path: Path, env: dict[str, str]) -> None:
@@ -384,7 +382,7 @@ def test_on_demand_installs_only_the_pinned_zip(tmp_path: Path, env: dict[str, s
     kw = {"root": tmp_path / "data", "env": env, "log": QUIET, "cache_dir": tmp_path / "cache",
           "proc_version": tmp_path / "x", "nvidia_smi": str(fake_smi(tmp_path / "bin", H200))}
     r = ensure_backend(store=store, key=m.key, expect_sha256="0" * 64, **kw)
-    assert (r.backend, r.reason) == (Backend.CPU, Reason.BUNDLE_INVALID) and "sha256" in r.facts["detail"]
+    assert (r.backend, r.reason) == (Chosen.CPU, Reason.BUNDLE_INVALID) and "sha256" in r.facts["detail"]
     assert list_installed(tmp_path / "data") == []
     listed = tmp_path / "SHA256SUMS"
     listed.write_text(f"{sha}  some-other-bundle.zip\n")
@@ -392,7 +390,7 @@ def test_on_demand_installs_only_the_pinned_zip(tmp_path: Path, env: dict[str, s
     assert r.reason is Reason.BUNDLE_INVALID and "is not in the digest list" in r.facts["detail"]
     assert list_installed(tmp_path / "data") == []
     r = ensure_backend(store=store, key=m.key, expect_sha256=sha.upper(), **kw)
-    assert (r.backend, r.reason, r.facts["bundle_key"]) == (Backend.CUDA, Reason.OK, m.key)
+    assert (r.backend, r.reason, r.facts["bundle_key"]) == (Chosen.CUDA, Reason.OK, m.key)
 
 
 def test_on_demand_with_a_failed_install_is_cpu_with_the_reason(tmp_path: Path, env: dict[str, str]) -> None:
@@ -400,12 +398,12 @@ def test_on_demand_with_a_failed_install_is_cpu_with_the_reason(tmp_path: Path, 
     kw = {"root": tmp_path / "data", "env": env, "log": QUIET, "cache_dir": tmp_path / "cache",
           "proc_version": tmp_path / "x", "nvidia_smi": smi}
     r = ensure_backend(store=LocalStore(tmp_path / "empty"), key="ab" * 32, **kw)
-    assert (r.backend, r.reason) == (Backend.CPU, Reason.CUDA_BUNDLE_INSTALL_FAILED)
+    assert (r.backend, r.reason) == (Chosen.CPU, Reason.CUDA_BUNDLE_INSTALL_FAILED)
     assert r.sentence.startswith("installing the CUDA bundle failed: no bundle with key abababababab")
     assert read_cached(tmp_path / "cache") == r
     m = publish(tmp_path / "store", tmp_path, platform="windows-x86_64")
     r = ensure_backend(store=LocalStore(tmp_path / "store"), key=m.key, **kw)
-    assert (r.backend, r.reason) == (Backend.CPU, Reason.BUNDLE_INVALID)
+    assert (r.backend, r.reason) == (Chosen.CPU, Reason.BUNDLE_INVALID)
     assert "built for windows-x86_64" in r.sentence
 
 

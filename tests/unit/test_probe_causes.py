@@ -23,8 +23,9 @@ import pytest
 from clirun import run
 from test_probe import CPU_LOADED, CUDA_LOADED, SERVERS, run_probe
 
-from llamabundle.runtime import Backend, Reason, reasons
-from llamabundle.runtime import probe as probe_mod
+from llamabundle import gpus
+from llamabundle.backends.cuda import diagnosis
+from llamabundle.reasons import Chosen, Reason, reasons
 from llamabundle.runtime.probe import ProbeResult
 from tests.bundles import inputs_for, write_bundle
 
@@ -145,7 +146,7 @@ def test_a_library_removed_from_the_bundle_is_named(tmp_path: Path, elfs: dict[s
     stage = cuda_bundle(tmp_path, elfs, without=("libcudart.so.13",))
     exe, _log = smi(tmp_path)
     r = probe_of(tmp_path, stage, exe, machine_libs(tmp_path, elfs))
-    assert (r.backend, r.reason) == (Backend.CPU, Reason.CUDA_LIBRARY_MISSING), r.sentence
+    assert (r.backend, r.reason) == (Chosen.CPU, Reason.CUDA_LIBRARY_MISSING), r.sentence
     assert r.sentence == (f"the CUDA backend of {r.facts['bundle']} cannot load: libcudart.so.13, needed by "
                           "libggml-cuda.so, is neither in the bundle nor on this machine")
     assert "a complete one carries libcudart.so.13" in r.fix
@@ -177,7 +178,7 @@ def test_ggml_cuda_itself_removed_is_named(tmp_path: Path, elfs: dict[str, Path]
 def test_the_drivers_libcuda_absent_is_named(tmp_path: Path, elfs: dict[str, Path]) -> None:
     stage = cuda_bundle(tmp_path, elfs)
     r = probe_of(tmp_path, stage, smi(tmp_path)[0], machine_libs(tmp_path, elfs, driver=False))
-    assert (r.backend, r.reason) == (Backend.CPU, Reason.CUDA_DRIVER_LIBRARY_MISSING), r.sentence
+    assert (r.backend, r.reason) == (Chosen.CPU, Reason.CUDA_DRIVER_LIBRARY_MISSING), r.sentence
     assert r.sentence.endswith("cannot load: the NVIDIA driver's libcuda.so.1, needed by libggml-cuda.so, is not on this machine")
     assert "NVIDIA Container Toolkit" in r.fix
     assert r.facts["cause"]["library"] == "libcuda.so.1"
@@ -206,7 +207,7 @@ def test_a_driver_below_the_recorded_floor_is_driver_too_old_before_the_bundle_r
     assert r.reason is Reason.DRIVER_TOO_OLD  # the stable code, decided from the GPU query alone
     assert r.sentence == "driver 580.65.06 is older than 580.95.05 required by this bundle"
     assert not (stage / ".ran").exists() and "diagnosis" not in r.facts
-    assert asked(log) == [" ".join(probe_mod.NVIDIA_SMI_ARGS)]
+    assert asked(log) == [" ".join(gpus.SCAN_ARGS)]
 
 
 def test_a_driver_of_an_older_cuda_major_is_too_old_for_the_toolkit(tmp_path: Path, elfs: dict[str, Path]) -> None:
@@ -214,14 +215,14 @@ def test_a_driver_of_an_older_cuda_major_is_too_old_for_the_toolkit(tmp_path: Pa
     stage = cuda_bundle(tmp_path, elfs, floor=None)
     exe, log = smi(tmp_path, driver="575.57.08", cuda="12.9")
     r = probe_of(tmp_path, stage, exe, machine_libs(tmp_path, elfs))
-    assert (r.backend, r.reason) == (Backend.CPU, Reason.CUDA_DRIVER_TOO_OLD_FOR_TOOLKIT), r.sentence
+    assert (r.backend, r.reason) == (Chosen.CPU, Reason.CUDA_DRIVER_TOO_OLD_FOR_TOOLKIT), r.sentence
     assert r.sentence == (f"driver 575.57.08 is too old for CUDA 13.0.2, which the bundle {r.facts['bundle']} was built "
                           "with (it supports CUDA 12.9; the bundle records no driver floor)")
     assert r.fix.startswith("update the NVIDIA driver to 580.95.05 or newer")  # data/cuda.json: 13.0.2 on Linux
     assert r.facts["cause"] == {"code": "cuda_driver_too_old_for_toolkit", "driver": "575.57.08", "toolkit": "13.0.2",
                                 "driver_cuda": "12.9", "toolkit_floor": "580.95.05", "basis": "nvidia-smi: CUDA Version"}
     assert (stage / ".ran").exists()  # the diagnosis came after the bundle's own run
-    assert " ".join(probe_mod.COMPUTE_CAP_ARGS) in asked(log) and "" in asked(log)
+    assert " ".join(gpus.COMPUTE_CAP_ARGS) in asked(log) and "" in asked(log)
     valid_json(r)
 
 
@@ -253,7 +254,7 @@ def test_a_gpu_served_by_neither_sass_nor_ptx_is_named(tmp_path: Path, elfs: dic
                                                        sass: tuple[str, ...], ptx: tuple[str, ...], fix: str) -> None:
     stage = cuda_bundle(tmp_path, elfs, sass=sass, ptx=ptx)
     r = probe_of(tmp_path, stage, smi(tmp_path, name=name, cc=cc)[0], machine_libs(tmp_path, elfs))
-    assert (r.backend, r.reason) == (Backend.CPU, Reason.CUDA_ARCH_UNSUPPORTED), r.sentence
+    assert (r.backend, r.reason) == (Chosen.CPU, Reason.CUDA_ARCH_UNSUPPORTED), r.sentence
     assert r.sentence == (f"{name} (compute capability {cc}) is served by neither SASS nor PTX in the bundle "
                           f"{r.facts['bundle']} (SASS: {', '.join(sass)}; PTX: {', '.join(ptx) or 'none'})")
     assert f"({fix})" in r.fix
@@ -288,7 +289,7 @@ def test_ptx_only_with_a_driver_of_an_older_cuda_is_named(tmp_path: Path, elfs: 
     stage = cuda_bundle(tmp_path, elfs, floor="570.124.06")
     exe, _log = smi(tmp_path, name=RTX5090, cc="12.0", driver="575.57.08", cuda="12.9")
     r = probe_of(tmp_path, stage, exe, machine_libs(tmp_path, elfs))
-    assert (r.backend, r.reason) == (Backend.CPU, Reason.CUDA_PTX_TOO_NEW), r.sentence
+    assert (r.backend, r.reason) == (Chosen.CPU, Reason.CUDA_PTX_TOO_NEW), r.sentence
     assert r.sentence == (f"{RTX5090} (compute capability 12.0) is served only by the bundle {r.facts['bundle']}'s PTX "
                           "(compute_75), made by CUDA 13.0.2, which driver 575.57.08 cannot JIT-compile (it supports CUDA 12.9)")
     assert r.fix == ("update the NVIDIA driver to one for CUDA 13.0.2 or newer (580.82.07 or later), or use a bundle with "
@@ -320,11 +321,11 @@ def test_the_happy_path_runs_no_diagnosis_and_checks_the_kernels(tmp_path: Path,
     stage = cuda_bundle(tmp_path, elfs, server="ok")
     exe, log = smi(tmp_path)
     r = probe_of(tmp_path, stage, exe, machine_libs(tmp_path, elfs, driver=False))  # libcuda absent: not looked at
-    assert (r.backend, r.reason) == (Backend.CUDA, Reason.OK)
+    assert (r.backend, r.reason) == (Chosen.CUDA, Reason.OK)
     assert not {"cause", "diagnosis", "diagnosis_error"} & set(r.facts)
     assert r.facts["kernels"] == {"compute_caps": ["9.0"], "served": {"9.0": {"status": "sass", "via": "sm_90"}}, "errors": []}
     # the GPU query, then the compute capability (the listed device's kernels); no library closure, no header
-    assert asked(log) == [" ".join(probe_mod.NVIDIA_SMI_ARGS), " ".join(probe_mod.COMPUTE_CAP_ARGS)]
+    assert asked(log) == [" ".join(gpus.SCAN_ARGS), " ".join(gpus.COMPUTE_CAP_ARGS)]
     valid_json(r)
 
 
@@ -333,7 +334,7 @@ def test_a_listed_gpu_that_no_kernel_runs_on_is_arch_unsupported(tmp_path: Path,
     and probe said ok, while llama-bench aborted at its first kernel. A listed device is checked like a missing one."""
     stage = cuda_bundle(tmp_path, elfs, server="ok", sass=("80",), ptx=())
     r = probe_of(tmp_path, stage, smi(tmp_path, cc="9.0")[0], machine_libs(tmp_path, elfs))
-    assert (r.backend, r.reason) == (Backend.CPU, Reason.CUDA_ARCH_UNSUPPORTED), r.sentence
+    assert (r.backend, r.reason) == (Chosen.CPU, Reason.CUDA_ARCH_UNSUPPORTED), r.sentence
     assert r.sentence == (f"{H200} (compute capability 9.0) is served by neither SASS nor PTX in the bundle "
                           f"{r.facts['bundle']} (SASS: 80; PTX: none)")
     assert "(add 90-real to the recipe)" in r.fix
@@ -347,7 +348,7 @@ def test_a_listed_gpu_served_only_by_ptx_the_driver_cannot_jit(tmp_path: Path, e
     stage = cuda_bundle(tmp_path, elfs, server="ok", floor="570.124.06")
     exe, _log = smi(tmp_path, name=RTX5090, cc="12.0", driver="575.57.08", cuda="12.9")
     r = probe_of(tmp_path, stage, exe, machine_libs(tmp_path, elfs))
-    assert (r.backend, r.reason) == (Backend.CPU, Reason.CUDA_PTX_TOO_NEW), r.sentence
+    assert (r.backend, r.reason) == (Chosen.CPU, Reason.CUDA_PTX_TOO_NEW), r.sentence
     assert r.facts["kernels"]["served"] == {"12.0": {"status": "ptx-jit", "via": "compute_75"}}
 
 
@@ -379,7 +380,7 @@ def test_a_diagnosis_that_fails_keeps_the_old_reason(tmp_path: Path, elfs: dict[
     def boom(*_a: object, **_k: object) -> None:
         raise RuntimeError("no look today")
 
-    monkeypatch.setattr(probe_mod, "diagnose_cuda", boom)
+    monkeypatch.setattr(diagnosis, "diagnose", boom)
     stage = cuda_bundle(tmp_path, elfs, without=("libcudart.so.13",))
     r = probe_of(tmp_path, stage, smi(tmp_path)[0], machine_libs(tmp_path, elfs))
     assert r.reason is Reason.CUDA_UNAVAILABLE and r.sentence.endswith("(the CUDA backend did not load)")
@@ -414,7 +415,7 @@ def test_a_vulkan_fallback_carries_the_cuda_cause(tmp_path: Path, elfs: dict[str
     finally:
         del SERVER["vk"]
     r = probe_of(tmp_path, stage, smi(tmp_path, name=GTX1080, cc="6.1")[0], machine_libs(tmp_path, elfs))
-    assert (r.backend, r.reason, r.facts["cuda_reason"]) == (Backend.VULKAN, Reason.VULKAN_OK, "cuda_arch_unsupported")
+    assert (r.backend, r.reason, r.facts["cuda_reason"]) == (Chosen.VULKAN, Reason.VULKAN_OK, "cuda_arch_unsupported")
     assert "CUDA is not used: NVIDIA GeForce GTX 1080 Ti (compute capability 6.1) is served by neither" in r.sentence
     assert r.facts["cuda_cause"]["code"] == "cuda_arch_unsupported"
     valid_json(r)
@@ -438,7 +439,7 @@ def test_a_listed_cuda_device_no_kernel_runs_on_falls_back_to_vulkan(tmp_path: P
                  inputs=inputs_for("causes-vk-listed", cuda=cuda), backends=["cpu", "cuda", "vulkan"],
                  cuda={**cuda, "archs": {"sass": ["80"], "ptx": []}})
     r = probe_of(tmp_path, stage, smi(tmp_path, cc="9.0")[0], machine_libs(tmp_path, elfs))
-    assert (r.backend, r.reason, r.facts["cuda_reason"]) == (Backend.VULKAN, Reason.VULKAN_OK, "cuda_arch_unsupported")
+    assert (r.backend, r.reason, r.facts["cuda_reason"]) == (Chosen.VULKAN, Reason.VULKAN_OK, "cuda_arch_unsupported")
     assert "CUDA is not used: NVIDIA H200 (compute capability 9.0) is served by neither SASS nor PTX" in r.sentence
     assert r.facts["server_args"] == ["--device", "Vulkan0"] and r.facts["server_env"] == {"CUDA_VISIBLE_DEVICES": ""}
     assert r.facts["gpu_devices"] == [{"name": "NVIDIA H200", "devices": ["CUDA0", "Vulkan0"]}]
@@ -454,7 +455,7 @@ def test_the_new_codes_have_sentences_and_fixes_and_the_schema_lists_every_code(
         assert table[r.value]["backend"] == "cpu" and table[r.value]["sentence"] and table[r.value]["fix"]
     schema = json.loads((resources.files("llamabundle.data") / "schemas" / "probe.schema.json").read_text(encoding="utf-8"))
     assert schema["properties"]["reason"]["enum"] == [r.value for r in Reason]
-    assert schema["properties"]["backend"]["enum"] == [b.value for b in Backend]
+    assert schema["properties"]["backend"]["enum"] == [b.value for b in Chosen]
     assert schema["properties"]["facts"]["properties"]["cause"]["oneOf"][1]["properties"]["code"]["enum"] == [r.value for r in NEW]
 
 

@@ -15,15 +15,10 @@ import pytest
 import test_probe
 from test_probe import H200, OLD, SLEEP, fake_smi, installed, make_stage, run_probe
 
+from llamabundle.gpus import is_driver_version, parse_nvidia_smi, parse_proc_version, read_nvidia_smi
 from llamabundle.platforms import base as platform_base
-from llamabundle.runtime import Reason
+from llamabundle.reasons import Reason
 from llamabundle.runtime.doctor import diagnose
-from llamabundle.runtime.probe import (
-    is_driver_version,
-    parse_nvidia_smi,
-    parse_proc_version,
-    read_nvidia_smi,
-)
 from llamabundle.scratch import start_time
 
 

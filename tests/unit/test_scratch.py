@@ -91,7 +91,7 @@ def test_sweeping_a_missing_or_unreadable_directory_is_a_no_op(tmp_path: Path) -
 
 
 def test_write_atomic_removes_a_killed_writers_temporary_file(tmp_path: Path) -> None:
-    from llamabundle.runtime import write_atomic
+    from llamabundle.runtime.results import write_atomic
 
     dead = tmp_path / ".probe.json.4194999-1-abcdef.tmp"  # a writer SIGKILLed between open and rename
     dead.write_text("{half")

@@ -23,15 +23,15 @@ from test_cli_json import valid
 from test_probe import fake_smi as probe_fake_smi
 from test_probe import installed, make_stage, wait_for
 
+from llamabundle import gpus
 from llamabundle.cli import telemetry as telemetry_cli
-from llamabundle.runtime import probe, telemetry
+from llamabundle.runtime import results, telemetry
 from llamabundle.runtime.install import list_installed
 from llamabundle.runtime.telemetry import (
     CACHE,
     NVIDIA_SMI_ARGS,
     Inactive,
     Sample,
-    read_query,
     read_sample,
     read_telemetry,
     store_sample,
@@ -207,9 +207,9 @@ def test_the_bundle_option_names_the_server_directory(tmp_path: Path, env: dict[
 
 
 def test_read_query_names_each_line_it_leaves_out() -> None:
-    gpus, driver, bad = read_query(f"{GPU0}\n2, NVIDIA A100, PCIe, 80GB, 580.95.05, [N/A], 10, [N/A]\n"
-                                   "x, GPU, 580.95.05, 1, 2, 3\n0, GPU, 580.95.05, 101, 2, 3\nNo devices were found\n")
-    assert driver == "580.95.05" and [(g.index, g.name, g.utilization_pct, g.memory_total_mib) for g in gpus] == [
+    found, driver, bad = gpus.read_stats(f"{GPU0}\n2, NVIDIA A100, PCIe, 80GB, 580.95.05, [N/A], 10, [N/A]\n"
+                                         "x, GPU, 580.95.05, 1, 2, 3\n0, GPU, 580.95.05, 101, 2, 3\nNo devices were found\n")
+    assert driver == "580.95.05" and [(g.index, g.name, g.utilization_pct, g.memory_total_mib) for g in found] == [
         (0, "NVIDIA H200", 37, 143771), (2, "NVIDIA A100, PCIe, 80GB", None, None)]
     assert len(bad) == 3 and "is not a GPU index" in bad[0] and "is not a percentage" in bad[1]
     assert "not 6 comma-separated fields" in bad[2]
@@ -297,14 +297,14 @@ def test_concurrent_processes_share_one_nvidia_smi_run(tmp_path: Path, env: dict
 
 
 def _sample(token: int, util: int) -> Sample:
-    gpus, driver, _ = read_query(f"0, NVIDIA H200, 580.95.05, {util}, 1, 2")
-    return Sample(token=token, sampled_at=int(time.time()), nvidia_smi="/x/nvidia-smi", gpus=tuple(gpus), driver=driver,
+    found, driver, _ = gpus.read_stats(f"0, NVIDIA H200, 580.95.05, {util}, 1, 2")
+    return Sample(token=token, sampled_at=int(time.time()), nvidia_smi="/x/nvidia-smi", gpus=tuple(found), driver=driver,
                   failure=None)
 
 
 def test_an_older_sample_written_after_a_newer_one_is_discarded(tmp_path: Path) -> None:
     cache = tmp_path / "cache"
-    older, newer = probe.take_token(cache), probe.take_token(cache)  # probe's counter: taken before nvidia-smi runs
+    older, newer = results.take_token(cache), results.take_token(cache)  # the cache's counter: taken before nvidia-smi runs
     assert newer > older
     assert store_sample(cache, _sample(newer, 22)) is True
     assert store_sample(cache, _sample(older, 11)) is False
@@ -368,7 +368,7 @@ def test_the_defaults_are_probes(tmp_path: Path) -> None:
     import inspect
 
     params = inspect.signature(read_telemetry).parameters
-    assert params["timeout"].default == probe.SMI_TIMEOUT
+    assert params["timeout"].default == gpus.SMI_TIMEOUT
     assert params["max_age"].default == telemetry.DEFAULT_MAX_AGE == telemetry_cli.DEFAULT_MAX_AGE == 5.0
 
 

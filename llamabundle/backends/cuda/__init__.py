@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from ... import data
 from ...errors import ToolchainError, VerifyError
 from ...platforms.base import Extra
+from ...reasons import Reason, Verdict
 from ..base import IndexFacts, Launcher, NoExtras, Prepared
 from . import companions, determinism
 from . import section as cuda_section
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
     from ...platforms.base import Platform
     from ...recipe import HostFacts, Recipe
     from ...settings import Settings
+    from ..probing import Sight
 
 REPRODUCIBLE_NVCC = ("-objtemp", "-Xcudafe=--orig_src_path_name=/llama.cpp")
 DRIVER_LIBS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/local/nvidia/lib64")
@@ -42,6 +44,13 @@ class Cuda(NoExtras):
     manifest_key: str | None = "cuda"
     driver_name = "NVIDIA driver"
     device_hint = "an NVIDIA GPU and driver"
+    reasons: tuple[Reason, ...] = (Reason.OK, Reason.GPU_MISSING, Reason.DRIVER_TOO_OLD, Reason.BUNDLE_INVALID,
+                                   Reason.CUDA_UNAVAILABLE, Reason.CUDA_STARTUP_FAILED, Reason.CUDA_LIBRARY_MISSING,
+                                   Reason.CUDA_DRIVER_LIBRARY_MISSING, Reason.CUDA_DRIVER_TOO_OLD_FOR_TOOLKIT,
+                                   Reason.CUDA_ARCH_UNSUPPORTED, Reason.CUDA_PTX_TOO_NEW)
+    works: Reason | None = Reason.OK
+    device_fact = "cuda_device"
+    hide_env: str | None = "CUDA_VISIBLE_DEVICES"
 
     def check_recipe(self, recipe: Recipe) -> None:
         """The toolkit is one this llamabundle knows, the components are in its manifest, the archs in what it
@@ -266,6 +275,12 @@ class Cuda(NoExtras):
         if Path("/dev/nvidiactl").exists():
             return True
         return any(Path(d, "libcuda.so.1").exists() for d in DRIVER_LIBS)
+
+    def verdict(self, sight: Sight) -> Verdict:
+        """The GPU, the driver floor, the backend and its device, a kernel that runs there (diagnosis.py)."""
+        from . import diagnosis
+
+        return diagnosis.verdict(sight, loader_name=self.loader_name)
 
     def unserved(self, manifest: Manifest, devices: Sequence[str], compute_caps: Mapping[str, str]) -> str | None:
         """ggml-cuda lists a GPU that no kernel of the bundle runs on (on the H200 a bundle of sm_80 SASS listed
