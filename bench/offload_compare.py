@@ -2,7 +2,7 @@
 
 For each point it starts llama-server (`-ngl N -c C -np P --fit off --verbose`), waits until the model is
 loaded (or the server exits), stops it, reads the `model / KV / compute buffer size` lines of its log
-(llamabundle.runtime.offload.parse_buffer_log) and prints a markdown table: estimate, reported GPU bytes and
+(llamabundle.runtime.server_args.parse_buffer_log) and prints a markdown table: estimate, reported GPU bytes and
 their ratio per kind. Without --model it writes a synthetic llama model (zero weights, a small SPM
 vocabulary) with gguf first, dense or mixture-of-experts.
 
@@ -28,7 +28,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from llamabundle.runtime.offload import MiB, estimate, parse_buffer_log, read_model  # noqa: E402
+from llamabundle.runtime.gguf_model import MiB, read_model  # noqa: E402
+from llamabundle.runtime.offload import estimate  # noqa: E402
+from llamabundle.runtime.server_args import parse_buffer_log  # noqa: E402
 
 READY = ("model loaded", "listening on", "server is listening")
 

@@ -27,7 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.offload_compare import free_port, server_log  # noqa: E402
 from llamabundle.errors import UsageError  # noqa: E402
 from llamabundle.runtime.dryrun import Launch, open_dry_run  # noqa: E402
-from llamabundle.runtime.offload import MiB, estimate, parse_buffer_log, plan_offload, read_model  # noqa: E402
+from llamabundle.runtime.gguf_model import MiB, read_model  # noqa: E402
+from llamabundle.runtime.offload import estimate, plan_offload  # noqa: E402
+from llamabundle.runtime.server_args import parse_buffer_log  # noqa: E402
 
 
 def server_buffers(bundle: Path, model: Path, args: list[str], env: dict[str, str], timeout: float = 180) -> dict[str, Any]:

@@ -239,10 +239,11 @@ def plan_offload(model: str | os.PathLike[str], *, free_vram: int | str, ctx: in
     bundle that cannot run here: the closed-form estimate, with a warning for the latter). Raises a
     LlamaBundleError (exit_code 2) when even -ngl 0 does not fit or the model is not a GGUF."""
     from .runtime import dryrun, offload
+    from .runtime.gguf_model import read_model
 
     vram = offload.parse_size(free_vram) if isinstance(free_vram, str) else int(free_vram)
     dry = dryrun.open_dry_run(Path(bundle)) if bundle is not None else None
-    p = offload.plan_offload(offload.read_model(Path(model)), free_vram=vram, ctx=ctx, min_ctx=min_ctx,
+    p = offload.plan_offload(read_model(Path(model)), free_vram=vram, ctx=ctx, min_ctx=min_ctx,
                              n_parallel=n_parallel, kv_type=kv_type, flash_attn=flash_attn,
                              headroom=offload.parse_headroom(headroom) if headroom is not None else None,
                              dry_run=dry if isinstance(dry, dryrun.DryRun) else None)

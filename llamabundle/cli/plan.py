@@ -16,19 +16,17 @@ import click
 
 from ..errors import UsageError
 from ..runtime.dryrun import DeviceMemory, Launch, find_dry_run, passthrough_args
+from ..runtime.gguf_model import MiB, kv_types, read_model
 from ..runtime.offload import (
     FreeVram,
-    MiB,
-    kv_types,
     launch_args,
     parse_headroom,
-    parse_server_args,
     parse_size,
     plan_for_app,
     plan_offload,
     query_free_vram,
-    read_model,
 )
+from ..runtime.server_args import parse_server_args
 from .context import Ctx, pass_ctx
 from .options import JSON_OPT, InputFile
 from .output import emit

@@ -1,98 +1,26 @@
-"""VRAM offload planner: read a GGUF's shapes, estimate what llama.cpp puts in GPU memory for an
--ngl / --n-cpu-moe / context choice, and pick the most-offloaded choice that fits.
-
-How llama.cpp is modelled (pinned commit 0c1e57098bba; file:line in data/offload.json):
-
-* Layer slots. A model of N blocks has N + 1 slots: blocks 0..N-1 and the output layer (slot N:
-  output.weight and output_norm; a model without output.weight gets token_embd duplicated there).
-  With -ngl k, slots >= N + 1 - k are on the GPU: the output layer first (any k >= 1), then the last
-  k - 1 blocks; k = N + 1 offloads everything. The input layer (token_embd, and any tensor outside
-  blk.i and output) always stays on the CPU.
-* --n-cpu-moe m keeps the expert tensors (blk.i.ffn_{up,down,gate,gate_up}_exps) of blocks i < m on
-  the CPU.
-* KV cache. llama.cpp pads -c to a multiple of 256; with --parallel P (llama-server given an explicit
-  -np runs without --kv-unified) each of the P slots gets pad(c / P, 256) cells, so the cache holds
-  P * pad(c / P, 256) cells: -c is the total over all slots, as in llama-server. A unified cache (-kvu, or
-  llama-server without -np: 4 slots, unified) holds pad(c, 256) cells that every slot sees. A block's K and V
-  live with the block: cells * n_head_kv(i) * (head_dim_k + head_dim_v) * bytes(kv type), with
-  head_count_kv per block when the GGUF stores an array. Sliding-window (iSWA) and recurrent caches
-  are not modelled: for them the estimate is the full-attention upper bound.
-* Compute buffer, per token of one n_ubatch (512) micro-batch: the KQ mask (4 bytes per KV cell of a
-  slot; 2 with flash attention) plus the larger of two stages, in f32: attention (5 * n_embd, plus
-  n_head per cell without flash attention) and FFN (3 * n_ff_active + 4 * n_embd); plus the logits of
-  one output per slot. Fitted to the compute buffers the pinned llama-server reported for synthetic
-  models (see data/offload.json); bench/offload_compare.py measures the CUDA ones. It is counted at
-  every -ngl, 0 included: a CUDA build still allocates a GPU compute buffer to offload large batches.
-  Partial offload: ggml's scheduler runs an op whose weight is in host memory on the GPU when its batch
-  is at least 32 rows (op offload, ggml-backend.cpp:970, ggml-cuda.cu:5651) and copies the weight into
-  the GPU compute buffer first; so while any block tensor is on the CPU (-ngl <= N or --n-cpu-moe > 0)
-  the compute buffer also holds the largest such tensor (a weight of 2+ dimensions of a CPU block, or an
-  expert tensor kept on the CPU), or, when larger, one CPU block's K and V views: its attention is pulled
-  onto the GPU with its neighbours and the split copies the views from the host cache (ggml-backend.cpp:1514).
-  Not modelled: where ggml-alloc places these copies among the activations it frees. On an H200 llama.cpp's
-  buffer grew by 0.2 to 1.0 of the larger copy, not monotonically with context, and by more than both copies
-  for a model without GQA at 16384 (bench/results/gpu-h200-offload-shapes, 4 models, 31 points): the estimate
-  is 0.88-1.34 of llama.cpp's at partial offload (median 1.16) and 1.05-1.10 at full offload. Without the K/V
-  term it was 0.40 for that model; the default headroom covers the 12 % left under. Only llama.cpp's own
-  no_alloc dry run is exact: plan asks it through the bundle's llamabundle-memory (runtime.dryrun).
-* Headroom: a share of the free VRAM plus a fixed amount (default 5%+256MiB) for the CUDA context,
-  cuBLAS workspace and fragmentation.
-
-Decision: the offload ladder runs from everything on the GPU to nothing on it: for a dense model
--ngl N+1, N, ..., 0; for a MoE model -ngl N+1 with --n-cpu-moe 0, 1, ..., N, then -ngl N, ..., 0 with
-every expert on the CPU. The plan takes the first rung that fits at the requested context. When that
-is not the top rung it halves the context (never below --min-ctx) as long as each halving moves the
-plan at least one rung up: a layer on the CPU costs more speed than context the caller may not use.
-A model does not fit when even -ngl 0 at the minimum context needs more than the free VRAM. Given a bundle's
-dry run (runtime.dryrun: llama.cpp's own figures for a launch), every rung weighed is sized by it instead.
-
-A live plan (`plan_for_app`) starts from the flags an app launches llama-server with: it keeps their
-context, slots and cache types, and only ever offloads more: the ladder is cut off at the app's -ngl and
---n-cpu-moe, and when even the app's own choice does not fit it is kept, with a warning.
-"""
+"""The VRAM offload planner (`llamabundle plan`): what llama.cpp puts in GPU memory for an -ngl / --n-cpu-moe /
+context choice, and the most-offloaded choice that fits the free VRAM less a headroom. Each rung of the
+ladder (everything on the GPU down to nothing) is sized by the bundle's own dry run where there is one
+(runtime/dryrun.py), else by a closed form of the model's shapes (gguf_model.py); a live plan keeps an app's
+llama-server flags (server_args.py) and only ever offloads more. docs/offload.md derives the closed form and
+says how close it comes on the H200."""
 
 from __future__ import annotations
 
 import re
-import shlex
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from decimal import Decimal
-from functools import cache, cached_property
-from pathlib import Path
 from typing import Any
 
-from .. import data
 from ..errors import UsageError
 from .dryrun import DeviceMemory, DryRun, Launch
+from .gguf_model import MiB, ModelInfo, knowledge
+from .server_args import ALL_LAYERS, ServerArgs
 
-MiB = 1 << 20
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "ki": 1 << 10, "kib": 1 << 10, "kb": 10**3, "m": MiB, "mi": MiB, "mib": MiB,
           "mb": 10**6, "g": 1 << 30, "gi": 1 << 30, "gib": 1 << 30, "gb": 10**9, "t": 1 << 40, "ti": 1 << 40,
           "tib": 1 << 40, "tb": 10**12}
-
-
-@cache
-def _constants() -> dict[str, Any]:
-    info: dict[str, Any] = data.load("offload.json")
-    assert info["default_kv_type"] in info["kv_types"]
-    return info
-
-
-@cache
-def knowledge() -> dict[str, Any]:
-    """data/offload.json, checked: every KV type's block and byte size agree with gguf's table."""
-    import gguf  # 0.2 s of numpy: imported when a plan is made, not when the CLI starts
-
-    info = _constants()
-    for name, (blck, size) in info["kv_types"].items():
-        assert tuple(gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[name.upper()]]) == (blck, size), name
-    return info
-
-
-def kv_types() -> list[str]:
-    """The KV cache types llama.cpp accepts for -ctk/-ctv."""
-    return list(_constants()["kv_types"])
 
 
 def parse_size(text: str) -> int:
@@ -133,133 +61,6 @@ def parse_headroom(text: str | None = None) -> Headroom:
     if percent >= 100:
         raise UsageError(f"headroom '{text}' keeps all the VRAM free", fix="use a share below 100%, e.g. 5%+256MiB")
     return Headroom(percent=percent, fixed=fixed)
-
-
-@dataclass(frozen=True, kw_only=True)
-class TensorInfo:
-    name: str
-    shape: tuple[int, ...]  # ggml order: ne[0] first
-    type: str
-    n_bytes: int
-
-
-@dataclass(frozen=True, kw_only=True)
-class ModelInfo:
-    path: Path
-    architecture: str
-    n_layer: int
-    n_ctx_train: int
-    n_embd: int
-    n_head: tuple[int, ...]  # per block
-    n_head_kv: tuple[int, ...]  # per block
-    head_dim_k: int
-    head_dim_v: int
-    n_ff: int  # feed-forward width active per token (MoE: experts used x expert width)
-    n_vocab: int
-    n_expert: int
-    n_expert_used: int
-    tensors: tuple[TensorInfo, ...]
-    layer_bytes: tuple[int, ...]  # every tensor of blk.i
-    expert_bytes: tuple[int, ...]  # the expert tensors of blk.i (included in layer_bytes)
-    output_bytes: int  # the output layer (slot N)
-    input_bytes: int  # token_embd and the rest: always on the CPU
-
-    @property
-    def is_moe(self) -> bool:
-        return self.n_expert > 0 and any(self.expert_bytes)
-
-    @property
-    def total_bytes(self) -> int:
-        return sum(t.n_bytes for t in self.tensors)
-
-    @cached_property
-    def largest_weights(self) -> tuple[tuple[int, int], ...]:
-        """Per block: (its largest tensor of 2+ dimensions that is not an expert tensor, its largest expert
-        tensor): what op offload copies into the GPU compute buffer when that tensor is on the CPU."""
-        k = knowledge()
-        layer_re, expert_re = re.compile(k["layer_tensor_regex"]), re.compile(k["expert_tensor_regex"])
-        out = [[0, 0] for _ in range(self.n_layer)]
-        for t in self.tensors:
-            m = layer_re.match(t.name)
-            if m and int(m[1]) < self.n_layer and len(t.shape) >= 2:
-                slot = out[int(m[1])]
-                e = 1 if expert_re.match(t.name) else 0
-                slot[e] = max(slot[e], t.n_bytes)
-        return tuple((a, b) for a, b in out)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"path": str(self.path), "architecture": self.architecture, "n_layer": self.n_layer,
-                "n_ctx_train": self.n_ctx_train, "n_embd": self.n_embd, "n_head": list(self.n_head),
-                "n_head_kv": list(self.n_head_kv), "head_dim_k": self.head_dim_k, "head_dim_v": self.head_dim_v,
-                "n_vocab": self.n_vocab, "expert_count": self.n_expert, "expert_used_count": self.n_expert_used,
-                "tensor_bytes": self.total_bytes, "output_bytes": self.output_bytes, "input_bytes": self.input_bytes}
-
-
-def read_model(path: Path) -> ModelInfo:
-    """Hyperparameters and per-layer tensor bytes of a GGUF file (memory-mapped: only the header is read)."""
-    import gguf
-
-    try:
-        reader = gguf.GGUFReader(path)
-    except Exception as e:  # noqa: BLE001 - gguf raises assorted errors on a missing, truncated or foreign file
-        raise UsageError(f"cannot read {path} as a GGUF model", why=f"{type(e).__name__}: {e}",
-                         fix="pass the path of a .gguf model file") from None
-
-    def field(key: str, default: Any = None) -> Any:
-        f = reader.get_field(key)
-        return default if f is None else f.contents()
-
-    arch = field("general.architecture")
-    if not isinstance(arch, str):
-        raise UsageError(f"{path} has no general.architecture", fix="pass a llama.cpp GGUF model")
-    n_layer, n_embd, head = field(f"{arch}.block_count"), field(f"{arch}.embedding_length"), field(f"{arch}.attention.head_count")
-    if not isinstance(n_layer, int) or not isinstance(n_embd, int) or head is None:
-        raise UsageError(f"{path} lacks {arch}.block_count, .embedding_length or .attention.head_count",
-                         fix="pass a transformer model converted by llama.cpp")
-
-    def per_layer(key: str, value: Any) -> tuple[int, ...]:
-        if isinstance(value, list):
-            if len(value) != n_layer:
-                raise UsageError(f"{path}: {key} has {len(value)} entries for {n_layer} blocks")
-            return tuple(int(v) for v in value)
-        return (int(value),) * n_layer
-
-    n_head = per_layer(f"{arch}.attention.head_count", head)
-    n_head_kv = per_layer(f"{arch}.attention.head_count_kv", field(f"{arch}.attention.head_count_kv", head))
-    head_dim_k = int(field(f"{arch}.attention.key_length", n_embd // max(max(n_head), 1)))
-    ff = field(f"{arch}.feed_forward_length", 0)
-    n_ff = max(ff) if isinstance(ff, list) else int(ff)
-    n_expert, n_expert_used = int(field(f"{arch}.expert_count", 0)), int(field(f"{arch}.expert_used_count", 0))
-    if n_expert:
-        n_ff = n_expert_used * int(field(f"{arch}.expert_feed_forward_length", n_ff))
-
-    k = knowledge()
-    layer_re, expert_re, output_re = (re.compile(k[f"{key}_tensor_regex"]) for key in ("layer", "expert", "output"))
-    tensors = tuple(TensorInfo(name=t.name, shape=tuple(int(x) for x in t.shape), type=t.tensor_type.name,
-                               n_bytes=int(t.n_bytes)) for t in reader.tensors)
-    layers, experts, output, rest = [0] * n_layer, [0] * n_layer, 0, 0
-    by_name = {t.name: t for t in tensors}
-    for t in tensors:
-        m = layer_re.match(t.name)
-        if m and int(m[1]) < n_layer:
-            layers[int(m[1])] += t.n_bytes
-            if expert_re.match(t.name):
-                experts[int(m[1])] += t.n_bytes
-        elif output_re.match(t.name):
-            output += t.n_bytes
-        else:
-            rest += t.n_bytes
-    embd = by_name.get("token_embd.weight")
-    if "output.weight" not in by_name and embd is not None:  # tied embeddings: llama.cpp duplicates token_embd
-        output += embd.n_bytes
-    tokens = reader.get_field("tokenizer.ggml.tokens")
-    n_vocab = (embd.shape[1] if embd is not None and len(embd.shape) > 1
-               else len(tokens.data) if tokens is not None else int(field(f"{arch}.vocab_size", 0)))
-    return ModelInfo(path=path, architecture=arch, n_layer=n_layer, n_ctx_train=int(field(f"{arch}.context_length", 0)),
-                     n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv, head_dim_k=head_dim_k,
-                     head_dim_v=int(field(f"{arch}.attention.value_length", head_dim_k)), n_ff=n_ff, n_vocab=n_vocab,
-                     n_expert=n_expert, n_expert_used=n_expert_used, tensors=tensors, layer_bytes=tuple(layers),
-                     expert_bytes=tuple(experts), output_bytes=output, input_bytes=rest)
 
 
 def _pad(n: int, to: int) -> int:
@@ -611,111 +412,6 @@ def query_free_vram(*, env: Mapping[str, str], nvidia_smi: str | None = None, gp
     return FreeVram(free=free, total=total, gpu=gpu, source="nvidia-smi", nvidia_smi=exe)
 
 
-# ---------------------------------------------------------------------------- the app's llama-server flags
-
-# flag spellings of llama.cpp 0c1e570 (common/arg.cpp) that the plan reads; option -> key
-_VALUE_FLAGS = {"-ngl": "ngl", "--gpu-layers": "ngl", "--n-gpu-layers": "ngl", "-c": "ctx", "--ctx-size": "ctx",
-                "-np": "np", "--parallel": "np", "-ctk": "ctk", "--cache-type-k": "ctk", "-ctv": "ctv",
-                "--cache-type-v": "ctv", "-ncmoe": "ncmoe", "--n-cpu-moe": "ncmoe", "-ub": "ub",
-                "--ubatch-size": "ub", "-b": "b", "--batch-size": "b"}
-_BOOL_FLAGS = {"-cmoe": ("cmoe", True), "--cpu-moe": ("cmoe", True), "-kvu": ("kvu", True),
-               "--kv-unified": ("kvu", True), "-no-kvu": ("kvu", False), "--no-kv-unified": ("kvu", False),
-               "--op-offload": ("opo", True), "--no-op-offload": ("opo", False)}
-_FA_FLAGS = ("-fa", "--flash-attn")
-_FA_VALUES = {"on": True, "enabled": True, "true": True, "1": True, "off": False, "disabled": False,
-              "false": False, "0": False, "auto": None, "-1": None}
-# placement flags passed through as they are, but not modelled by the plan
-_UNMODELLED = ("-ot", "--override-tensor", "-ts", "--tensor-split", "-sm", "--split-mode", "-dev", "--device",
-               "-mg", "--main-gpu", "-ncffn", "--n-cpu-ffn")
-ALL_LAYERS = -2  # -ngl all (llama.cpp: <= -2)
-
-
-@dataclass(frozen=True, kw_only=True)
-class ServerArgs:
-    """The flags an app launches llama-server with, and what the plan reads from them (None: not given).
-    `at` maps each read key to its argv index (to replace its value). llama.cpp has no --flag=value form."""
-
-    argv: tuple[str, ...]
-    ngl: int | None = None  # -1 (auto) is None; 'all' is ALL_LAYERS
-    n_cpu_moe: int | None = None
-    cpu_moe: bool = False  # -cmoe: every expert tensor on the CPU
-    ctx: int | None = None
-    n_parallel: int | None = None  # -1 (auto) is None
-    kv_type_k: str | None = None
-    kv_type_v: str | None = None
-    flash_attn: bool | None = None  # None: auto
-    kv_unified: bool | None = None
-    n_ubatch: int | None = None
-    n_batch: int | None = None
-    op_offload: bool = True
-    unmodelled: tuple[str, ...] = ()
-    at: Mapping[str, int] = field(default_factory=dict)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"args": list(self.argv), "ngl": self.ngl, "n_cpu_moe": self.n_cpu_moe, "cpu_moe": self.cpu_moe,
-                "ctx": self.ctx, "n_parallel": self.n_parallel, "kv_type_k": self.kv_type_k,
-                "kv_type_v": self.kv_type_v, "flash_attn": self.flash_attn}
-
-
-def parse_server_args(argv: Sequence[str] | str) -> ServerArgs:
-    """Read -ngl, -c, -np, -ctk/-ctv, --n-cpu-moe/-cmoe, -fa, -kvu, -ub/-b and --no-op-offload from llama-server
-    flags (a list, or one string split as a shell would); every other flag is kept as it is."""
-    args = tuple(shlex.split(argv) if isinstance(argv, str) else argv)
-    got: dict[str, Any] = {}
-    at: dict[str, int] = {}
-    unmodelled: list[str] = []
-    kv = set(kv_types())
-    i = 0
-    while i < len(args):
-        flag = args[i]
-        key = _VALUE_FLAGS.get(flag)
-        if key is None and flag in _FA_FLAGS:
-            if i + 1 < len(args) and args[i + 1].lower() in _FA_VALUES:
-                value, used = args[i + 1], 1
-            else:  # a bare -fa (llama.cpp before -fa took a value): on
-                value, used = "on", 0
-            got["fa"], at["fa"] = _FA_VALUES[value.lower()], i
-            i += 1 + used
-            continue
-        if key is None:
-            if flag in _BOOL_FLAGS:
-                name, on = _BOOL_FLAGS[flag]
-                got[name], at[name] = on, i
-            elif flag in _UNMODELLED:
-                unmodelled.append(flag)
-            i += 1
-            continue
-        if i + 1 < len(args):
-            value = args[i + 1]
-        else:
-            raise UsageError(f"server argument {flag} has no value", fix=f"write {flag} VALUE")
-        if key in ("ctk", "ctv"):
-            if value not in kv:
-                raise UsageError(f"server argument {flag} {value}: unknown KV cache type", fix=f"use one of {', '.join(sorted(kv))}")
-            got[key] = value
-        elif key == "ngl" and value in ("auto", "all"):
-            got[key] = None if value == "auto" else ALL_LAYERS
-        else:
-            try:
-                number = int(value)
-            except ValueError:
-                raise UsageError(f"server argument {flag} {value!r} is not a whole number",
-                                 fix=f"write {flag} N" + (" (or auto, all)" if key == "ngl" else "")) from None
-            if number < 0 and not (key in ("ngl", "np") and number <= -1):
-                raise UsageError(f"server argument {flag} {value} is negative", fix=f"write {flag} N with N >= 0")
-            got[key] = (ALL_LAYERS if number <= -2 else None if number == -1 else number) if key == "ngl" \
-                else (None if number < 0 else number) if key == "np" else number
-        at[key] = i
-        i += 2
-    if got.get("np") == 0:
-        raise UsageError("server argument -np 0: llama-server needs at least one slot", fix="write -np N with N >= 1")
-    return ServerArgs(argv=args, ngl=got.get("ngl"), n_cpu_moe=got.get("ncmoe"), cpu_moe=got.get("cmoe", False),
-                      ctx=got.get("ctx"), n_parallel=got.get("np"), kv_type_k=got.get("ctk"), kv_type_v=got.get("ctv"),
-                      flash_attn=got.get("fa"), kv_unified=got.get("kvu"), n_ubatch=got.get("ub"),
-                      n_batch=got.get("b"), op_offload=got.get("opo", True), unmodelled=tuple(dict.fromkeys(unmodelled)),
-                      at=at)
-
-
 def app_floor(model: ModelInfo, app: ServerArgs) -> tuple[int | None, int | None]:
     """(the least -ngl, the most --n-cpu-moe) a plan may choose for this app: it never offloads less. An
     app without --n-cpu-moe keeps on the CPU only the experts of its CPU blocks (those below N + 1 - ngl)."""
@@ -784,39 +480,3 @@ def launch_args(plan: Plan, app: ServerArgs) -> list[str]:
     return [a for i, a in enumerate(out) if i not in drop] + add
 
 
-_BUFFER_RE = re.compile(r"(\w+):\s+(\S+)\s+(model|KV|RS|compute|output) buffer size =\s*([\d.]+) MiB")
-_OFFLOADED_RE = re.compile(r"offloaded (\d+)/(\d+) layers to GPU")
-
-
-@dataclass(frozen=True, kw_only=True)
-class ReportedBuffers:
-    """Buffer sizes llama.cpp logged for one model load, in bytes per kind ('model', 'kv', 'rs', 'compute',
-    'output') and buffer name ('CUDA0', 'CUDA_Host', 'CPU_Mapped', ...)."""
-
-    sizes: Mapping[str, Mapping[str, int]]
-    offloaded: tuple[int, int] | None
-
-    def gpu(self, kind: str) -> int:
-        """Bytes of `kind` in device memory (CUDA0, Vulkan1, ...; not CPU, AMX or CUDA_Host buffers)."""
-        gpu = re.compile(_constants()["gpu_buffer_regex"])
-        return sum(v for dev, v in self.sizes.get(kind, {}).items() if gpu.match(dev))
-
-
-def parse_buffer_log(text: str) -> ReportedBuffers:
-    """The buffer sizes in a llama.cpp log (`load_tensors:  CUDA0 model buffer size = 4168.09 MiB`,
-    `llama_kv_cache[_unified]: CUDA0 KV buffer size = ...`, `llama_context: CUDA0 compute buffer size = ...`).
-    Lines of one kind and buffer add up (an iSWA cache logs two KV buffers); a model buffer after a
-    KV or compute line starts a new load, and the last load is returned."""
-    sizes: dict[str, dict[str, int]] = {}
-    offloaded: tuple[int, int] | None = None
-    for line in text.splitlines():
-        if m := _OFFLOADED_RE.search(line):
-            offloaded = (int(m[1]), int(m[2]))
-        if (m := _BUFFER_RE.search(line)) is None:
-            continue
-        kind = m[3].lower()
-        if kind == "model" and any(kk != "model" for kk in sizes):
-            sizes = {}
-        per = sizes.setdefault(kind, {})
-        per[m[2]] = per.get(m[2], 0) + round(float(m[4]) * MiB)
-    return ReportedBuffers(sizes=sizes, offloaded=offloaded)

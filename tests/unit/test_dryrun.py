@@ -26,7 +26,9 @@ from llamabundle.runtime.dryrun import (
     parse_fit_print,
     passthrough_args,
 )
-from llamabundle.runtime.offload import LLAMA_CPP, MiB, parse_server_args, plan_for_app, plan_offload, read_model
+from llamabundle.runtime.gguf_model import MiB, read_model
+from llamabundle.runtime.offload import LLAMA_CPP, plan_for_app, plan_offload
+from llamabundle.runtime.server_args import parse_server_args
 from tests.bundles import write_bundle
 
 # What the pinned llamabundle-memory printed on lavapipe (m8.gguf, -ngl 4 -c 4096): common_fit_print's table.

@@ -14,18 +14,17 @@ import pytest
 from clirun import run  # noqa: E402
 
 from llamabundle.errors import UsageError
+from llamabundle.runtime.gguf_model import MiB, read_model
 from llamabundle.runtime.offload import (
     Headroom,
-    MiB,
     estimate,
     gpu_blocks,
     kv_cells,
-    parse_buffer_log,
     parse_headroom,
     parse_size,
     plan_offload,
-    read_model,
 )
+from llamabundle.runtime.server_args import parse_buffer_log
 
 ROOT = Path(__file__).resolve().parents[2]
 NONE = Headroom(percent=0, fixed=0)

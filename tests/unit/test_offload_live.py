@@ -17,18 +17,9 @@ from test_offload import NONE, write
 
 from llamabundle.errors import UsageError
 from llamabundle.gpus import read_memory
-from llamabundle.runtime.offload import (
-    ALL_LAYERS,
-    MiB,
-    ModelInfo,
-    TensorInfo,
-    estimate,
-    launch_args,
-    parse_server_args,
-    plan_for_app,
-    query_free_vram,
-    read_model,
-)
+from llamabundle.runtime.gguf_model import MiB, ModelInfo, TensorInfo, read_model
+from llamabundle.runtime.offload import estimate, launch_args, plan_for_app, query_free_vram
+from llamabundle.runtime.server_args import ALL_LAYERS, parse_server_args
 
 ROOT = Path(__file__).resolve().parents[2]
 
