@@ -24,7 +24,7 @@ class UnsafeArchive(VerifyError):
     pass
 
 
-def _safe_name(name: str, archive: Path) -> PurePosixPath:
+def safe_name(name: str, archive: Path) -> PurePosixPath:
     p = PurePosixPath(name.replace("\\", "/"))
     drive = bool(p.parts) and ":" in p.parts[0]
     if p.is_absolute() or name.startswith(("/", "\\")) or drive:
@@ -46,7 +46,7 @@ class Layout:
         self.dirs: set[PurePosixPath] = set()
 
     def add(self, name: str, *, is_dir: bool) -> None:
-        p = _safe_name(name, self.archive)
+        p = safe_name(name, self.archive)
         parents = [q for q in p.parents if q != PurePosixPath(".")]
         clash = next((q for q in parents if q in self.files), None)
         if clash is not None:
@@ -89,11 +89,11 @@ def extract_zip(archive: Path, dest: Path, *, max_total: int = MAX_TOTAL_BYTES) 
             if total > max_total:
                 raise UnsafeArchive(f"{archive.name}: expands to more than {max_total} bytes",
                                     why="a zip bomb or a damaged archive", fix="do not use this archive")
-        tmp = _tmp_beside(dest)
+        tmp = tmp_beside(dest)
         names = []
         try:
             for info in infos:
-                target = tmp / _safe_name(info.filename, archive)
+                target = tmp / safe_name(info.filename, archive)
                 if info.is_dir():
                     target.mkdir(parents=True, exist_ok=True)
                     continue
@@ -121,7 +121,7 @@ def extract_zip(archive: Path, dest: Path, *, max_total: int = MAX_TOTAL_BYTES) 
 def extract_tar(archive: Path, dest: Path, *, select: str | None = None) -> None:
     """Extract a (compressed) tar into dest (which must not exist), with tarfile's 'data' filter:
     no absolute paths, no `..`, no links leaving dest, no devices. `select` keeps one subtree prefix."""
-    tmp = _tmp_beside(dest)
+    tmp = tmp_beside(dest)
     try:
         with tarfile.open(archive) as tf:
             members: list[tarfile.TarInfo] = []
@@ -129,7 +129,7 @@ def extract_tar(archive: Path, dest: Path, *, select: str | None = None) -> None
             for m in tf:
                 if select is not None and not (m.name == select.rstrip("/") or m.name.startswith(select.rstrip("/") + "/")):
                     continue
-                _safe_name(m.name, archive)
+                safe_name(m.name, archive)
                 total += m.size
                 if total > MAX_TOTAL_BYTES or len(members) >= MAX_MEMBERS:
                     raise UnsafeArchive(f"{archive.name}: expands beyond the limits ({MAX_TOTAL_BYTES} bytes, {MAX_MEMBERS} members)")
@@ -154,7 +154,7 @@ def partial_prefix(dest: Path) -> str:
     return f".{dest.name}.partial-"
 
 
-def _tmp_beside(dest: Path) -> Path:
+def tmp_beside(dest: Path) -> Path:
     """A new directory beside dest, owned by this process, after removing those of dead owners."""
     if dest.exists():
         raise FileExistsError(dest)

@@ -16,7 +16,7 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.client import HTTPException
 from pathlib import Path
 from typing import Protocol
@@ -36,11 +36,12 @@ MAX_DELAY = 30.0  # seconds: the longest Retry-After (or backoff) a download wai
 LOCK_TIMEOUT = 3600.0  # seconds: the longest a download waits for another process downloading the same file
 _sleep = time.sleep  # tests replace it
 
-# What a connection dropped mid-body looks like, from requests, urllib3, http.client or the socket.
-_DROPPED = (requests.RequestException, urllib3.exceptions.HTTPError, HTTPException,
+# What a connection dropped mid-body looks like, from requests, urllib3, http.client or the socket (never a
+# bare OSError: a full disk while writing what arrived is not a network failure to retry).
+DROPPED = (requests.RequestException, urllib3.exceptions.HTTPError, HTTPException,
             ConnectionError, TimeoutError)
 # Requests that can never work: no retry.
-_HOPELESS = (requests.exceptions.InvalidURL, requests.exceptions.MissingSchema, requests.exceptions.InvalidSchema,
+HOPELESS = (requests.exceptions.InvalidURL, requests.exceptions.MissingSchema, requests.exceptions.InvalidSchema,
              requests.exceptions.InvalidHeader, urllib3.exceptions.LocationParseError)
 
 
@@ -142,11 +143,11 @@ def get_page(url: str, *, http: requests.Session, headers: dict[str, str] | None
             _sleep(min(backoff * 2 ** (attempt - 1), MAX_DELAY))
         try:
             r = http.get(url, headers=headers or {}, timeout=(connect_timeout, read_timeout), stream=True)
-        except _HOPELESS as e:
-            raise NetworkError(f"cannot read {url}", why=_short(e), fix="check the URL") from None
-        except _DROPPED as e:
-            why = _short(e)
-            if _refused(e):
+        except HOPELESS as e:
+            raise NetworkError(f"cannot read {url}", why=short_reason(e), fix="check the URL") from None
+        except DROPPED as e:
+            why = short_reason(e)
+            if refused(e):
                 break
             continue
         with r:
@@ -155,8 +156,8 @@ def get_page(url: str, *, http: requests.Session, headers: dict[str, str] | None
                 continue
             try:
                 body = r.raw.read(max_bytes + 1, decode_content=True)
-            except _DROPPED as e:
-                why = _short(e)
+            except DROPPED as e:
+                why = short_reason(e)
                 continue
             if len(body) > max_bytes:
                 raise NetworkError(f"{url} is larger than {max_bytes} bytes", fix="check the URL")
@@ -164,6 +165,96 @@ def get_page(url: str, *, http: requests.Session, headers: dict[str, str] | None
             return r
     raise NetworkError(f"cannot read {url}", why=why or "no answer",
                        fix="check the network (and the mirror or index URL), then retry")
+
+
+def fetch_small(get: Callable[[dict[str, str]], requests.Response], *, what: str, source: str, size: int | None,
+                sha256: str | None, max_bytes: int, attempts: int, delay: Callable[[int], float],
+                sleep: Callable[[float], None], log: Log, label: str = "download",
+                redact: Callable[[str], str] = lambda text: text, error: type[LlamaBundleError] = StoreError,
+                fix: str = "") -> bytes:
+    """A small file's bytes (a manifest, a SHA256SUMS) in memory, from `get(headers)`, the caller's request (its
+    own authentication and status handling) answering 200, 206 or 416. A body that ends early or drops is retried
+    after `delay(n)` seconds and resumed (Range + If-Range) until it holds `size` bytes (and matches `sha256`,
+    when known); when the `attempts` run out that is a NetworkError. Only content that arrived whole and is
+    wrong raises `error` (with `fix`). `what` and `source` name the file and where it comes from in messages."""
+    fix = fix or f"remove it from {source}, then publish again"
+    if size is not None and size > max_bytes:
+        raise error(f"{what} in {source} is {size} bytes, more than {max_bytes >> 20} MiB",
+                    why="it is a few KiB when llamabundle publishes it", fix=fix)
+    data = bytearray()
+    served: str | None = None
+    spliced = False  # `data` was put together from more than one response
+    why, dropped = "", False
+    for attempt in range(1, attempts + 1):
+        if attempt > 1:
+            wait = delay(attempt - 1)
+            log.info(redact(f"    {label} {what}: {why}; retry {attempt - 1}/{attempts - 1} in {wait:.1f}s"))
+            sleep(wait)
+        headers = {"Accept": "application/octet-stream"}
+        if data:
+            headers["Range"] = f"bytes={len(data)}-"
+            if served:
+                headers["If-Range"] = served
+        r = get(headers)
+        with r:
+            expected = size
+            if r.status_code == 416:  # asked for the bytes after the end: whole already, or something changed
+                if not (data and size is not None and len(data) == size):
+                    data.clear()
+                    why = "the server refused to resume (HTTP 416)"
+                    continue
+            else:
+                offset = 0
+                if r.status_code == 206:
+                    start, _end, total = content_range(r.headers.get("Content-Range"))
+                    if start != len(data):
+                        why = f"the server resumed at byte {start}, not {len(data)}"
+                        data.clear()
+                        continue
+                    offset, spliced = len(data), True
+                    expected = size if size is not None else total
+                else:
+                    data.clear()
+                    spliced, served = False, None
+                served = served or validator(r.headers)
+                if expected is None:
+                    n = r.headers.get("Content-Length", "")
+                    expected = offset + int(n) if n.isdigit() else None
+                cap = (expected if expected is not None else max_bytes) + 1
+                try:
+                    for chunk in r.raw.stream(64 << 10, decode_content=False):  # the bytes as served
+                        data += chunk
+                        if len(data) >= cap:
+                            break
+                except DROPPED as e:
+                    of = expected if expected is not None else "?"
+                    why = f"the connection dropped after {len(data)} of {of} bytes ({short_reason(e)})"
+                    dropped = True
+                    continue
+        if len(data) > max_bytes:
+            raise error(f"{what} in {source} is larger than {max_bytes >> 20} MiB",
+                        why="it is a few KiB when llamabundle publishes it", fix=fix)
+        if expected is not None and len(data) < expected:
+            why, dropped = f"the connection ended after {len(data)} of {expected} bytes", True
+            continue
+        dropped = False
+        if expected is not None and len(data) > expected:
+            why = f"the server sent more than the {expected} bytes listed"
+            data.clear()
+            continue
+        got = hashlib.sha256(data).hexdigest()
+        if sha256 is not None and got != sha256:
+            if spliced:  # the pieces may be of different versions: once more, whole
+                why = "the resumed body does not match the file's digest"
+                data.clear()
+                continue
+            raise error(f"{what} in {source} does not match its digest",
+                        why=f"the listing records sha256:{sha256}, the download has sha256:{got}", fix=fix)
+        return bytes(data)
+    trouble = "the connection dropped before the end" if dropped else "the download kept failing"
+    raise NetworkError(f"cannot download {what} from {source}: {trouble}",
+                       why=redact(f"{why} (gave up after {attempts} attempts)"),
+                       fix="check the network and retry; nothing is known to be wrong with what is stored")
 
 
 class Sink(Protocol):
@@ -317,26 +408,26 @@ class _Download:
                                    fix="check the URL and your network; retry later")
             if "bytes" in r.headers.get("Accept-Ranges", "").lower():
                 self.resumable = True
-            validator = _validator(r.headers)
+            served = validator(r.headers)
             if status == 206:
-                start, _end, total = _content_range(r.headers.get("Content-Range"))
+                start, _end, total = content_range(r.headers.get("Content-Range"))
                 if start != offset:
                     self._discard()
                     raise _Retry(f"the server answered a range starting at {start}, not {offset}")
                 if total is None:
                     total = self._length(r, offset)
-                if ((self.validator and validator and validator != self.validator)
+                if ((self.validator and served and served != self.validator)
                         or (self.total is not None and total is not None and total != self.total)):
                     self._discard()  # the file changed under us and the server ignored If-Range
                     raise _Retry("the file changed on the server since the partial download; starting over")
                 self.resumable = True
-                self.validator = self.validator or validator
+                self.validator = self.validator or served
             else:
                 if offset:
                     self.log.info(f"    download {self.dest.name}: the server sent the whole file; starting over")
                 offset = 0
                 total = self._length(r, 0)
-                self.validator = validator
+                self.validator = served
                 self.digest, self.hashed = _Digest(self.sink), 0
             self.total = total
             if self.size is not None and total is not None and total != self.size:
@@ -350,7 +441,7 @@ class _Download:
         cur = self.url
         for _hop in range(MAX_REDIRECTS + 1):
             h: dict[str, str | None] = {**self.headers, **extra}
-            if _origin(cur) == _origin(self.url):
+            if origin(cur) == origin(self.url):
                 if self.token:
                     h = {k: v for k, v in h.items() if k.lower() != "authorization"}
                     h["Authorization"] = f"Bearer {self.token}"
@@ -361,13 +452,13 @@ class _Download:
                 # requests drops a header whose value is None (merge_setting), but its annotations allow no None
                 r = self.http.get(cur, headers=h,  # type: ignore[arg-type]
                                   stream=True, timeout=self.timeout, allow_redirects=False)
-            except _HOPELESS as e:
-                raise NetworkError(f"cannot download {self.url}", why=_short(e), fix="check the URL") from None
-            except _DROPPED as e:
-                if _refused(e):  # nobody listens there, or the name does not resolve: no point insisting
-                    raise NetworkError(f"cannot download {self.url}", why=_short(e),
+            except HOPELESS as e:
+                raise NetworkError(f"cannot download {self.url}", why=short_reason(e), fix="check the URL") from None
+            except DROPPED as e:
+                if refused(e):  # nobody listens there, or the name does not resolve: no point insisting
+                    raise NetworkError(f"cannot download {self.url}", why=short_reason(e),
                                        fix="check the network or use another source") from None
-                raise _Retry(_short(e)) from None
+                raise _Retry(short_reason(e)) from None
             if not r.is_redirect:
                 return r
             target = urljoin(cur, r.headers["Location"])
@@ -394,8 +485,8 @@ class _Download:
                     done += len(chunk)
                     self.hashed = done
                     bar.update(done, total)
-            except _DROPPED as e:
-                dropped: str | None = _short(e)
+            except DROPPED as e:
+                dropped: str | None = short_reason(e)
             else:
                 dropped = None
         if too_big:
@@ -412,7 +503,7 @@ class _Download:
 
     def _range_not_satisfiable(self, r: requests.Response, offset: int) -> None:
         """HTTP 416 to `Range: bytes=<len(.part)>-`: done if the .part already holds the whole file."""
-        _start, _end, total = _content_range(r.headers.get("Content-Range"))
+        _start, _end, total = content_range(r.headers.get("Content-Range"))
         known = total if total is not None else self.total if self.total is not None else self.size
         if known == offset:
             self.total = offset
@@ -472,7 +563,7 @@ class _Download:
         return self.bar
 
 
-def _validator(headers: requests.structures.CaseInsensitiveDict[str]) -> str | None:
+def validator(headers: requests.structures.CaseInsensitiveDict[str]) -> str | None:
     """A strong ETag, else Last-Modified: what If-Range may carry (a weak ETag may not)."""
     etag = headers.get("ETag")
     if etag and not etag.startswith("W/"):
@@ -480,7 +571,7 @@ def _validator(headers: requests.structures.CaseInsensitiveDict[str]) -> str | N
     return headers.get("Last-Modified") or None
 
 
-def _content_range(value: str | None) -> tuple[int | None, int | None, int | None]:
+def content_range(value: str | None) -> tuple[int | None, int | None, int | None]:
     """`bytes 100-199/1000` → (100, 199, 1000); `bytes */1000` → (None, None, 1000)."""
     if not value:
         return None, None, None
@@ -502,7 +593,8 @@ def _retry_after(value: str | None) -> float | None:
     return None  # an HTTP-date, or nothing: plain backoff
 
 
-def _origin(url: str) -> tuple[str, str, int | None]:
+def origin(url: str) -> tuple[str, str, int | None]:
+    """(scheme, host, port) of a URL: who may see a token sent to it."""
     u = urlsplit(url)
     scheme = u.scheme.lower()
     try:
@@ -512,7 +604,7 @@ def _origin(url: str) -> tuple[str, str, int | None]:
     return scheme, (u.hostname or "").lower(), port or {"http": 80, "https": 443}.get(scheme)
 
 
-def _refused(e: BaseException) -> bool:
+def refused(e: BaseException) -> bool:
     """Whether the connection was never made (refused, unreachable, unresolvable), as opposed to lost."""
     seen: set[int] = set()
     todo: list[object] = [e]
@@ -527,7 +619,8 @@ def _refused(e: BaseException) -> bool:
     return False
 
 
-def _short(e: BaseException) -> str:
+def short_reason(e: BaseException) -> str:
+    """A connection failure in a few words (`connection refused`, `timed out`), else its text (300 characters)."""
     text = str(e)
     for marker in ("Failed to resolve", "Connection refused", "timed out", "Name or service not known"):
         if marker in text:

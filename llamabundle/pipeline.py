@@ -15,7 +15,7 @@ from filelock import FileLock, Timeout
 from . import backends, cache, opscheck, platforms, repro, scratch
 from . import bundle as bundle_mod
 from . import source as source_mod
-from .archive import _tmp_beside, extract_zip
+from .archive import extract_zip, tmp_beside
 from .backends import Prepared
 from .build import (
     BuildPlan,
@@ -101,7 +101,7 @@ def build(keyed: Keyed, *, settings: Settings, store: Store, log: Log, env: Mapp
     fails (exit 5) naming the files that differ and where, unless both zips are byte-identical."""
     recipe, key = keyed.recipe, keyed.key
     force = force or check_reproducible or ops_tool
-    _check_out(out)
+    check_out(out)
     sweep_cache(settings)
     if not force:
         entry = store.lookup(key)
@@ -183,7 +183,7 @@ def _build_locked(keyed: Keyed, *, settings: Settings, store: Store, log: Log, e
             if not published.created:
                 log.info("    an identical key was already stored by another run; kept that one")
     if out is not None:
-        outcome.out_dir = _unpack_to(out_zip, out, expect_for(keyed))
+        outcome.out_dir = unpack_to(out_zip, out, expect_for(keyed))
         log.info(f"bundle unpacked in {out}")
     return outcome
 
@@ -214,7 +214,7 @@ def _from_store(entry: Entry, *, store: Store, settings: Settings, log: Log, out
     if out is not None and out.exists():
         out.rmdir()  # empty (checked before any work)
     if out is not None:
-        tmp = _tmp_beside(out)
+        tmp = tmp_beside(out)
     else:
         tmp = scratch.make_dir(cache.tmp_dir(settings.cache_dir), cache.UNPACK_PREFIX)
     # messages name --out (or the stored zip), never the directory the bundle is checked in before the rename
@@ -260,7 +260,7 @@ def _from_store(entry: Entry, *, store: Store, settings: Settings, log: Log, out
 def fetch(key: str, *, store: Store, settings: Settings, log: Log, out: Path, level: Level = Level.STATIC,
           expect: Expect | None = None) -> BuildOutcome:
     """The store's bundle `key`, trusted against `expect` (a recipe's: key, platform, commit, toolkit)."""
-    _check_out(out)
+    check_out(out)
     sweep_cache(settings)
     entry = store.lookup(key)
     if entry is None:
@@ -268,7 +268,7 @@ def fetch(key: str, *, store: Store, settings: Settings, log: Log, out: Path, le
     return _from_store(entry, store=store, settings=settings, log=log, out=out, level=level, expect=expect)
 
 
-def _check_out(out: Path | None) -> None:
+def check_out(out: Path | None) -> None:
     """--out must be a new or empty directory whose parent can be written; checked before any work."""
     if out is None:
         return
@@ -301,7 +301,7 @@ def publish_zip(zip_path: Path, *, store: Store, settings: Settings) -> tuple[Ve
     return report, store.publish(zip_path, verified[0])
 
 
-def _unpack_to(zip_path: Path, out: Path, expect: Expect) -> Path:
+def unpack_to(zip_path: Path, out: Path, expect: Expect) -> Path:
     if out.exists():
         out.rmdir()  # empty (checked before any work)
     bundle_mod.unpack(zip_path, out, expect)

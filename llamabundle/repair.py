@@ -22,7 +22,7 @@ from .compilers import version_matches
 from .errors import ToolchainError, UsageError
 from .log import Log
 from .package import Made
-from .pipeline import BuildOutcome, _check_out, _unpack_to, assemble, expect_for, sweep_cache
+from .pipeline import BuildOutcome, assemble, check_out, expect_for, sweep_cache, unpack_to
 from .recipe import HostFacts, Recipe
 from .settings import Settings
 from .source import SourceTree
@@ -125,7 +125,7 @@ def bundle_build(recipe: Recipe, build_dir: Path, *, out: Path, toolkit_root: Pa
         if not out.parent.is_dir():
             raise UsageError(f"--out {out}: {out.parent} is not a directory", fix="create it first")
     else:
-        _check_out(out)
+        check_out(out)
     sweep_cache(settings)
     tree = read_build_tree(build_dir)
     if tree.commit and not recipe.llama_cpp.commit.startswith(tree.commit):
@@ -177,6 +177,6 @@ def bundle_build(recipe: Recipe, build_dir: Path, *, out: Path, toolkit_root: Pa
         outcome.zip_path = out
         log.info(f"bundle written to {out}")
     else:
-        outcome.out_dir = _unpack_to(zip_path, out, expect_for(keyed))
+        outcome.out_dir = unpack_to(zip_path, out, expect_for(keyed))
         log.info(f"bundle unpacked in {out}")
     return outcome

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__, scratch
-from ..archive import _tmp_beside, extract_zip
+from ..archive import extract_zip, tmp_beside
 from ..digest import sha256_file, walk
 from . import manifest as manifest_mod
 from . import zipstream
@@ -91,7 +91,7 @@ def unpack(zip_path: Path, dest: Path, expect: Expect = ANYTHING) -> tuple[Manif
     """Safely extract a bundle zip into dest (new directory) and check it against its manifest, in one read
     of the zip (zipstream), or with archive.extract_zip for zips that cannot be streamed.
     On any failure dest is not left behind."""
-    tmp = _tmp_beside(dest)
+    tmp = tmp_beside(dest)
     try:
         try:
             members = zipstream.unpack_file(zip_path, tmp)

@@ -33,7 +33,7 @@ from ..archive import (
     RATIO_FLOOR,
     Layout,
     UnsafeArchive,
-    _safe_name,
+    safe_name,
 )
 from ..errors import VerifyError, from_os_error
 
@@ -218,7 +218,7 @@ class ZipStream:
             raise UnsafeArchive(f"{self.label}: member at offset {self.pos} is encrypted", fix="do not use this archive")
         raw = bytes(self.buf[LOCAL_FMT.size:LOCAL_FMT.size + nlen])
         name = raw.decode("utf-8" if flags & 0x800 else "cp437")
-        path = _safe_name(name, Path(self.label))
+        path = safe_name(name, Path(self.label))
         if name in self.names:
             raise UnsafeArchive(f"{self.label}: member '{name}' appears twice", fix="do not use this archive")
         self.layout.add(name, is_dir=name.endswith("/"))

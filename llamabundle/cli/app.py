@@ -15,7 +15,7 @@ from .. import keys
 from ..errors import UsageError
 from ..lazy import lazy_import
 from .context import Ctx, pass_ctx
-from .options import JSON_OPT, InputFile
+from .options import DEST_OPT, JSON_OPT, SMI_OPT, InputFile
 from .output import emit
 
 if TYPE_CHECKING:
@@ -28,15 +28,8 @@ else:
     doctor_mod = lazy_import("llamabundle.runtime.doctor")
 DEFAULT_TTL = 30.0  # runtime.probe.DEFAULT_TTL (a test checks they agree), spelled out for a fast start
 
-_DEST = click.option("--dest", type=click.Path(file_okay=False, path_type=Path),
-                     help="Install root (default: $LLAMABUNDLE_DATA_DIR or the user data directory).")
 _BUNDLE = click.option("--bundle", type=click.Path(file_okay=False, exists=True, path_type=Path),
                        help="Probe this unpacked bundle directory instead of the installed CUDA bundle.")
-_SMI = click.option("--nvidia-smi", "nvidia_smi", metavar="PATH", help="The nvidia-smi to run (default: the one on PATH).")
-
-
-def _cache(c: Ctx) -> Path:
-    return Path(c.settings.cache_dir) / "runtime"
 
 
 def _print_probe(r: probe_mod.ProbeResult) -> None:
@@ -54,8 +47,8 @@ def _print_probe(r: probe_mod.ProbeResult) -> None:
 @click.command("probe")
 @JSON_OPT
 @_BUNDLE
-@_DEST
-@_SMI
+@DEST_OPT
+@SMI_OPT
 @click.option("--ngl", type=click.IntRange(0), metavar="N", help="The planned -ngl: 0 means cuda_gpu_layers_zero.")
 @click.option("--max-age", type=click.FloatRange(0), default=DEFAULT_TTL, show_default=True,
               help="Reuse a cached result younger than this many seconds (0: probe now).")
@@ -66,7 +59,7 @@ def probe_cmd(c: Ctx, as_json: bool, bundle: Path | None, dest: Path | None, nvi
               max_age: float, prefer: str | None) -> None:
     """Which backend will run (cuda, vulkan or cpu) and why: one reason code with a sentence and a fix, the
     GPUs the bundle sees (one physical GPU once) and the llama-server flags that select the backend."""
-    r = probe_mod.with_gpu_layers(probe_mod.probe(root=install_mod.data_root(c.settings, dest), env=c.env, cache_dir=_cache(c), max_age=max_age,
+    r = probe_mod.with_gpu_layers(probe_mod.probe(root=install_mod.data_root(c.settings, dest), env=c.env, cache_dir=c.runtime_cache, max_age=max_age,
                               bundle=bundle, nvidia_smi=nvidia_smi, prefer=prefer), ngl)
     emit(r.to_json()) if as_json else _print_probe(r)
 
@@ -75,7 +68,7 @@ def probe_cmd(c: Ctx, as_json: bool, bundle: Path | None, dest: Path | None, nvi
 @click.option("--store", "store_url", metavar="URL", help="Bundle store: a directory, file://DIR or github:OWNER/REPO.")
 @click.option("--recipe", "recipe_path", type=click.Path(dir_okay=False, path_type=Path), help="Install the bundle of this recipe.")
 @click.option("--key", "key_", metavar="KEY", help="Install the bundle with this key (64 hex digits).")
-@_DEST
+@DEST_OPT
 @click.option("--expect-commit", metavar="C", help="Refuse a bundle of another llama.cpp commit (default with --recipe: its commit).")
 @click.option("--expect-toolkit", metavar="V", help="Refuse a bundle of another CUDA toolkit (default with --recipe: its toolkit).")
 @click.option("--expect-sha256", "expect_sha256", metavar="HEX",
@@ -106,7 +99,7 @@ def install_cmd(c: Ctx, store_url: str | None, recipe_path: Path | None, key_: s
     assert key_ is not None
     root, store = install_mod.data_root(c.settings, dest), c.store(store_url)
     if if_needed:
-        res = probe_mod.ensure_backend(store=store, key=key_, root=root, env=c.env, log=c.log, cache_dir=_cache(c),
+        res = probe_mod.ensure_backend(store=store, key=key_, root=root, env=c.env, log=c.log, cache_dir=c.runtime_cache,
                                        commit=expect_commit, toolkit=expect_toolkit, expect_sha256=sha, digests=digests)
         emit(res.to_json()) if as_json else _print_probe(res)
         return
@@ -123,7 +116,7 @@ def install_cmd(c: Ctx, store_url: str | None, recipe_path: Path | None, key_: s
 
 
 @click.command("list")
-@_DEST
+@DEST_OPT
 @JSON_OPT
 @pass_ctx
 def list_cmd(c: Ctx, dest: Path | None, as_json: bool) -> None:
@@ -143,7 +136,7 @@ def list_cmd(c: Ctx, dest: Path | None, as_json: bool) -> None:
 
 @click.command("uninstall")
 @click.argument("what", metavar="KEY|NAME")
-@_DEST
+@DEST_OPT
 @JSON_OPT
 @pass_ctx
 def uninstall_cmd(c: Ctx, what: str, dest: Path | None, as_json: bool) -> None:
@@ -154,13 +147,13 @@ def uninstall_cmd(c: Ctx, what: str, dest: Path | None, as_json: bool) -> None:
 
 @click.command("doctor")
 @_BUNDLE
-@_DEST
-@_SMI
+@DEST_OPT
+@SMI_OPT
 @JSON_OPT
 @pass_ctx
 def doctor_cmd(c: Ctx, bundle: Path | None, dest: Path | None, nvidia_smi: str | None, as_json: bool) -> None:
     """What was found (GPUs, driver, installed bundles, the last probe), the reason, and what to do."""
-    d = doctor_mod.diagnose(root=install_mod.data_root(c.settings, dest), env=c.env, cache_dir=_cache(c), bundle=bundle, nvidia_smi=nvidia_smi)
+    d = doctor_mod.diagnose(root=install_mod.data_root(c.settings, dest), env=c.env, cache_dir=c.runtime_cache, bundle=bundle, nvidia_smi=nvidia_smi)
     if as_json:
         emit(d.to_json())
         return

@@ -35,6 +35,11 @@ class Ctx:
         return open_store(url or self.settings.store or str(self.settings.cache_dir / "store"),
                           settings=self.settings, log=self.log, tags={keyed.key: keyed.tag} if keyed else None)
 
+    @property
+    def runtime_cache(self) -> Path:
+        """Where probe and telemetry cache their results."""
+        return Path(self.settings.cache_dir) / "runtime"
+
     def actions_report(self, *, key: str, hit: bool, location: str | None, zip_path: Path | None = None) -> None:
         """Under GitHub Actions: the step outputs and the step summary's row of this key (log.actions_report)."""
         actions_report(output=self.settings.github_output, summary=self.settings.github_step_summary,

@@ -1,5 +1,5 @@
-"""click parameters that several commands share: `--json`, `--store`, the RECIPE argument, and `InputFile`
-(a file argument that is checked before anything opens it)."""
+"""click parameters that several commands share: `--json`, `--store`, `--dest`, `--nvidia-smi`, the RECIPE
+argument, and `InputFile` (a file argument that is checked before anything opens it)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,9 @@ import click
 JSON_OPT = click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON (schema 1) on stdout.")
 STORE_OPT = click.option("--store", "store_url", metavar="URL",
                          help="Bundle store: a directory, file://DIR or github:OWNER/REPO (default: $LLAMABUNDLE_STORE or <cache>/store).")
+DEST_OPT = click.option("--dest", type=click.Path(file_okay=False, path_type=Path),
+                        help="Install root (default: $LLAMABUNDLE_DATA_DIR or the user data directory).")
+SMI_OPT = click.option("--nvidia-smi", "nvidia_smi", metavar="PATH", help="The nvidia-smi to run (default: the one on PATH).")
 RECIPE_ARG = click.argument("recipe_path", metavar="RECIPE", type=click.Path(dir_okay=False, path_type=Path))
 
 

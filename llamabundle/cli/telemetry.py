@@ -11,9 +11,8 @@ from typing import TYPE_CHECKING
 import click
 
 from ..lazy import lazy_import
-from .app import _DEST, _SMI, _cache
 from .context import Ctx, pass_ctx
-from .options import JSON_OPT
+from .options import DEST_OPT, JSON_OPT, SMI_OPT
 from .output import emit
 
 if TYPE_CHECKING:
@@ -48,8 +47,8 @@ def _print(t: telemetry_mod.Telemetry) -> None:
               help="The llama-server's process id: telemetry is read only while it runs from a CUDA bundle.")
 @click.option("--max-age", type=click.FloatRange(0), default=DEFAULT_MAX_AGE, show_default=True,
               help="Reuse a sample younger than this many seconds (0: run nvidia-smi now).")
-@_SMI
-@_DEST
+@SMI_OPT
+@DEST_OPT
 @click.option("--bundle", type=click.Path(file_okay=False, exists=True, path_type=Path),
               help="The server must run from this unpacked bundle directory (default: an installed CUDA bundle).")
 @pass_ctx
@@ -58,7 +57,7 @@ def telemetry_cmd(c: Ctx, as_json: bool, pid: int | None, max_age: float, nvidia
     """Live GPU telemetry of a running CUDA llama-server: the driver and, per GPU, utilisation and VRAM used/total.
     Without a running server of a bundle, or without a working nvidia-smi: active false and the reason."""
     t = telemetry_mod.read_telemetry(root=install_mod.data_root(c.settings, dest), env=c.env, pid=pid,
-                                     cache_dir=_cache(c), bundle=bundle, nvidia_smi=nvidia_smi, max_age=max_age)
+                                     cache_dir=c.runtime_cache, bundle=bundle, nvidia_smi=nvidia_smi, max_age=max_age)
     emit(t.to_json()) if as_json else _print(t)
 
 

@@ -40,6 +40,7 @@ from ..errors import StoreError, UsageError, VerifyError, disk_fix
 from ..log import Log
 from ..reasons import Reason
 from ..settings import Settings
+from ..store import sums
 from ..store.base import Entry, Store
 from .results import utc_timestamp, write_atomic
 
@@ -182,23 +183,21 @@ def load_digests(path: Path) -> DigestList:
         n = raw[:e.start].count(b"\n") + 1
         raise UsageError(f"{path}:{n}: the digest list is not UTF-8 text", why=e.reason, fix=fix,
                          file=str(path), line=n) from None
-    from ..store.local import _SUMS_LINE  # the grammar of SHA256SUMS, as the stores write and read it
-
     entries: dict[str, tuple[str, int]] = {}
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip() or line.lstrip().startswith("#"):
             continue
-        m = _SUMS_LINE.fullmatch(line)
-        name = m.group(2) if m else ""
-        if m is None or "/" in name or "\\" in name or name in (".", ".."):
+        read = sums.read_line(line)  # the grammar of SHA256SUMS, as the stores write and read it
+        if read is None:
             raise UsageError(f"{path}:{n}: not a digest line: {line[:80]!r}",
                              why="a line is `<sha256>  <name>`: 64 lower-case hex digits, two spaces (or a space and `*`), "
                                  "and a bundle zip's file name (no directory) or a cache key", fix=fix, file=str(path), line=n)
-        if name in entries and entries[name][0] != m.group(1):
+        sha, name = read
+        if name in entries and entries[name][0] != sha:
             raise UsageError(f"{path}:{n}: a second sha256 for {name} (line {entries[name][1]} gives another)",
                              why="a digest list names one zip once", fix=f"keep the line with the sha256 you trust in {path}",
                              file=str(path), line=n)
-        entries.setdefault(name, (m.group(1), n))
+        entries.setdefault(name, (sha, n))
     if not entries:
         raise UsageError(f"the digest list {path} lists no bundle", why="it holds no `<sha256>  <zip name>` line",
                          fix=fix, file=str(path))

@@ -22,16 +22,16 @@ from .. import scratch
 from ..bundle import MANIFEST
 from ..bundle.manifest import Expect, Manifest, ManifestError, check_consistent, loads
 from ..errors import StoreError, UsageError, VerifyError, disk_fix
+from . import sums as sums_grammar
 from .base import Entry, Published
 
 if TYPE_CHECKING:
     from ..net import Sink
 
-SUMS = "SHA256SUMS"
+SUMS = sums_grammar.NAME
 LOCK_TIMEOUT = 600
 PUBLISH_PREFIX = ".publish-"
 CHUNK = 1 << 20
-_SUMS_LINE = re.compile(r"([0-9a-f]{64}) [ *](.+)")
 _KEY_DIR = re.compile(r"[0-9a-f]{64}")
 _REFUSED = re.compile(r"^bundle [0-9a-f]{1,12} refused: ")  # check_consistent's prefix, said once by the entry
 
@@ -181,7 +181,7 @@ class LocalStore:
                         at = stage / name
                         digest = _copy(f, zip_path, stage / name, final / name, durable=True)
                     at = stage / SUMS
-                    _write_text(stage / SUMS, f"{digest}  {sums_name}\n")
+                    _write_text(stage / SUMS, sums_grammar.line(digest, sums_name))
                     at = stage / MANIFEST
                     _write_text(stage / MANIFEST, manifest.text())  # last: the entry is complete once this is in
                     at = final
@@ -211,11 +211,10 @@ def _parse_sums(raw: bytes, path: Path, *, fix: str) -> dict[str, str]:
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
-        m = _SUMS_LINE.fullmatch(line)
-        name = m.group(2) if m else ""
-        if m is None or "/" in name or "\\" in name or name in (".", ".."):
+        read = sums_grammar.read_line(line)
+        if read is None:
             raise StoreError(f"store entry {path.parent} is damaged", why=f"{path}:{n} is not '<sha256>  <file name>'", fix=fix)
-        sums[os.fsdecode(name.encode("utf-8"))] = m.group(1)
+        sums[os.fsdecode(read[1].encode("utf-8"))] = read[0]
     return sums
 
 

@@ -431,7 +431,7 @@ def redirect(location: str) -> Reply:
 
 
 def test_token_goes_to_the_origin_only_never_to_the_redirect_host(tmp_path: Path, server: Server, other_host: Server) -> None:
-    assert net._origin(server.url) != net._origin(other_host.url)
+    assert net.origin(server.url) != net.origin(other_host.url)
     server.replies = [redirect("/moved"), redirect(other_host.url + "/asset")]
     dest = tmp_path / "f"
     assert get(server, dest, sha256=SHA, token="s3cret", headers={"Accept": "application/octet-stream"}) == SHA

@@ -56,14 +56,27 @@ def _relative_imports(path: Path) -> list[str]:
     return found
 
 
+def _store_imports(path: Path) -> set[str]:
+    """What a module of the github package takes from llamabundle.store outside the package (`from ..X import`)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.level == 2:
+            found |= {node.module} if node.module else {a.name for a in node.names}
+    return found
+
+
 def test_base_imports_no_store_and_the_stores_import_only_base() -> None:
-    assert _relative_imports(STORE / "base.py") == []
-    for name in ("local.py", "github.py"):
-        assert set(_relative_imports(STORE / name)) == {".base"}, name
+    """A store takes from the package only the protocol and the SHA256SUMS grammar; the GitHub store's own
+    modules (client, releases, publish, store) take those and each other."""
+    assert _relative_imports(STORE / "base.py") == _relative_imports(STORE / "sums.py") == []
+    assert set(_relative_imports(STORE / "local.py")) <= {".", ".base"}
+    for path in sorted((STORE / "github").glob("*.py")):
+        assert set(_relative_imports(path)) <= {".client", ".releases", ".publish", ".store"}, path.name
+        assert _store_imports(path) <= {"base", "sums"}, path.name
 
 
 def test_every_store_module_says_what_it_is_for() -> None:
-    for path in sorted(STORE.glob("*.py")):
+    for path in sorted(STORE.rglob("*.py")):
         doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8")))
         assert doc and len(doc) > 40, path.name
 
@@ -94,7 +107,7 @@ def test_github_gets_the_settings_fields_it_uses() -> None:
     assert type(store) is GitHubStore  # constructing it touches no network
     assert (store.url, store.repo, store.api_url, store.token) == ("github:owner/repo", "owner/repo",
                                                                    "http://127.0.0.1:9/api", "t0ken")
-    assert store.timeout[0] == store.upload_timeout[0] == 3.5
+    assert store.client.timeout[0] == store.client.upload_timeout[0] == 3.5
     assert store.log is log and store.tags == tags
 
 
@@ -102,4 +115,5 @@ def test_github_without_settings_has_the_stores_defaults() -> None:
     store = open_store("github:owner/repo")
     assert type(store) is GitHubStore
     default = GitHubStore("owner/repo")
-    assert (store.api_url, store.token, store.timeout, store.tags) == (DEFAULT_API_URL, None, default.timeout, {})
+    assert (store.api_url, store.token, store.client.timeout, store.tags) == (DEFAULT_API_URL, None,
+                                                                              default.client.timeout, {})
