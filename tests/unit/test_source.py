@@ -25,7 +25,8 @@ from llamabundle.errors import SourceError, VerifyError
 from llamabundle.log import Log
 from llamabundle.recipe import Recipe
 from llamabundle.settings import Settings
-from llamabundle.source import MARKER, SourceMismatch, archive_commit, cached_source, fetch_source
+from llamabundle.source import MARKER, SourceMismatch, cached_source, fetch_source
+from llamabundle.source.github import archive_commit
 from tests.fakeindex import FakeIndex
 
 COMMIT_TIME = 1704067200  # GIT_COMMITTER_DATE below, as unix time
