@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from llamabundle.errors import VerifyError
-from llamabundle.platforms import base
+from llamabundle.platforms import load as base
 
 
 def _spin() -> None:

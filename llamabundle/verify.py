@@ -17,7 +17,7 @@ from . import backends, cache, opscheck, platforms, scratch
 from . import bundle as bundle_mod
 from .bundle.manifest import ANYTHING, Expect, Manifest
 from .errors import LlamaBundleError, UsageError, VerifyError
-from .platforms.base import clean_env, run_list_devices
+from .platforms.load import clean_env, run_list_devices
 
 
 class Level(StrEnum):

@@ -13,7 +13,7 @@ from typing import Any
 from ..bundle.manifest import Manifest
 from ..errors import VerifyError
 from ..gpus import SMI_TIMEOUT, GpuScan
-from ..platforms.base import Loaded
+from ..platforms.load import Loaded
 from ..reasons import Reason, Verdict
 
 ListDevices = Callable[[], "Loaded | VerifyError"]

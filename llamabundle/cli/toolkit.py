@@ -231,7 +231,9 @@ def _print_installer_plan(c: Ctx, plan: installer_src.InstallerPlan, local: Path
         installed = installer_src.installed(plan, root) is not None
     except ToolchainError:
         installed = False
-    program = installer_src.seven_zip_program()
+    from ..sevenzip import seven_zip_program
+
+    program = seven_zip_program()
     extractor = program or "py7zr"
     info = plan.to_json(root=root, installed=installed, local=local, cached=installer_src.is_cached(cache_dir, plan),
                         extractor=extractor)

@@ -8,8 +8,9 @@ from __future__ import annotations
 import platform as _host
 
 from ..errors import UsageError
-from .base import Collected, Loaded, Platform, RuntimeSources
+from .base import Collected, Platform, RuntimeSources
 from .linux import LINUX
+from .load import Loaded
 from .windows import WINDOWS
 
 REGISTRY: dict[str, Platform] = {p.name: p for p in (LINUX, WINDOWS)}

@@ -10,8 +10,9 @@ from typing import TYPE_CHECKING
 from ..deps import elf
 from ..deps.policy import LibClass, linux_policy
 from ..errors import VerifyError
-from . import base
-from .base import Collected, HostToolchain, Loaded, Products, RuntimeSources
+from . import base, load
+from .base import Collected, HostToolchain, Products, RuntimeSources
+from .load import Loaded
 
 if TYPE_CHECKING:
     from ..bundle.manifest import Manifest
@@ -93,7 +94,7 @@ class Linux:
                    keep: Mapping[str, str]) -> Loaded:
         if host != self.name:
             return Loaded(level=f"skipped: a {manifest.platform} bundle cannot run on {host}")
-        return base.run_list_devices(root, exe_name=self.program_file("llama-server"), keep=keep)
+        return load.run_list_devices(root, exe_name=self.program_file("llama-server"), keep=keep)
 
 
 LINUX = Linux()

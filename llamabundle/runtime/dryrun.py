@@ -178,7 +178,7 @@ def open_dry_run(bundle: Path, *, extra: Sequence[str] = (), host: str | None = 
     from .. import platforms
     from ..backends import run_keep
     from ..bundle import read_manifest
-    from ..platforms.base import clean_env
+    from ..platforms.load import clean_env
 
     manifest = read_manifest(bundle)  # not a bundle: its ManifestError (the caller named it)
     host = host or platforms.host_name()

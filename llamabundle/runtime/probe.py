@@ -24,7 +24,7 @@ from ..bundle import read_manifest
 from ..bundle.manifest import Manifest
 from ..errors import LlamaBundleError, VerifyError
 from ..log import Log
-from ..platforms.base import Loaded
+from ..platforms.load import Loaded
 from ..reasons import Chosen, Reason, backend_for, explain
 from ..store.base import Store
 from . import results

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from llamabundle.errors import VerifyError
-from llamabundle.platforms import base
+from llamabundle.platforms import load as base
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc to compile the variants")
 

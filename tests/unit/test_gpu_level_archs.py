@@ -16,7 +16,7 @@ from llamabundle import verify
 from llamabundle.backends import cuda, vulkan
 from llamabundle.bundle.manifest import Manifest
 from llamabundle.errors import VerifyError
-from llamabundle.platforms.base import Loaded, read_list_devices
+from llamabundle.platforms.load import Loaded, read_list_devices
 
 H200_OUTPUT = Path(__file__).parents[1] / "data" / "h200" / "list-devices-cuda-vulkan.txt"
 

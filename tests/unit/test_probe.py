@@ -24,7 +24,7 @@ from llamabundle.bundle.manifest import Manifest
 from llamabundle.digest import canonical_json
 from llamabundle.gpus import driver_older, parse_nvidia_smi, parse_proc_version
 from llamabundle.log import Log
-from llamabundle.platforms import base as platform_base
+from llamabundle.platforms import load as platform_load
 from llamabundle.reasons import Chosen, Reason, explain, reasons
 from llamabundle.runtime.install import install_bundle
 from llamabundle.runtime.probe import (
@@ -277,7 +277,7 @@ def test_the_bundles_own_list_devices_decides(tmp_path: Path, env: dict[str, str
 
 def test_a_hanging_llama_server_is_cuda_startup_failed(tmp_path: Path, env: dict[str, str],
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(platform_base, "LOAD_TIMEOUT", 1)
+    monkeypatch.setattr(platform_load, "LOAD_TIMEOUT", 1)
     installed(tmp_path, server="hang")
     r = run_probe(tmp_path, env, fake_smi(tmp_path / "bin", H200))
     assert r.reason is Reason.CUDA_STARTUP_FAILED

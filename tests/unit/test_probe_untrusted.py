@@ -16,7 +16,7 @@ import test_probe
 from test_probe import H200, OLD, SLEEP, fake_smi, installed, make_stage, run_probe
 
 from llamabundle.gpus import is_driver_version, parse_nvidia_smi, parse_proc_version, read_nvidia_smi
-from llamabundle.platforms import base as platform_base
+from llamabundle.platforms import load as platform_load
 from llamabundle.reasons import Reason
 from llamabundle.runtime.doctor import diagnose
 from llamabundle.scratch import start_time
@@ -186,7 +186,7 @@ def test_a_hanging_llama_server_is_stopped_with_its_child(tmp_path: Path, env: d
     pidfile = tmp_path / "server-child.pid"
     monkeypatch.setitem(test_probe.SERVERS, "hang_with_child",
                         ("#!/bin/sh\n" + HANGS[how].format(sleep=SLEEP, pidfile=shlex.quote(str(pidfile)))).encode())
-    monkeypatch.setattr(platform_base, "LOAD_TIMEOUT", 1)
+    monkeypatch.setattr(platform_load, "LOAD_TIMEOUT", 1)
     stage, _m = make_stage(tmp_path, server="hang_with_child")
     r = run_probe(tmp_path, env, fake_smi(tmp_path / "bin", H200), bundle=stage)
     assert r.reason is Reason.CUDA_STARTUP_FAILED and "did not finish in 1s" in r.facts["detail"]

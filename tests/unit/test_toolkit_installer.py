@@ -18,12 +18,14 @@ import py7zr
 import pytest
 from clirun import run  # noqa: E402
 
-from llamabundle import keys
+from llamabundle import keys, sevenzip
 from llamabundle.backends.cuda.toolkit import installer, layout
 from llamabundle.backends.cuda.toolkit.resolve import resolve_toolkit
 from llamabundle.errors import ToolchainError
 from llamabundle.log import Log
 from llamabundle.settings import Settings
+
+SCAN = installer.installer_data()["sfx_scan_bytes"]  # how far into an .exe the installer looks for its 7z
 
 WIN = "windows-x86_64"
 NVI = """\ufeff<?xml version="1.0" encoding="utf-8"?>
@@ -87,7 +89,7 @@ THREE = ["cuda_nvcc", "cuda_cudart", "libcublas"]
 
 def _stub() -> bytes:
     """A PE-like stub that even contains a 7z signature with a wrong start header CRC (a false positive to skip)."""
-    fake = installer.SIGNATURE + b"\x00\x04" + b"\xde\xad\xbe\xef" + struct.pack("<QQI", 0, 10, 0)
+    fake = sevenzip.SIGNATURE + b"\x00\x04" + b"\xde\xad\xbe\xef" + struct.pack("<QQI", 0, 10, 0)
     return b"MZ" + b"\x90" * 4000 + b"This program cannot be run in DOS mode." + fake + b"\x00" * 3000
 
 
@@ -155,7 +157,7 @@ def _const(value: Any) -> Any:
 
 @pytest.fixture
 def no_7z(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(installer, "seven_zip_program", lambda: None)
+    monkeypatch.setattr(sevenzip, "seven_zip_program", lambda: None)
 
 
 @pytest.fixture
@@ -211,9 +213,9 @@ def test_plan_refusals(kwargs: dict[str, Any], words: str) -> None:
 
 
 def test_the_archive_is_found_after_the_stub_past_a_false_signature(exe: Path) -> None:
-    assert installer.find_7z_offset(exe) == len(_stub())
-    with installer.open_7z(exe, len(_stub())) as ar:
-        names = {m.path.as_posix() for m in installer.list_members(ar, exe) if not m.is_dir}
+    assert sevenzip.find_7z_offset(exe, limit=SCAN) == len(_stub())
+    with sevenzip.open_7z(exe, len(_stub())) as ar:
+        names = {m.path.as_posix() for m in sevenzip.list_members(ar, exe) if not m.is_dir}
     assert names == set(PAYLOAD)
 
 
@@ -221,11 +223,11 @@ def test_not_an_exe_or_no_archive_is_refused(tmp_path: Path) -> None:
     plain = tmp_path / "plain.7z"
     plain.write_bytes(make_7z({"a/b": b"x"}))
     with pytest.raises(ToolchainError, match="not a Windows executable"):
-        installer.find_7z_offset(plain)
+        sevenzip.find_7z_offset(plain, limit=SCAN)
     stub_only = tmp_path / "stub.exe"
     stub_only.write_bytes(_stub())
     with pytest.raises(ToolchainError, match="no 7-Zip archive found"):
-        installer.find_7z_offset(stub_only)
+        sevenzip.find_7z_offset(stub_only, limit=SCAN)
 
 
 # ------------------------------------------------------------------------------------- install
@@ -254,13 +256,13 @@ def test_install_with_py7zr_gives_the_flattened_root(exe: Path, tmp_path: Path, 
 def test_only_the_selected_components_are_extracted(exe: Path, tmp_path: Path, no_7z: None,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[str] = []
-    real = installer._extract_with_py7zr
+    real = sevenzip.extract_with_py7zr
 
     def spy(exe_: Path, offset: int, wanted: Any, xdir: Path) -> None:
         seen.extend(m.path.as_posix() for m in wanted)
         real(exe_, offset, wanted, xdir)
 
-    monkeypatch.setattr(installer, "_extract_with_py7zr", spy)
+    monkeypatch.setattr(sevenzip, "extract_with_py7zr", spy)
     plan = installer.plan_installer(version="12.8.1", components=["cuda_nvcc"], info=info_for(exe))
     tk = installer.install(plan, cache_dir=tmp_path / "cache", log=Log(quiet=True), installer=exe).toolkit
     assert sorted(seen) == sorted(n for n in PAYLOAD if n.startswith("cuda_nvcc/") or n == "EULA.txt")
@@ -314,8 +316,8 @@ def test_absolute_and_drive_names_are_refused(tmp_path: Path, hostile: str, word
     placeholder = "q" * len(hostile)
     archive = rename_member(make_7z({**PAYLOAD, placeholder: b"x"}, plain_header=True), placeholder, hostile)
     exe = make_exe(tmp_path / "evil.exe", archive=archive)
-    with installer.open_7z(exe, installer.find_7z_offset(exe)) as ar, pytest.raises(ToolchainError, match=words):
-        installer.list_members(ar, exe)
+    with sevenzip.open_7z(exe, sevenzip.find_7z_offset(exe, limit=SCAN)) as ar, pytest.raises(ToolchainError, match=words):
+        sevenzip.list_members(ar, exe)
 
 
 def test_a_symlink_member_is_refused(tmp_path: Path, no_7z: None) -> None:
@@ -365,7 +367,7 @@ def test_a_failing_7z_program_falls_back_to_py7zr(exe: Path, tmp_path: Path, cap
 
 
 def test_an_external_7z_program_gives_the_same_tree(exe: Path, tmp_path: Path) -> None:
-    program = installer.seven_zip_program()
+    program = sevenzip.seven_zip_program()
     if program is None:
         pytest.skip("no 7zz, 7z or 7zr on PATH (e.g. apt-get install 7zip); the py7zr path is tested above")
     plan = installer.plan_installer(version="12.8.1", components=THREE, info=info_for(exe))
@@ -462,7 +464,7 @@ def test_cli_refuses_a_wrong_or_missing_sha256_with_exit_3(exe: Path, tmp_path: 
     toolkits = Path(os.environ["LLAMABUNDLE_CACHE_DIR"]) / "toolkits"
     assert not toolkits.exists() or not any(toolkits.iterdir())
     sha = hashlib.sha256(exe.read_bytes()).hexdigest()
-    monkeypatch.setattr(installer, "seven_zip_program", lambda: None)
+    monkeypatch.setattr(sevenzip, "seven_zip_program", lambda: None)
     code, out, err = run(capsys, "toolkit", "install", *BASE, "--installer", exe, "--installer-sha256", sha)
     assert code == 0, err
     assert "installed CUDA 12.8.1" in out

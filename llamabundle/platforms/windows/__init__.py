@@ -11,8 +11,9 @@ from typing import TYPE_CHECKING
 
 from ...deps import elf, pe
 from ...errors import UsageError, VerifyError
-from .. import base
-from ..base import Collected, HostToolchain, Loaded, Products, RuntimeSources
+from .. import base, load
+from ..base import Collected, HostToolchain, Products, RuntimeSources
+from ..load import Loaded
 from . import mingw, wine
 
 if TYPE_CHECKING:
@@ -137,7 +138,7 @@ class Windows:
             return wine.check_load(root, prefix=wine_prefix)
         if host != self.name:
             return Loaded(level=f"skipped: a {manifest.platform} bundle cannot run on {host}")
-        return base.run_list_devices(root, exe_name=self.program_file("llama-server"), keep=keep)
+        return load.run_list_devices(root, exe_name=self.program_file("llama-server"), keep=keep)
 
 
 def _bundled(closure: pe.PeClosure) -> dict[str, Path]:

@@ -13,7 +13,7 @@ from filelock import FileLock
 
 from ... import proc
 from ...errors import VerifyError
-from ..base import DEVICE, Loaded, read_list_devices, until_complete
+from ..load import DEVICE, Loaded, read_list_devices, until_complete
 
 TIMEOUT = 300  # a new Wine prefix boots first (20-60 s)
 QUIET = 2.0  # seconds without output after the device list: the list is complete
