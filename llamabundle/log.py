@@ -8,22 +8,14 @@ import os
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
-
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-    TransferSpeedColumn,
-)
+from typing import TYPE_CHECKING
 
 from .errors import LlamaBundleError
+
+if TYPE_CHECKING:  # rich is imported when the first line is printed: a command that prints nothing never loads it
+    from rich.console import Console
+    from rich.progress import Progress
 
 # ------------------------------------------------------------------ GitHub Actions workflow commands
 # https://docs.github.com/actions/reference/workflow-commands-for-github-actions: a command is one line
@@ -102,14 +94,23 @@ def _parts(err: str | LlamaBundleError) -> tuple[str, str, str, str]:
     return what, why, fix, "\n".join(details).rstrip()
 
 
-@dataclass
 class Log:
-    """Where every human-facing line goes (stderr). Library code gets one passed in."""
+    """Where every human-facing line goes (stderr). Library code gets one passed in. `console`: a rich Console
+    to print to (default: one on stderr, made when the first line is printed); `workspace`: the checkout
+    (Settings.github_workspace), for annotation paths."""
 
-    quiet: bool = False
-    github_actions: bool = False
-    console: Console = field(default_factory=lambda: Console(stderr=True, highlight=False))
-    workspace: str | os.PathLike[str] | None = None  # the checkout (Settings.github_workspace), for annotation paths
+    def __init__(self, *, quiet: bool = False, github_actions: bool = False, console: Console | None = None,
+                 workspace: str | os.PathLike[str] | None = None) -> None:
+        self.quiet, self.github_actions, self.workspace = quiet, github_actions, workspace
+        self._console = console
+
+    @property
+    def console(self) -> Console:
+        if self._console is None:
+            from rich.console import Console
+
+            self._console = Console(stderr=True, highlight=False)
+        return self._console
 
     def info(self, msg: str) -> None:
         if not self.quiet:
@@ -184,6 +185,17 @@ class Log:
         if self.quiet or not self.console.is_terminal:
             yield _PlainProgress(self, title, total, unit=unit)
             return
+        from rich.progress import (
+            BarColumn,
+            DownloadColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+            TransferSpeedColumn,
+        )
+
         counts = ((DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn()) if unit == "bytes"
                   else (MofNCompleteColumn(), TimeElapsedColumn()))
         with Progress(

@@ -8,7 +8,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .. import proc
-from ..bundle import manifest as manifest_mod
 from .base import Backend, NoExtras, Prepared
 from .cpu import CPU
 from .cuda import CUDA
@@ -49,5 +48,7 @@ def read_sections(manifest: Manifest) -> None:
 
 def bundle_schema() -> dict[str, Any]:
     """bundle.json's JSON schema with every backend's section (committed as data/bundle.schema.json)."""
+    from ..bundle import manifest as manifest_mod
+
     sections = {b.manifest_key: s for b in REGISTRY.values() if b.manifest_key and (s := b.section_schema())}
     return manifest_mod.json_schema(sections, backends=NAMES)

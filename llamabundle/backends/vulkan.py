@@ -13,39 +13,27 @@ from __future__ import annotations
 
 import fnmatch
 import functools
-import io
 import os
 import re
 import shutil
-import tarfile
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .. import archive, data, net, proc
-from ..bundle.manifest import (
-    HEX64,
-    SCHEMA_STRINGS,
-    Manifest,
-    as_obj,
-    as_str,
-    as_strs,
-    field_error,
-    schema_text,
-)
+from .. import data, proc
 from ..errors import BuildError, ToolchainError, VerifyError
 from ..reasons import Reason, Verdict
 from ..recipe.model import ToolFound
 from .base import NoExtras, Prepared
-from .probing import Sight, device_name, device_of
 
 if TYPE_CHECKING:
+    from ..bundle.manifest import Manifest
     from ..log import Log
     from ..platforms.base import Platform
     from ..recipe import HostFacts, Recipe, VulkanHeaders
     from ..settings import Settings
+    from .probing import Sight
 
 SHADER = "#version 460\n#extension {ext} : require\nvoid main()\n{{\n}}\n"
 
@@ -87,6 +75,8 @@ def _detect(env_items: tuple[tuple[str, str], ...]) -> ToolFound | None:
 def probe_features(glslc: str, *, env: Mapping[str, str]) -> tuple[str, ...]:
     """The extensions of data/vulkan.json's glslc_features this glslc supports, by ggml's own rule: a compute
     shader that requires the extension compiles unless glslc says 'extension not supported: NAME'."""
+    import tempfile
+
     info = knowledge()
     found = []
     with tempfile.TemporaryDirectory(prefix="llamabundle-glslc-") as tmp:
@@ -138,6 +128,8 @@ def fetch_headers(h: VulkanHeaders, *, cache_dir: Path, log: Log, http: Any = No
 
 
 def _fetch_unpack(h: VulkanHeaders, root: Path, include: Path, *, cache_dir: Path, log: Log, http: Any) -> Path:
+    from .. import net
+
     name = h.url.rstrip("/").rsplit("/", 1)[-1] or "vulkan-headers"
     dl = cache_dir / "downloads" / h.sha256 / name
     net.download(h.url, dl, http=http or net.session(), log=log, sha256=h.sha256, mismatch_error=ToolchainError)
@@ -169,6 +161,10 @@ def header_version(include: Path) -> str | None:
 
 def unpack_headers(archive_path: Path, dest: Path) -> None:
     """A .deb (an ar archive whose data.tar.* holds the files), a tar or a zip, unpacked safely into dest."""
+    import tempfile
+
+    from .. import archive
+
     if dest.exists():
         shutil.rmtree(dest)
     if archive_path.name.endswith(".deb"):
@@ -185,6 +181,11 @@ def unpack_headers(archive_path: Path, dest: Path) -> None:
 
 def deb_data(deb: Path) -> tuple[str, bytes]:
     """The data.tar.* member of a Debian package (ar format: '!<arch>\\n', then 60-byte headers)."""
+    import io
+    import tarfile
+
+    from .. import archive
+
     raw = deb.read_bytes()
     if not raw.startswith(b"!<arch>\n"):
         raise archive.UnsafeArchive(f"{deb.name} is not a Debian package", why="no ar archive signature",
@@ -254,6 +255,8 @@ class VulkanInfo:
 
 
 def read_section(m: Manifest) -> VulkanInfo | None:
+    from ..bundle.manifest import HEX64, as_obj, as_str, as_strs, field_error
+
     v = m.sections.get("vulkan")
     if v is None:
         return None
@@ -270,6 +273,8 @@ def read_section(m: Manifest) -> VulkanInfo | None:
 
 
 def section_schema() -> dict[str, Any]:
+    from ..bundle.manifest import HEX64, SCHEMA_STRINGS, schema_text
+
     text, strings = schema_text, SCHEMA_STRINGS
     return {
         "type": "object",
@@ -415,6 +420,8 @@ class Vulkan(NoExtras):
     def verdict(self, sight: Sight) -> Verdict:
         """The system loader, the backend loading from the bundle (a registered driver), a GPU listed (ggml-vulkan
         lists no CPU implementation)."""
+        from .probing import device_name, device_of
+
         if loader_path() is None:
             return Reason.VULKAN_LOADER_MISSING, {"detail": "libvulkan.so.1 is not installed"}
         dev = device_of(sight, self.loader_name, failed=Reason.VULKAN_UNAVAILABLE,

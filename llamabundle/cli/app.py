@@ -11,21 +11,13 @@ from typing import TYPE_CHECKING
 
 import click
 
-from .. import keys
 from ..errors import UsageError
-from ..lazy import lazy_import
 from .context import Ctx, pass_ctx
 from .options import DEST_OPT, JSON_OPT, SMI_OPT, InputFile
 from .output import emit
 
 if TYPE_CHECKING:
-    from ..runtime import doctor as doctor_mod
-    from ..runtime import install as install_mod
     from ..runtime import probe as probe_mod
-else:
-    install_mod = lazy_import("llamabundle.runtime.install")
-    probe_mod = lazy_import("llamabundle.runtime.probe")
-    doctor_mod = lazy_import("llamabundle.runtime.doctor")
 DEFAULT_TTL = 30.0  # runtime.probe.DEFAULT_TTL (a test checks they agree), spelled out for a fast start
 
 _BUNDLE = click.option("--bundle", type=click.Path(file_okay=False, exists=True, path_type=Path),
@@ -59,6 +51,9 @@ def probe_cmd(c: Ctx, as_json: bool, bundle: Path | None, dest: Path | None, nvi
               max_age: float, prefer: str | None) -> None:
     """Which backend will run (cuda, vulkan or cpu) and why: one reason code with a sentence and a fix, the
     GPUs the bundle sees (one physical GPU once) and the llama-server flags that select the backend."""
+    from ..runtime import install as install_mod
+    from ..runtime import probe as probe_mod
+
     r = probe_mod.with_gpu_layers(probe_mod.probe(root=install_mod.data_root(c.settings, dest), env=c.env, cache_dir=c.runtime_cache, max_age=max_age,
                               bundle=bundle, nvidia_smi=nvidia_smi, prefer=prefer), ngl)
     emit(r.to_json()) if as_json else _print_probe(r)
@@ -83,6 +78,10 @@ def install_cmd(c: Ctx, store_url: str | None, recipe_path: Path | None, key_: s
                 digests_path: Path | None, if_needed: bool, as_json: bool) -> None:
     """Download a bundle, check everything in it, and install it atomically (the previous one stays until then).
     With --expect-sha256 or --digests, only the pinned zip is installed."""
+    from .. import keys
+    from ..runtime import install as install_mod
+    from ..runtime import probe as probe_mod
+
     if (recipe_path is None) == (key_ is None):
         raise UsageError("pass exactly one of --recipe and --key", fix="llamabundle install --store S --recipe R")
     if key_ is not None and not re.fullmatch(r"[0-9a-f]{64}", key_):
@@ -121,6 +120,8 @@ def install_cmd(c: Ctx, store_url: str | None, recipe_path: Path | None, key_: s
 @pass_ctx
 def list_cmd(c: Ctx, dest: Path | None, as_json: bool) -> None:
     """The installed bundles."""
+    from ..runtime import install as install_mod
+
     root = install_mod.data_root(c.settings, dest)
     found = install_mod.list_installed(root)
     if as_json:
@@ -141,6 +142,8 @@ def list_cmd(c: Ctx, dest: Path | None, as_json: bool) -> None:
 @pass_ctx
 def uninstall_cmd(c: Ctx, what: str, dest: Path | None, as_json: bool) -> None:
     """Remove an installed bundle (by key, unique key prefix or name)."""
+    from ..runtime import install as install_mod
+
     gone = install_mod.uninstall(install_mod.data_root(c.settings, dest), what)
     emit({"schema": 1, "removed": gone.to_json()}) if as_json else click.echo(f"removed {gone.name} ({gone.key[:12]})")
 
@@ -153,6 +156,9 @@ def uninstall_cmd(c: Ctx, what: str, dest: Path | None, as_json: bool) -> None:
 @pass_ctx
 def doctor_cmd(c: Ctx, bundle: Path | None, dest: Path | None, nvidia_smi: str | None, as_json: bool) -> None:
     """What was found (GPUs, driver, installed bundles, the last probe), the reason, and what to do."""
+    from ..runtime import doctor as doctor_mod
+    from ..runtime import install as install_mod
+
     d = doctor_mod.diagnose(root=install_mod.data_root(c.settings, dest), env=c.env, cache_dir=c.runtime_cache, bundle=bundle, nvidia_smi=nvidia_smi)
     if as_json:
         emit(d.to_json())

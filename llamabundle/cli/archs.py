@@ -8,18 +8,20 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
-from rich.console import Console
-from rich.table import Table
 
-from .. import keys
-from ..backends.cuda.report import ArchReport, Status, arch_report
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from ..backends.cuda.report import ArchReport
+
 from .context import Ctx, pass_ctx
 from .options import JSON_OPT, RECIPE_ARG
 from .output import emit
 
-_STYLE = {Status.SASS: "green", Status.PTX_JIT: "yellow", Status.UNSUPPORTED: "red"}
+_STYLE = {"sass": "green", "ptx-jit": "yellow", "unsupported": "red"}  # report.Status
 
 
 def _header(report: ArchReport) -> list[str]:
@@ -40,6 +42,8 @@ def plain_lines(report: ArchReport) -> list[str]:
 
 def print_table(report: ArchReport, console: Console) -> None:
     """The report as a rich table (on a terminal)."""
+    from rich.table import Table
+
     for line in _header(report):
         console.print(line, markup=False, highlight=False)
     table = Table("Generation", "CC", "Status", "Via", "Examples", "Notes", show_lines=False)
@@ -55,6 +59,9 @@ def print_table(report: ArchReport, console: Console) -> None:
 @pass_ctx
 def archs_cmd(c: Ctx, recipe_path: Path, as_json: bool) -> None:
     """Per GPU generation: does the bundle run it from SASS, from PTX through the driver's JIT, or not at all."""
+    from .. import keys
+    from ..backends.cuda.report import arch_report
+
     keyed = keys.resolve(keys.load(recipe_path), env=c.env)
     report = arch_report(keyed.recipe, key=keyed.key)
     if as_json:

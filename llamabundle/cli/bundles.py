@@ -9,22 +9,12 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import click
 
-from .. import keys
-from ..lazy import lazy_import
 from .context import Ctx, pass_ctx
 from .options import JSON_OPT, RECIPE_ARG, STORE_OPT
 from .output import emit
-
-if TYPE_CHECKING:
-    from .. import pipeline
-    from .. import verify as verify_mod
-else:
-    pipeline = lazy_import("llamabundle.pipeline")
-    verify_mod = lazy_import("llamabundle.verify")
 
 LEVELS = ("static", "load", "gpu", "ops")  # verify.Level, spelled out so that the CLI starts without importing it
 
@@ -36,6 +26,8 @@ LEVELS = ("static", "load", "gpu", "ops")  # verify.Level, spelled out so that t
 @pass_ctx
 def check(c: Ctx, recipe_path: Path, store_url: str | None, as_json: bool) -> None:
     """Is a bundle for this recipe's inputs in the store? Exit 0 on a hit, 1 on a miss."""
+    from .. import keys
+
     keyed = keys.resolve(keys.load(recipe_path), env=c.env)
     store = c.store(store_url, keyed)
     entry = store.lookup(keyed.key)
@@ -73,6 +65,8 @@ def build(c: Ctx, recipe_path: Path, store_url: str | None, force: bool, publish
           jobs: int | None, clean: bool, toolkit_source: str | None, check_reproducible: bool, ops_tool: bool,
           as_json: bool) -> None:
     """Build the recipe's bundle, or fetch and verify it when the store already has it."""
+    from .. import keys, pipeline
+
     keyed = keys.resolve(keys.load(recipe_path), env=c.env)
     store = c.store(store_url, keyed)
     if publish is None:  # a local directory store is a cache: fill it; a remote one only when asked
@@ -104,6 +98,9 @@ def build(c: Ctx, recipe_path: Path, store_url: str | None, force: bool, publish
 @pass_ctx
 def fetch(c: Ctx, what: str, store_url: str | None, out: Path, level: str, as_json: bool) -> None:
     """Fetch a bundle from the store, verify it and unpack it (download, sha256 and unpack in one pass)."""
+    from .. import keys, pipeline
+    from .. import verify as verify_mod
+
     is_key = re.fullmatch(r"[0-9a-f]{64}", what) is not None and not os.path.exists(what)
     keyed = None if is_key else keys.resolve(keys.load(Path(what)), env=c.env)  # else a recipe path (exit 2 if not)
     key_ = what if keyed is None else keyed.key
@@ -131,6 +128,8 @@ def fetch(c: Ctx, what: str, store_url: str | None, out: Path, level: str, as_js
 def verify(c: Ctx, path: Path, level: str, require_gpu: bool, ops_tool: Path | None, ops_budget: float | None,
            as_json: bool) -> None:
     """Verify a bundle zip or directory."""
+    from .. import verify as verify_mod
+
     report = verify_mod.verify_bundle(path, level=verify_mod.Level(level), require_gpu=require_gpu,
                                       cache_dir=c.settings.cache_dir, ops_tool=ops_tool, ops_budget=ops_budget)
     if as_json:
@@ -148,6 +147,8 @@ def verify(c: Ctx, path: Path, level: str, require_gpu: bool, ops_tool: Path | N
 @pass_ctx
 def publish(c: Ctx, path: Path, store_url: str | None, as_json: bool) -> None:
     """Verify a bundle zip and publish it to the store."""
+    from .. import pipeline
+
     store = c.store(store_url)
     report, done = pipeline.publish_zip(path, store=store, settings=c.settings)
     if as_json:
@@ -173,7 +174,7 @@ def bundle_command(c: Ctx, recipe_path: Path, build_dir: Path, out: Path, toolki
                    msvc_redist: Path | None, as_json: bool) -> None:
     """Turn the output of an existing llama.cpp build into a verified bundle of the recipe: collect the
     runtime libraries, write bundle.json, pack and verify (what `build` does after compiling), on any OS."""
-    from .. import repair
+    from .. import keys, repair
 
     outcome = repair.bundle_build(keys.load(recipe_path), build_dir, out=out, toolkit_root=toolkit_root, msvc_redist=msvc_redist,
                                   settings=c.settings, log=c.log, env=c.env)

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
-from ..keys import Keyed
 from ..log import Log, actions_report
 from ..settings import Settings
-from ..store import Store, open_store
+
+if TYPE_CHECKING:
+    from ..keys import Keyed
+    from ..store import Store
 
 
 def environment() -> dict[str, str]:
@@ -32,6 +35,8 @@ class Ctx:
 
     def store(self, url: str | None, keyed: Keyed | None = None) -> Store:
         """The store; given a keyed recipe, a GitHub store looks its release up by the recipe's tag."""
+        from ..store import open_store
+
         return open_store(url or self.settings.store or str(self.settings.cache_dir / "store"),
                           settings=self.settings, log=self.log, tags={keyed.key: keyed.tag} if keyed else None)
 

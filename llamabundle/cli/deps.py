@@ -11,12 +11,8 @@ from pathlib import Path
 import click
 
 from ..errors import UsageError, VerifyError
-from ..lazy import lazy_import
 from .options import JSON_OPT
 from .output import emit, with_report
-
-elf = lazy_import("llamabundle.deps.elf")
-pe = lazy_import("llamabundle.deps.pe")
 
 
 @click.command("deps")
@@ -29,6 +25,8 @@ def deps_command(files: tuple[Path, ...], search: tuple[Path, ...], as_json: boo
     """Print the runtime closure of PE or ELF binaries: each library's class and where it was found.
 
     Libraries are looked up in the binaries' own directory (the bundle), then in each --search DIR."""
+    from ..deps import elf, pe
+
     paths = [f.resolve() for f in files]
     for f, p in zip(files, paths, strict=True):
         if not p.is_file():  # a FIFO or device: never opened (reading a FIFO blocks)

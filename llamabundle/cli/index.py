@@ -5,19 +5,12 @@ click only: parse, call llamabundle.index_site, print, exit code."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import click
 
-from ..lazy import lazy_import
 from .context import Ctx, pass_ctx
 from .options import JSON_OPT, STORE_OPT
 from .output import emit
-
-if TYPE_CHECKING:
-    from .. import index_site
-else:
-    index_site = lazy_import("llamabundle.index_site")
 
 
 @click.command("index")
@@ -30,6 +23,7 @@ def index_cmd(c: Ctx, store_url: str | None, out: Path, as_json: bool) -> None:
     """Write a static site of every bundle in the store: DIR/index.html (one self-contained page, grouped by
     platform, sortable) and DIR/index.json (the same data). Nothing is half-written: the site is written
     beside DIR and renamed into place."""
+    from .. import index_site
     from ..runtime.results import utc_timestamp
 
     store = c.store(store_url)

@@ -11,22 +11,15 @@ from __future__ import annotations
 import shlex
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from ..errors import UsageError
-from ..runtime.dryrun import DeviceMemory, Launch, find_dry_run, passthrough_args
-from ..runtime.gguf_model import MiB, kv_types, read_model
-from ..runtime.offload import (
-    FreeVram,
-    launch_args,
-    parse_headroom,
-    parse_size,
-    plan_for_app,
-    plan_offload,
-    query_free_vram,
-)
-from ..runtime.server_args import parse_server_args
+
+if TYPE_CHECKING:
+    from ..runtime.dryrun import DeviceMemory, Launch
+from ..runtime.gguf_model import MiB, kv_types
 from .context import Ctx, pass_ctx
 from .options import JSON_OPT, InputFile
 from .output import emit
@@ -61,6 +54,19 @@ def plan_command(c: Ctx, model_path: Path, app_argv: tuple[str, ...], free_vram:
                  dest: Path | None, closed_form: bool, as_json: bool) -> None:
     """Plan GPU offload for a GGUF model: the llama-server flags that fit in the free VRAM. Each rung it weighs
     is sized by llama.cpp's own dry run where a bundle (--bundle, or the installed one) runs here."""
+    from ..runtime.dryrun import find_dry_run, passthrough_args
+    from ..runtime.gguf_model import read_model
+    from ..runtime.offload import (
+        FreeVram,
+        launch_args,
+        parse_headroom,
+        parse_size,
+        plan_for_app,
+        plan_offload,
+        query_free_vram,
+    )
+    from ..runtime.server_args import parse_server_args
+
     if server_args is not None and app_argv:
         raise UsageError("the app's llama-server flags are given twice (--server-args and after --)",
                          fix="give them one way")

@@ -7,26 +7,14 @@ from __future__ import annotations
 import json
 import shlex
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
 
-from .. import keys
-from ..digest import canonical_json
 from ..errors import LlamaBundleError, ToolchainError
-from ..lazy import lazy_import
-from ..recipe import shipped_recipes
-from ..recipe.schema import json_schema
 from .context import Ctx, pass_ctx
 from .options import JSON_OPT, RECIPE_ARG
 from .output import emit, error_json
-
-if TYPE_CHECKING:
-    from .. import pipeline
-    from .. import source as source_mod
-else:
-    pipeline = lazy_import("llamabundle.pipeline")
-    source_mod = lazy_import("llamabundle.source")
 
 
 @click.group()
@@ -41,6 +29,8 @@ def recipe() -> None:
 def recipe_lint(c: Ctx, paths: tuple[Path, ...], as_json: bool) -> None:
     """Check recipes against schema 1; exit 2 on the first problem of any file. The key is shown where this
     machine can compute it (a Vulkan recipe's needs glslc; an unpinned compiler's, that compiler)."""
+    from .. import keys
+
     failed: list[LlamaBundleError] = []
     results: list[dict[str, Any]] = []
     for p in paths:
@@ -69,6 +59,9 @@ def recipe_lint(c: Ctx, paths: tuple[Path, ...], as_json: bool) -> None:
 @pass_ctx
 def recipe_list(c: Ctx, as_json: bool) -> None:
     """The recipes that ship with llamabundle (any RECIPE argument takes their name)."""
+    from .. import keys
+    from ..recipe import shipped_recipes
+
     rows: list[dict[str, Any]] = []
     for name, path in shipped_recipes().items():
         r = keys.load(path)
@@ -85,6 +78,8 @@ def recipe_list(c: Ctx, as_json: bool) -> None:
 @recipe.command("schema")
 def recipe_schema() -> None:
     """Print the recipe's JSON schema."""
+    from ..recipe.schema import json_schema
+
     click.echo(json.dumps(json_schema(), indent=2, sort_keys=True))  # the schema itself, not a report
 
 
@@ -95,6 +90,9 @@ def recipe_schema() -> None:
 def show(c: Ctx, recipe_path: Path, as_json: bool) -> None:
     """Show a recipe, its key, its toolchain and its build plan (nothing is built; for MSVC, vswhere and
     vcvars64.bat run to show the environment the build would use)."""
+    from .. import keys, pipeline
+    from .. import source as source_mod
+
     keyed = keys.resolve(keys.load(recipe_path), env=c.env)
     r = keyed.recipe
     from .. import platforms
@@ -154,6 +152,9 @@ def show(c: Ctx, recipe_path: Path, as_json: bool) -> None:
 @pass_ctx
 def key(c: Ctx, recipe_path: Path, explain: bool, as_json: bool) -> None:
     """Print the recipe's cache key."""
+    from .. import keys
+    from ..digest import canonical_json
+
     keyed = keys.resolve(keys.load(recipe_path), env=c.env)
     if as_json:
         emit({"schema": 1, "key": keyed.key, "inputs": keyed.inputs})

@@ -10,17 +10,12 @@ from typing import TYPE_CHECKING
 
 import click
 
-from ..lazy import lazy_import
 from .context import Ctx, pass_ctx
 from .options import DEST_OPT, JSON_OPT, SMI_OPT
 from .output import emit
 
 if TYPE_CHECKING:
-    from ..runtime import install as install_mod
     from ..runtime import telemetry as telemetry_mod
-else:
-    install_mod = lazy_import("llamabundle.runtime.install")
-    telemetry_mod = lazy_import("llamabundle.runtime.telemetry")
 DEFAULT_MAX_AGE = 5.0  # runtime.telemetry.DEFAULT_MAX_AGE (a test checks they agree), spelled out for a fast start
 
 
@@ -56,6 +51,9 @@ def telemetry_cmd(c: Ctx, as_json: bool, pid: int | None, max_age: float, nvidia
                   bundle: Path | None) -> None:
     """Live GPU telemetry of a running CUDA llama-server: the driver and, per GPU, utilisation and VRAM used/total.
     Without a running server of a bundle, or without a working nvidia-smi: active false and the reason."""
+    from ..runtime import install as install_mod
+    from ..runtime import telemetry as telemetry_mod
+
     t = telemetry_mod.read_telemetry(root=install_mod.data_root(c.settings, dest), env=c.env, pid=pid,
                                      cache_dir=c.runtime_cache, bundle=bundle, nvidia_smi=nvidia_smi, max_age=max_age)
     emit(t.to_json()) if as_json else _print(t)

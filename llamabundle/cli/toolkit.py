@@ -15,24 +15,21 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from .. import data, keys
-from ..backends.cuda.toolkit.layout import Toolkit
-from ..backends.cuda.toolkit.manifest import PLATFORMS, Manifest, load_manifest
-from ..backends.cuda.toolkit.plan import SOURCES, ToolkitPlan, plan_for_recipe
 from ..errors import ToolchainError, UsageError
-from ..lazy import lazy_import
-from ..platforms import host_name
 from .context import Ctx, pass_ctx
 from .options import InputFile
 from .output import emit
 
 if TYPE_CHECKING:
     from ..backends.cuda.toolkit import installer as installer_src
-    from ..backends.cuda.toolkit import redist, resolve
-else:
-    installer_src = lazy_import("llamabundle.backends.cuda.toolkit.installer")
-    redist = lazy_import("llamabundle.backends.cuda.toolkit.redist")
-    resolve = lazy_import("llamabundle.backends.cuda.toolkit.resolve")
+    from ..backends.cuda.toolkit import resolve
+    from ..backends.cuda.toolkit.manifest import Manifest
+    from ..backends.cuda.toolkit.plan import ToolkitPlan
+
+# backends.cuda.toolkit's manifest.PLATFORMS and plan.SOURCES (a test checks they agree), spelled out so that the
+# CLI starts without importing the backends
+PLATFORMS = ("linux-x86_64", "windows-x86_64")
+SOURCES = ("redist",)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -61,6 +58,12 @@ def _toolkit_plan(recipe_path: Path | None, version: str | None, components: str
     """The plan of the toolkit the command line names: RECIPE's (its cuda: section, --source overriding its
     source), or --version/--components/--platform/--source's. A usage error when they are missing, mixed,
     or name what this llamabundle does not pin."""
+    from .. import data, keys
+    from ..backends.cuda.toolkit import resolve
+    from ..backends.cuda.toolkit.manifest import load_manifest
+    from ..backends.cuda.toolkit.plan import plan_for_recipe
+    from ..platforms import host_name
+
     r = keys.load(recipe_path) if recipe_path is not None else None  # its cuda: section (the key is not asked)
     names = [c.strip() for c in components.split(",") if c.strip()] if components else []
     if r is not None:  # the installer and PyPI sources take RECIPE's toolkit whatever the other options say
@@ -121,6 +124,9 @@ def plan_cmd(c: Ctx, recipe_path: Path | None, version: str | None, components: 
              source: str | None, manifest_path: Path | None, installer_path: Path | None, installer_sha256: str | None,
              as_json: bool) -> None:
     """Show the archives a toolkit install needs: versions, sizes, sha256, cached or not, total bytes."""
+    from ..backends.cuda.toolkit import resolve
+    from ..backends.cuda.toolkit.plan import ToolkitPlan
+
     plan = _toolkit_plan(recipe_path, version, components, platform, source, manifest_path, installer_path,
                          installer_sha256)
     if isinstance(plan, ToolkitPlan):
@@ -141,6 +147,11 @@ def install_cmd(c: Ctx, recipe_path: Path | None, version: str | None, component
                 source: str | None, manifest_path: Path | None, installer_path: Path | None, installer_sha256: str | None,
                 dest: Path | None, as_json: bool) -> None:
     """Install the toolkit (reused when already installed and intact); print its root."""
+    from ..backends.cuda.toolkit import installer as installer_src
+    from ..backends.cuda.toolkit import redist, resolve
+    from ..backends.cuda.toolkit.layout import Toolkit
+    from ..backends.cuda.toolkit.plan import ToolkitPlan
+
     plan = _toolkit_plan(recipe_path, version, components, platform, source, manifest_path, installer_path,
                          installer_sha256)
     start = time.monotonic()
@@ -188,6 +199,8 @@ def install_cmd(c: Ctx, recipe_path: Path | None, version: str | None, component
 
 
 def _print_redist_plan(c: Ctx, plan: ToolkitPlan, as_json: bool) -> None:
+    from ..backends.cuda.toolkit import redist
+
     cache_dir = c.settings.cache_dir
     cached = redist.cached_map(plan, cache_dir)
     root = plan.root(cache_dir)
@@ -225,6 +238,8 @@ def _print_wheel_plan(plan: resolve.WheelPlan, as_json: bool) -> None:
 
 
 def _print_installer_plan(c: Ctx, plan: installer_src.InstallerPlan, local: Path | None, as_json: bool) -> None:
+    from ..backends.cuda.toolkit import installer as installer_src
+
     cache_dir = c.settings.cache_dir
     root = plan.root(cache_dir)
     try:

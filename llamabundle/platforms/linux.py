@@ -7,8 +7,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..deps import elf
-from ..deps.policy import LibClass, linux_policy
 from ..errors import VerifyError
 from . import base, load
 from .base import Collected, HostToolchain, Products, RuntimeSources
@@ -45,6 +43,9 @@ class Linux:
         return HostToolchain()
 
     def collect(self, plan: Products, stage: Path, *, log: Log, sources: RuntimeSources) -> Collected:
+        from ..deps import elf
+        from ..deps.policy import linux_policy
+
         policy = linux_policy()
         roots = [plan.output_dir / n for n in plan.programs + plan.backends]
         lib_dirs = [*sources.dirs, *elf.system_library_dirs(policy, ldconfig_output=elf.ldconfig_cache())]
@@ -71,6 +72,9 @@ class Linux:
 
     def check_static(self, root: Path, manifest: Manifest) -> list[str]:
         """Every DT_NEEDED of every ELF file is in the bundle or a system or driver library; RUNPATH is $ORIGIN."""
+        from ..deps import elf
+        from ..deps.policy import LibClass, linux_policy
+
         policy = linux_policy()
         present = {f.path for f in manifest.files}
         for entry in manifest.files:

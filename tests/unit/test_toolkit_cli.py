@@ -263,3 +263,11 @@ def test_pypi_plan_lists_the_pinned_wheels(capsys: pytest.CaptureFixture[str]) -
     assert set(files) == {"cuda_nvcc", "cuda_cudart", "cuda_crt", "libnvvm"}  # crt and nvvm come with nvcc in 13.x
     assert files["cuda_nvcc"]["version"] == "13.0.88" and files["cuda_cudart"]["version"] == "13.0.96"
     assert plan["total_bytes"] == sum(w["size"] for w in plan["wheels"]) > 90_000_000
+
+
+def test_the_cli_spells_out_the_toolkits_platforms_and_sources_as_the_backend_has_them() -> None:
+    """The toolkit command's choices are written out so that `llamabundle --help` imports no backend."""
+    from llamabundle.backends.cuda.toolkit import manifest, plan
+    from llamabundle.cli import toolkit as toolkit_cli
+
+    assert toolkit_cli.PLATFORMS == manifest.PLATFORMS and toolkit_cli.SOURCES == plan.SOURCES

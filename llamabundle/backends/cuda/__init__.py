@@ -19,9 +19,7 @@ from ...platforms.base import Extra
 from ...reasons import Reason, Verdict
 from ..base import IndexFacts, Launcher, NoExtras, Prepared
 from . import companions, determinism
-from . import section as cuda_section
 from .archs import check_archs, split_archs
-from .fatbin import binary_archs
 
 if TYPE_CHECKING:
     from ...bundle.manifest import Manifest
@@ -30,6 +28,7 @@ if TYPE_CHECKING:
     from ...recipe import HostFacts, Recipe
     from ...settings import Settings
     from ..probing import Sight
+    from . import section as cuda_section
 
 REPRODUCIBLE_NVCC = ("-objtemp", "-Xcudafe=--orig_src_path_name=/llama.cpp")
 DRIVER_LIBS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/local/nvidia/lib64")
@@ -203,6 +202,8 @@ class Cuda(NoExtras):
     def manifest_section(self, recipe: Recipe, host: HostFacts, stage: Path, *, platform: Platform,
                          prepared: Prepared | None) -> dict[str, Any] | None:
         """Toolkit, nvcc, the SASS and PTX ggml-cuda really carries, the driver floor, the compression mode."""
+        from .fatbin import binary_archs
+
         assert recipe.cuda is not None
         found = binary_archs(stage / platform.library_file("ggml-cuda"))
         return {"toolkit": recipe.cuda.toolkit, "nvcc": prepared.toolchain.get("nvcc") if prepared else None,
@@ -210,13 +211,19 @@ class Cuda(NoExtras):
                 "compression_mode": recipe.cmake_options.get("GGML_CUDA_COMPRESSION_MODE", "size")}
 
     def read_section(self, manifest: Manifest) -> cuda_section.CudaInfo | None:
+        from . import section as cuda_section
+
         return cuda_section.read(manifest)
 
     def section_schema(self) -> dict[str, Any] | None:
+        from . import section as cuda_section
+
         return cuda_section.schema()
 
     def index_facts(self, manifest: Manifest) -> IndexFacts | None:
         """The toolkit, the SASS and PTX, and the driver floor (the index's CUDA and driver columns)."""
+        from . import section as cuda_section
+
         info = cuda_section.read(manifest)
         if info is None:
             return None
@@ -224,6 +231,9 @@ class Cuda(NoExtras):
 
     def check(self, root: Path, manifest: Manifest, *, platform: Platform) -> dict[str, str]:
         """The SASS and PTX in ggml-cuda equal what the recipe asked for and what bundle.json records."""
+        from . import section as cuda_section
+        from .fatbin import binary_archs
+
         info = cuda_section.read(manifest)
         if info is None:
             return {}
@@ -287,6 +297,7 @@ class Cuda(NoExtras):
         `CUDA0: NVIDIA H200`, then aborted at its first kernel): each listed CUDA device's compute capability,
         as ggml-cuda reported it, against the SASS and PTX bundle.json records. None when one is served, or
         when the capabilities or the archs are not known."""
+        from . import section as cuda_section
         from .report import Status, serving
 
         cuda = cuda_section.read(manifest)

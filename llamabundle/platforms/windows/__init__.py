@@ -9,15 +9,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ...deps import elf, pe
 from ...errors import UsageError, VerifyError
 from .. import base, load
 from ..base import Collected, HostToolchain, Products, RuntimeSources
 from ..load import Loaded
-from . import mingw, wine
 
 if TYPE_CHECKING:
     from ...bundle.manifest import Manifest
+    from ...deps import pe
     from ...log import Log
     from ...recipe import HostFacts, Recipe
 
@@ -38,6 +37,8 @@ class Windows:
         return host == self.name or (compiler == "mingw" and host == "linux-x86_64")
 
     def cmake_setup(self, recipe: Recipe, build_dir: Path) -> tuple[dict[str, str], list[tuple[str, str]], list[str]]:
+        from . import mingw
+
         if recipe.toolchain.compiler == "mingw":
             return mingw.cmake_setup(build_dir)
         return {}, [], []
@@ -46,6 +47,8 @@ class Windows:
         """mingw: the cross compiler on PATH and its runtime directories. MSVC: Visual Studio found through
         vswhere in the recipe's msvc_version range, its toolset's _MSC_VER checked against the CUDA host
         range, and the vcvars64.bat environment captured (no developer prompt needed)."""
+        from . import mingw
+
         if recipe.toolchain.compiler == "msvc":
             from . import msvc
 
@@ -57,6 +60,8 @@ class Windows:
                              runtime_dirs=tuple((d, "mingw") for d in mingw.runtime_dirs()))
 
     def given_toolchain(self, recipe: Recipe, *, redist: Path | None) -> HostToolchain:
+        from . import mingw
+
         if recipe.toolchain.compiler == "mingw":
             return HostToolchain(runtime_dirs=tuple((d, "mingw") for d in mingw.runtime_dirs()))
         if recipe.toolchain.compiler != "msvc":
@@ -76,6 +81,8 @@ class Windows:
         """The programs and backends with every DLL of their PE import closure, and the extras the backends
         ask for, found in the build's output or in the runtime directories (the CUDA toolkit's bin, the MSVC
         redist, the mingw sysroot); system and driver DLLs are never looked up or copied."""
+        from ...deps import pe
+
         roots = [plan.output_dir / n for n in plan.programs + plan.backends]
         dirs = list(sources.dirs)
         closure, extras = base.closure_with_extras(
@@ -106,6 +113,9 @@ class Windows:
 
     def licenses(self, collected: Collected, stage: Path) -> dict[str, tuple[str, str]]:
         """The licence texts of the toolchain runtimes the bundle carries: name -> (origin, why)."""
+        from ...deps import pe
+        from . import mingw
+
         out: dict[str, tuple[str, str]] = {}
         kinds = {pe.pe_policy().classify(n) for n in collected.bundled}
         if pe.DllClass.MINGW_RUNTIME in kinds:
@@ -118,6 +128,8 @@ class Windows:
 
     def check_static(self, root: Path, manifest: Manifest) -> list[str]:
         """The PE import closure of every .exe/.dll (imports and delay-imports, x64 only) stays inside the bundle."""
+        from ...deps import elf, pe
+
         names = [e.path for e in manifest.files]
         for name in names:
             if elf.is_elf(root / name):
@@ -132,6 +144,8 @@ class Windows:
 
     def check_load(self, root: Path, manifest: Manifest, *, host: str, wine_prefix: Path | None,
                    keep: Mapping[str, str]) -> Loaded:
+        from . import wine
+
         if host == "linux-x86_64":
             if wine_prefix is None:
                 return Loaded(level="skipped: no Wine prefix was given to load a Windows bundle on Linux in")
@@ -143,6 +157,8 @@ class Windows:
 
 def _bundled(closure: pe.PeClosure) -> dict[str, Path]:
     """What a PE closure puts into the bundle: the roots and every DLL found (never system or driver)."""
+    from ...deps import pe
+
     roots = {b.path.name: b.path for b in closure.binaries}
     return roots | {d.path.name: d.path for d in closure.deps if d.cls not in pe.NOT_BUNDLED and d.path is not None}
 
