@@ -1,16 +1,10 @@
-"""`llamabundle index`: a static site (for GitHub Pages) of every bundle a store holds.
-
-Planning is pure: `rows_of(entries)` turns the store's entries (store.list_entries, each checked as a lookup
-checks it) into frozen `Row`s, `site_json` and `render_html` turn them into index.json and one self-contained
-index.html (inline CSS and script, a Content-Security-Policy that allows nothing else, no request to any
-network; everything from a bundle.json or the store is HTML-escaped). `write_site` writes both into a new
-directory beside DIR and swaps it in with renames: a reader sees the previous index or the new one, never a
-part of one, and a failure leaves DIR as it was. An existing DIR is replaced only when it is empty or a
-previous index (its index.json says `"site": "llamabundle-index"`).
-
-The JSON schemas of index.json (`data/index-site.schema.json`) and of `index --json`
-(`data/schemas/index.schema.json`) are generated here (`site_schema`, `report_schema`); a test fails when the
-committed files drift."""
+"""`llamabundle index`: a static site (for GitHub Pages) of every bundle a store holds. Planning is pure:
+`rows_of` turns the store's entries (each checked as a lookup checks it, each backend giving its cells) into
+rows, `site_json` and `render_html` into index.json and one self-contained index.html (inline CSS and
+script, a Content-Security-Policy that allows nothing else, everything from a store HTML-escaped).
+`write_site` writes both beside DIR and swaps them in with renames: a reader sees the previous index or the
+new one; an existing DIR is replaced only when it is empty or a previous index. The schemas of index.json
+and of `index --json` are generated here (`site_schema`, `report_schema`; a test checks the committed files)."""
 
 from __future__ import annotations
 

@@ -1,39 +1,9 @@
-"""Run-time settings: the one module that reads environment values into frozen ``Settings``.
-
-The CLI snapshots ``os.environ`` once and calls ``Settings.from_env`` with it; everything downstream gets
-the values (a Settings, or one of its fields) and never looks at ``os.environ`` itself. A bad number is a
-UsageError naming the variable (exit 2), never a traceback.
-
-Variables read here (field in brackets):
-
-LLAMABUNDLE_CACHE_DIR           [cache_dir] cache root: sources, downloads, build trees, toolkits, out/, the
-                                default store (default: the platform's user cache dir)
-LLAMABUNDLE_DATA_DIR            [data_dir] install root of `install`, `list`, `uninstall`, `probe`, `doctor`
-                                (default: the platform's user data dir)
-LLAMABUNDLE_STORE               [store] the default store when no --store is given (else <cache>/store)
-LLAMABUNDLE_DEBUG               [debug] "1": print the traceback of a failure, as --debug does
-LLAMABUNDLE_GITHUB_ARCHIVE_URL  [github_archive_url] base URL of the `github:` source's archive endpoint
-LLAMABUNDLE_GITHUB_API_URL      [github_api_url] API base of the `github:` store; before GITHUB_API_URL
-GITHUB_API_URL                  [github_api_url] set by Actions runners (GHES: https://HOST/api/v3)
-GITHUB_TOKEN, GH_TOKEN          [github_token] the `github:` store's token, GITHUB_TOKEN first (never printed)
-LLAMABUNDLE_PIP_INDEX_URL       [pip_index_url] index of the `pypi:` source and the PyPI toolkit wheels
-LLAMABUNDLE_CUDA_REDIST_URL     [cuda_redist_url] mirror of NVIDIA's CUDA redist tree
-LLAMABUNDLE_CUDA_INSTALLER      [cuda_installer] a local copy of NVIDIA's Windows installer for
-                                `cuda.source: installer`, instead of the pinned URL
-LLAMABUNDLE_CUDA_INSTALLER_SHA256 [cuda_installer_sha256] its sha256, needed when the version has no pin
-LLAMABUNDLE_CONNECT_TIMEOUT     [connect_timeout] seconds to wait for a connection (> 0, default 10)
-LLAMABUNDLE_BUILD_TIMEOUT       [build_timeout] seconds one cmake configure or build may run (> 0,
-                                default 21600)
-SOURCE_DATE_EPOCH               [source_date_epoch] timestamp of built_at and the zip's entries (default:
-                                the pinned commit's date)
-GITHUB_ACTIONS                  [github_actions] "true": groups, annotations, step outputs and summary
-GITHUB_OUTPUT                   [github_output] step outputs file (only under GITHUB_ACTIONS=true)
-GITHUB_STEP_SUMMARY             [github_step_summary] step summary file (only under GITHUB_ACTIONS=true)
-GITHUB_WORKSPACE                [github_workspace] the checkout: annotation paths are made relative to it
-
-Not settings: the environment of child processes (PATH, CUDA_PATH, the MSVC developer variables, …) is the
-CLI's snapshot, passed down as an ``env`` mapping to the code that runs or finds programs.
-"""
+"""Run-time settings: the one module that reads environment values into frozen ``Settings`` (the variables
+and their fields are listed on the class). The CLI snapshots ``os.environ`` once and calls
+``Settings.from_env`` with it; everything downstream gets the values and never looks at ``os.environ``
+itself. A bad number is a UsageError naming the variable (exit 2), never a traceback. Not settings: the
+environment of child processes (PATH, CUDA_PATH, the MSVC developer variables, …) is the CLI's snapshot,
+passed down as an ``env`` mapping to the code that runs or finds programs."""
 
 from __future__ import annotations
 
@@ -62,7 +32,35 @@ def default_data_dir() -> Path:
 
 @dataclass(frozen=True, kw_only=True)
 class Settings:
-    """Run-time settings from the environment (see the module docstring), read once by the CLI."""
+    """Run-time settings from the environment, read once by the CLI.
+
+    Variables read here (field in brackets):
+
+    LLAMABUNDLE_CACHE_DIR           [cache_dir] cache root: sources, downloads, build trees, toolkits, out/, the
+                                    default store (default: the platform's user cache dir)
+    LLAMABUNDLE_DATA_DIR            [data_dir] install root of `install`, `list`, `uninstall`, `probe`, `doctor`
+                                    (default: the platform's user data dir)
+    LLAMABUNDLE_STORE               [store] the default store when no --store is given (else <cache>/store)
+    LLAMABUNDLE_DEBUG               [debug] "1": print the traceback of a failure, as --debug does
+    LLAMABUNDLE_GITHUB_ARCHIVE_URL  [github_archive_url] base URL of the `github:` source's archive endpoint
+    LLAMABUNDLE_GITHUB_API_URL      [github_api_url] API base of the `github:` store; before GITHUB_API_URL
+    GITHUB_API_URL                  [github_api_url] set by Actions runners (GHES: https://HOST/api/v3)
+    GITHUB_TOKEN, GH_TOKEN          [github_token] the `github:` store's token, GITHUB_TOKEN first (never printed)
+    LLAMABUNDLE_PIP_INDEX_URL       [pip_index_url] index of the `pypi:` source and the PyPI toolkit wheels
+    LLAMABUNDLE_CUDA_REDIST_URL     [cuda_redist_url] mirror of NVIDIA's CUDA redist tree
+    LLAMABUNDLE_CUDA_INSTALLER      [cuda_installer] a local copy of NVIDIA's Windows installer for
+                                    `cuda.source: installer`, instead of the pinned URL
+    LLAMABUNDLE_CUDA_INSTALLER_SHA256 [cuda_installer_sha256] its sha256, needed when the version has no pin
+    LLAMABUNDLE_CONNECT_TIMEOUT     [connect_timeout] seconds to wait for a connection (> 0, default 10)
+    LLAMABUNDLE_BUILD_TIMEOUT       [build_timeout] seconds one cmake configure or build may run (> 0,
+                                    default 21600)
+    SOURCE_DATE_EPOCH               [source_date_epoch] timestamp of built_at and the zip's entries (default:
+                                    the pinned commit's date)
+    GITHUB_ACTIONS                  [github_actions] "true": groups, annotations, step outputs and summary
+    GITHUB_OUTPUT                   [github_output] step outputs file (only under GITHUB_ACTIONS=true)
+    GITHUB_STEP_SUMMARY             [github_step_summary] step summary file (only under GITHUB_ACTIONS=true)
+    GITHUB_WORKSPACE                [github_workspace] the checkout: annotation paths are made relative to it
+    """
 
     cache_dir: Path
     data_dir: Path = field(default_factory=default_data_dir)

@@ -1,19 +1,9 @@
-"""llama.cpp's own memory figures for one llama-server launch, from the bundle: `llamabundle-memory`.
-
-Every bundle carries llamabundle-memory (data/programs/llamabundle-memory.cpp, built beside llama-server:
-build.MEMORY_PROGRAM). It parses llama-server's flags as llama-server does, sets the output limits
-llama-server sets before it loads a model, and prints llama.cpp's no_alloc dry run (common/fit.cpp:1088 at
-the pinned commit): the model is opened and its context created without reading a weight or allocating a
-buffer, while ggml's scheduler places and sizes every buffer as llama-server's load would, op offload and
-the copies ggml-alloc places among the activations included. One line per device, `DEVICE MODEL CONTEXT
-COMPUTE` in whole MiB (rounded down), and a last `Host` line. The closed-form estimate of runtime.offload is
-0.88-1.34 of llama.cpp's compute buffer at partial offload; this is llama.cpp's own figure, so `plan` asks
-it for every rung it weighs when a bundle that has it runs here.
-
-llama-fit-params --fit-print prints the same table but not for llama-server's context: it keeps the logits
-of every token of a batch (n_outputs_max = n_batch, where llama-server sets the slot count), which on an
-H200 made its compute buffer 1.07 to 14 times llama-server's (bench/results/gpu-h200-dryrun).
-"""
+"""llama.cpp's own memory figures for one llama-server launch, from the bundle's `llamabundle-memory`
+(data/programs/llamabundle-memory.cpp, built beside llama-server into every bundle): it parses llama-server's
+flags as llama-server does, sets the output limits llama-server sets, and prints llama.cpp's no_alloc dry
+run (no weight read, no buffer allocated), one `DEVICE MODEL CONTEXT COMPUTE` line per device in whole MiB
+and a last `Host` line. `plan` asks it for every rung it weighs where such a bundle runs here; why not
+llama-fit-params, and how close the closed form comes, is in docs/offload.md."""
 
 from __future__ import annotations
 

@@ -1,18 +1,10 @@
 """Install a bundle from a store (DESIGN §5): download, extract safely, check everything, swap in atomically.
-
-Layout under the data root: `bundles/<name>/current` (a small JSON pointer, replaced in one rename)
-names a version directory `bundles/<name>/<key12>-<rand>/` holding the unpacked bundle. A new version
-is downloaded and extracted into `bundles/<name>/.stage-*/`, checked there, renamed beside the old one,
-and only then does the pointer move to it; the old version is removed after that. A SIGKILL at any
-instant leaves the pointer on a complete, checked install; the next install of that name cleans up the
-leftovers under the same per-name file lock. Every decision about a slot (what is installed, what to
-replace, what to remove) is made holding that lock, from the first read to the last write.
-
-A pin (`expect_sha256`, or a `DigestList` the app ships) is trust that does not rest on the release alone: a
-release whose zip and bundle.json were both replaced still agrees with itself, but not with the pin. The
-zip's sha256 is compared with the pin before the download (as the store lists it) and on the downloaded
-bytes before anything is unpacked; the pointer records the zip's sha256, so that an install is reused
-under a pin only when it came from the pinned zip."""
+`bundles/<name>/current` (a JSON pointer, replaced in one rename) names a version directory beside it; a new
+version is staged, checked, renamed beside the old one, and only then does the pointer move, so a SIGKILL at
+any instant leaves the pointer on a complete, checked install. Every decision about a slot is made holding
+its per-name file lock. A pin (`expect_sha256`, or a digest list the app ships) is trust from outside the
+release: the zip's sha256 is compared with it before the download and on the downloaded bytes, and the
+pointer records it (docs/install-rules.md gives every rule in order)."""
 
 from __future__ import annotations
 

@@ -33,6 +33,9 @@ from .results import parse_utc_timestamp, utc_timestamp
 
 DEFAULT_TTL = 30.0
 CACHE = "probe.json"
+# the codes probe gives itself; every other one comes from a GPU backend's verdict (Backend.reasons)
+OWN_REASONS = (Reason.BINARY_MISSING_NVIDIA_DETECTED, Reason.GPU_MISSING, Reason.CPU_PREFERRED,
+               Reason.CUDA_GPU_LAYERS_ZERO, Reason.CUDA_BUNDLE_INSTALL_FAILED, Reason.BUNDLE_INVALID)
 
 
 @dataclass(frozen=True, kw_only=True)

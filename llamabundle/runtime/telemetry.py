@@ -1,20 +1,10 @@
 """Live GPU telemetry of a running CUDA llama-server of a bundle: the driver version and, per GPU, its
-utilisation and VRAM used/total, from `nvidia-smi --query-gpu=index,name,driver_version,utilization.gpu,
-memory.used,memory.total --format=csv,noheader,nounits`.
-
-Telemetry is only read while the server runs: the caller names the llama-server's PID, and the process must be
-alive (not a zombie) and its executable (/proc/PID/exe, symlinks resolved by the kernel) must lie inside an
-installed bundle with a CUDA backend, or inside the bundle directory given. Otherwise the result is inactive
-with a stable reason code (`Inactive`) and nvidia-smi is not run.
-
-A sample (nvidia-smi's answer, or why there is none) is cached as JSON in the runtime cache directory, beside
-probe's cache, and served while it is younger than `max_age` (default 5 s) and from the same nvidia-smi. The
-server check is never cached: it runs on every call. Concurrent callers share one nvidia-smi run: the refresh
-holds a file lock, and a caller that waited on it reads the sample the holder wrote instead of running
-nvidia-smi again. Each sample carries a token taken (probe's counter, `probe.take_token`) before nvidia-smi
-runs; the cache is replaced atomically and only when it holds no sample with a newer token, so an older
-sample that finishes last never overwrites a newer one. nvidia-smi runs through proc.capture with probe's
-timeout; nothing here raises to the caller: a failure is an inactive result with its reason."""
+utilisation and VRAM used/total (gpus.STATS_ARGS). It is read only while the server runs: the PID must be
+alive and its executable (/proc/PID/exe) inside an installed CUDA bundle, or the bundle given; otherwise the
+result is inactive with a stable reason (`Inactive`) and nvidia-smi is not run. A sample is cached
+(runtime/results.py) and served while younger than `max_age`; concurrent callers share one nvidia-smi run
+(the refresh holds a file lock, a caller that waited reads the holder's sample). Nothing here raises to the
+caller: a failure is an inactive result with its reason."""
 
 from __future__ import annotations
 

@@ -63,6 +63,25 @@ def test_the_registries_agree_with_the_recipe_model_and_the_manifest() -> None:
     assert backends.NAMES[0] == "cpu"  # built first; every bundle has it
 
 
+def test_every_source_kind_of_the_recipe_has_its_module() -> None:
+    from llamabundle import source
+
+    assert set(source.KINDS) == set(get_args(recipe.Source))
+    for cls, module in source.KINDS.items():
+        assert module.KIND is cls and callable(module.fetch) and callable(module.describe)
+
+
+def test_every_reason_code_is_given_by_probe_or_by_one_of_the_backends() -> None:
+    from llamabundle.reasons import Reason
+    from llamabundle.runtime.probe import OWN_REASONS
+
+    given = set(OWN_REASONS).union(*(b.reasons for b in backends.REGISTRY.values()))
+    assert given == set(Reason)
+    for b in backends.REGISTRY.values():
+        assert (b.works is not None) == b.gpu and (b.works is None or b.works in b.reasons), b.name
+        assert (b.hide_env is not None) == b.gpu, b.name
+
+
 def test_an_unknown_platform_is_a_usage_error() -> None:
     with pytest.raises(Exception, match="unknown platform 'plan9-mips'") as e:
         platforms.get("plan9-mips")

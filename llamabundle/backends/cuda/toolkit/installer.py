@@ -1,24 +1,10 @@
-"""CUDA toolkit from NVIDIA's Windows local installer (`cuda.source: installer`), without running it.
-
-The local installer (``cuda_12.8.1_572.61_windows.exe``) is a 7-Zip self-extractor: a PE stub and
-then a 7z archive. That archive holds one top-level folder per redist component, and in it one folder
-per installer sub-package whose tree mirrors the installed toolkit, next to the sub-package's own file
-list (``<package>.nvi``)::
-
-    cuda_nvcc/nvcc/{bin/nvcc.exe, include/crt/…, lib/x64/…, nvvm/…, nvcc.nvi}
-    cuda_cudart/cudart/{bin/cudart64_12.dll, include/…, lib/x64/cudart.lib, cudart.nvi}
-    libcublas/{cublas/bin/…, cublas_dev/{include,lib/x64}/…}
-
-Only the selected components' folders are extracted — with a 7-Zip program when one is on PATH
-(7zz, 7z, 7zr), else with py7zr reading the archive from its offset in the .exe — then every
-sub-package's files (those its .nvi lists, when it has one) are moved into the one layout of
-layout.py, with each component's license as ``LICENSE.<component>``, version.json (component
-versions from the pinned redist manifest) and the marker last, in a temporary directory beside
-the root that is renamed into place under a file lock.
-
-The installer is trusted only through its sha256: the one pinned in data/cuda_installers.json, or
-one the user passes explicitly. An installer with neither is refused before anything is read.
-"""
+"""CUDA toolkit from NVIDIA's Windows local installer (`cuda.source: installer`), without running it. The
+installer is a 7-Zip self-extractor (sevenzip.py reads it): one top-level folder per redist component, in it
+one folder per sub-package that mirrors the installed toolkit, with the sub-package's file list (.nvi). Only
+the selected components' folders are extracted, their files moved into the one layout of layout.py (with
+each component's licence, version.json and the marker last) in a directory renamed into place under a lock.
+The installer is trusted only through its sha256: the one pinned in data/cuda_installers.json, or one the
+user passes explicitly; one with neither is refused before anything is read (docs/cuda-toolkit.md)."""
 
 from __future__ import annotations
 

@@ -1,17 +1,7 @@
-"""NVIDIA's CUDA redist manifests (``redistrib_<version>.json``): what each component's archive is
-called, how big it is and its sha256, per platform.
-
-The manifests shipped in ``llamabundle/data/cuda/`` are THE PIN: by default nothing else is trusted.
-An explicit manifest (a path or an already-parsed dict) can be passed instead, for mirrors and tests.
-
-A manifest looks like::
-
-    {"release_label": "12.8.1", ...,
-     "cuda_nvcc": {"name": "CUDA NVCC", "license_path": "cuda_nvcc/LICENSE.txt", "version": "12.8.93",
-                   "linux-x86_64": {"relative_path": "cuda_nvcc/linux-x86_64/cuda_nvcc-linux-x86_64-12.8.93-archive.tar.xz",
-                                    "sha256": "…", "md5": "…", "size": "79015464"},
-                   "windows-x86_64": {…}}}
-"""
+"""NVIDIA's CUDA redist manifests (``redistrib_<version>.json``): what each component's archive is called,
+how big it is and its sha256, per platform. The manifests shipped in ``llamabundle/data/cuda/`` are the pin:
+by default nothing else is trusted. An explicit manifest (a path or an already-parsed dict) can be passed
+instead, for mirrors and tests (docs/cuda-toolkit.md shows one)."""
 
 from __future__ import annotations
 

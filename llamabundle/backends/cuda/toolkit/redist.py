@@ -1,16 +1,9 @@
-"""Install a CUDA toolkit from NVIDIA's redist archives (no installer, no admin rights).
-
-Each archive is downloaded once into ``<cache>/downloads/<sha256>/<name>`` (size and sha256 checked
-while streaming, re-hashed before reuse), extracted safely, and flattened with the others into one
-root in a temporary directory beside the final one::
-
-    <component>-<platform>-<version>-archive/{LICENSE,bin,include,lib,nvvm,…}
-        -> <root>/{LICENSE.<component>,bin,include,lib,nvvm,…}
-
-Linux roots get ``lib64 -> lib``; symlinks inside Linux archives are kept. Two components may ship
-the same file only with the same content. ``version.json`` and then the marker are written last,
-and the tree is renamed into place under a file lock: two concurrent installs give one complete root.
-"""
+"""Install a CUDA toolkit from NVIDIA's redist archives (no installer, no admin rights). Each archive is
+downloaded once into ``<cache>/downloads/<sha256>/<name>`` (size and sha256 checked while streaming,
+re-hashed before reuse), extracted safely and flattened with the others into one root (each component's
+LICENSE as LICENSE.<component>; lib64 -> lib on Linux; a file two components ship must be the same), with
+version.json and the marker last, renamed into place under a file lock: two concurrent installs give one
+complete root (docs/cuda-toolkit.md)."""
 
 from __future__ import annotations
 
