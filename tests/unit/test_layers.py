@@ -192,9 +192,16 @@ def test_no_module_uses_another_modules_private_name() -> None:
     assert private_uses() == []
 
 
+# Text the build writes into the build tree: part of what the tool derives (docs/key.md), so a change of a word
+# would change the key of every CUDA recipe. Its docstring keeps its lab notes.
+WRITTEN_INTO_BUILDS = ("backends/cuda/nvcc_launch.py",)
+
+
 def test_module_docstrings_are_at_most_ten_lines() -> None:
     long = []
     for path in sorted(PACKAGE.rglob("*.py")):
+        if path.relative_to(PACKAGE).as_posix() in WRITTEN_INTO_BUILDS:
+            continue
         doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8")), clean=False) or ""
         if len(doc.strip("\n").splitlines()) > 10:
             long.append(f"{path.relative_to(PACKAGE)}: {len(doc.strip(chr(10)).splitlines())} lines")

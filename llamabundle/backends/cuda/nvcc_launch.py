@@ -1,10 +1,27 @@
 """nvcc's compiler launcher, written by llamabundle into a CUDA build tree and run by CMake in front of every
 CUDA compile (CMAKE_CUDA_COMPILER_LAUNCHER, before ccache): it makes NVIDIA's compiler give the same bytes
 in every run. Standalone (run as `python -I nvcc_launch.py SOURCE_ROOT BUILD_ROOT CICC_PIN.so COMMAND...`,
-the roots as the build names them; it imports nothing of llamabundle). It passes cudafe++ a per-file
--frandom-seed, turns address randomisation off, preloads the pin that fixes cicc's srand() seed and clocks
-and answers getcwd/realpath/readlink with the build's fixed-length paths: docs/reproducible-builds.md says
-what differed without each, as measured on llama.cpp's fattn-tile instances."""
+the roots as the build names them; it imports nothing of llamabundle).
+
+Two things made ggml-cuda's objects differ between two builds of the same inputs (measured with nvcc
+13.0.88 on llama.cpp's fattn-tile instances; bench/results/gpu-h200-cuda-repro/):
+
+1. cudafe++ names a function-local `__shared__` variable after a module id hashed from the working
+   directory and its process id: `-frandom-seed=<the source file's path in the tree>` replaces both.
+2. cicc (NVVM) is not deterministic on identical input: it seeds rand() from the time and its pid, and
+   its optimiser's choices follow heap addresses and how long it has run. Address randomisation off
+   (personality ADDR_NO_RANDOMIZE, inherited by every process nvcc starts), and in cicc a fixed srand()
+   seed and clocks that tick per call (CICC_PIN.so, through LD_PRELOAD) make its output identical run to
+   run. Its memory layout still follows the lengths of the paths it is given and of its environment, so
+   the build runs through source and build paths of one fixed length (build.py), PWD (which the shell
+   ninja runs sets to the real directory) is the build's fixed-length path, and in nvcc and cicc the pin
+   answers getcwd(), realpath() and readlink("/proc/self/exe") with the fixed paths of the source, the
+   build and the toolkit (LLAMABUNDLE_FIXED_PATHS): cicc keeps the working directory on its heap, nvcc
+   hands it the resolved source path (--orig_src_path_name), both find the toolkit from where they run,
+   and the real lengths of any of these changed the PTX (fattn-tile dkq72 with build directories of 53
+   and 92 characters, dkq40 with sources at 53 and 125 and with toolkits at 69 and 104, each stable run
+   to run; identical with the pin).
+"""
 
 from __future__ import annotations
 
