@@ -10,6 +10,7 @@ import subprocess
 import time
 import urllib.request
 import zipfile
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,24 @@ def test_check_misses_then_build_stores_then_check_hits(first_build: dict[str, A
     err = first_build["build"].stderr
     assert "cache miss" in err
     assert "loaded CPU backend" in err or "load: passed" in err
+
+
+def test_the_real_build_and_fetch_json_match_their_schemas(first_build: dict[str, Any], e2e_env: dict[str, str],
+                                                          store: Path, recipe_key: str, tmp_path: Path) -> None:
+    """`build --json` of the build that compiled, and `fetch --json` of its bundle, against the committed schemas."""
+    import jsonschema
+
+    def schema(name: str) -> Any:
+        return json.loads(resources.files("llamabundle.data").joinpath(f"schemas/{name}.schema.json").read_text())
+
+    built = first_build["result"]
+    jsonschema.Draft202012Validator(schema("build")).validate(built)
+    assert built["ok"] is True and built["hit"] is False and built["compiled"] > 0 and built["bundled_libs"]
+    fetched = run_cli("fetch", recipe_key, "--store", store, "--out", tmp_path / "fetched", "--json", env=e2e_env)
+    assert fetched.returncode == 0, fetched.stderr
+    got = json.loads(fetched.stdout)
+    jsonschema.Draft202012Validator(schema("fetch")).validate(got)
+    assert got["key"] == recipe_key and got["verify"]["levels"]["static"] == "passed"
 
 
 def test_second_build_is_a_cache_hit_that_compiles_nothing(first_build: dict[str, Any], e2e_env: dict[str, str],

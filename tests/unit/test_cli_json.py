@@ -5,7 +5,7 @@ messages name the user's paths (never a temporary one, never Python's None).
 
 Each command runs in this process through llamabundle.cli.main, on real bundles in real local stores (as
 test_cli.py does). `build` is run on a store that has the key (a cache hit: fetched and verified, nothing
-compiled); the output of a build that compiles is validated from BuildOutcome.to_json with test values."""
+compiled); the output of a build that compiles is validated in tests/e2e/test_pipeline.py, on the real build."""
 
 from __future__ import annotations
 
@@ -32,10 +32,8 @@ from llamabundle import bundle, keys
 from llamabundle.cli import cli
 from llamabundle.cli.output import wants_json
 from llamabundle.errors import UsageError
-from llamabundle.pipeline import BuildOutcome
 from llamabundle.runtime.results import parse_utc_timestamp, utc_timestamp
 from llamabundle.settings import Settings
-from llamabundle.verify import VerifyReport
 
 SCHEMAS = resources.files("llamabundle.data") / "schemas"
 ISO = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z$")
@@ -177,23 +175,6 @@ def test_check_publish_fetch_verify_and_a_build_that_hits(tmp_path: Path, capsys
     report = json_of(capsys, "verify", "verify", zip_path, "--level", "load")
     assert report["backends_loaded"] == {"CPU": f"{zip_path}:libggml-cpu.so"}  # the user's zip, not the temp copy
     assert report["path"] == str(zip_path) and report["levels"]["load"] == "passed"
-
-
-def test_a_build_that_compiles_validates(tmp_path: Path) -> None:
-    """build --json of a real build (one that compiles) needs a compiler run: validated from
-    pipeline.BuildOutcome.to_json with test values instead."""
-    report = VerifyReport(path=str(tmp_path / "out" / "b.zip"), key=LINUX_KEY, platform="linux-x86_64", files=3,
-                          bytes=1234, levels={"manifest": "passed", "static": "passed", "load": "passed"},
-                          backends_loaded={"CPU": f"{tmp_path}/out/b.zip:libggml-cpu.so"}, devices=[])
-    for location, repro in ((str(tmp_path / "store" / LINUX_KEY / "b.zip"), None),
-                            (None, {"sha256": "ab" * 32, "second_build": "other source path and build directory"})):
-        outcome = BuildOutcome(key=LINUX_KEY, hit=False, zip_path=tmp_path / "out" / "b.zip", manifest={}, verify=report,
-                               store=str(tmp_path / "store"), location=location, bundled_libs={"libgomp.so.1": "/usr/lib/x"},
-                               compiled=97, reproducible=repro)
-        data = valid("build", {"ok": True, **outcome.to_json()})
-        assert data["hit"] is False and data["location"] == location
-        assert set(outcome.to_json(fetch=True)) < set(data)
-        valid("fetch", {"ok": True, **outcome.to_json(fetch=True)})
 
 
 def test_github_actions_outputs_use_the_json_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

@@ -57,6 +57,7 @@ def test_the_budget_stops_a_slow_op_and_keeps_what_it_did(tmp_path: Path) -> Non
     tool = stand_in(tmp_path, f'echo "  $5(x=1): OK"; [ "$5" = "MUL_MAT" ] && exec {sleep} 30\nexit 0\n')
     out = opscheck.run_ops(root, tool, ["CUDA0", "Vulkan0"], env={"PATH": "/usr/bin:/bin"}, budget=6,
                            ops=("ADD", "MUL_MAT", "ROPE"))
+    assert [r.device for r in out] == ["CUDA0", "Vulkan0"]  # a result per device: the loop below checks both
     for r in out:  # MUL_MAT had its share of the device's 3 s and was stopped; ROPE still ran
         assert r.ops_run == ["ADD", "MUL_MAT (partly)", "ROPE"] and r.ops_left == [], r
         assert r.passed == 3 and r.seconds < 10

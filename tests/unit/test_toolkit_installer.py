@@ -9,6 +9,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import struct
 import zlib
 from pathlib import Path
@@ -172,8 +173,8 @@ def test_the_pinned_data_describes_the_12_8_1_installer() -> None:
     entry = installer.installer_data()["installers"]["12.8.1"]
     assert entry["file"] == "cuda_12.8.1_572.61_windows.exe"
     assert entry["url"] == "https://developer.download.nvidia.com/compute/cuda/12.8.1/local_installers/cuda_12.8.1_572.61_windows.exe"
-    assert entry["sha256"] is None or len(entry["sha256"]) == 64
-    assert entry["sha256"] is None or entry.get("sha256_source")
+    assert re.fullmatch(r"[0-9a-f]{64}", entry["sha256"]), "the 12.8.1 installer is pinned by its sha256"
+    assert entry["sha256_source"], "and the data says where that sha256 comes from"
     # every component it maps is a Windows component of the pinned 12.8.1 redist manifest
     from llamabundle import data
 
