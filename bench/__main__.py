@@ -193,6 +193,23 @@ def rows_source_reproof(f: Figures) -> list[Row]:
                      f"{mb(f['bytes'])} shaped like llama.cpp's")]
 
 
+STARTUP = ("--help", "key", "recipe lint", "check (miss)")
+
+
+def rows_startup(f: Figures) -> list[Row]:
+    after = f["after"]
+    rows = [Row(benchmark=f"start-up: `llamabundle {name}` vs `python -c pass`", measured=f"{c['s'] * 1000:.0f} ms",
+                baseline=f"{after['pass_s'] * 1000:.0f} ms", ratio=f"{c['ratio']:.1f}",
+                note=f"{c['package_modules']} modules of the package; third-party: {', '.join(c['third_party']) or 'none'};"
+                     f" median of {f['repeat']}") for name, c in after["commands"].items()]
+    r = after["import_recipe"]
+    bad = [m for m in r["third_party"] if m in ("requests", "rich", "elftools", "pefile")]
+    rows.append(Row(benchmark="modules `import llamabundle.recipe` loads", measured=f"{len(r['package_modules'])} of the package",
+                    target="≤ 6, none of requests, rich, pyelftools, pefile",
+                    met=met(len(r["package_modules"]) <= 6 and not bad), note=", ".join(r["package_modules"])))
+    return rows
+
+
 # ---- results recorded in bench/results ------------------------------------------------------------
 
 
@@ -359,6 +376,9 @@ BENCHES: tuple[Bench, ...] = (
                                      "second `toolkit install` of the same plan")),
     Bench(name="source_reproof", script="bench/source_reproof.py", quick_args=("--repeat", "3"),
           rows=rows_source_reproof, labels=("source cache re-proof before use (3,665 files, stat walk)",)),
+    Bench(name="startup", script="bench/startup.py", quick_args=("--repeat", "3"), rows=rows_startup,
+          labels=(*(f"start-up: `llamabundle {n}` vs `python -c pass`" for n in STARTUP),
+                  "modules `import llamabundle.recipe` loads")),
     Bench(name="gpu_sizes", read=lambda root: read_gpu_sizes(root / "gpu-h200-cuda13.0"), rows=rows_gpu_sizes,
           labels=("CUDA 13.0 bundle zip (H200 build, shipped recipe)",
                   "libggml-cuda.so, GGML_CUDA_COMPRESSION_MODE size vs none")),
