@@ -6,7 +6,6 @@ and verify as `build` runs after compiling (pipeline.assemble)."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import re
 import shutil
@@ -14,9 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import cache, data, keys, platforms
+from . import backends, cache, keys, platforms
 from .backends import Prepared
-from .backends.cuda.toolkit.layout import Toolkit
 from .build import MEMORY_PROGRAM, BuildResult, BuildTools, compiler_of, plan_build
 from .compilers import version_matches
 from .errors import ToolchainError, UsageError
@@ -39,7 +37,6 @@ class BuildTree:
     cmake_version: str  # the CMakeFiles/<version> directory CMake wrote its compiler records in
     commit: str | None  # the short commit llama.cpp's build-info records
     compiler: str  # "GNU 12.2.0", "MSVC 19.44.35207.1"
-    cuda_compiler: str | None  # nvcc's version, when the build compiled CUDA
 
 
 def read_build_tree(build_dir: Path) -> BuildTree:
@@ -57,14 +54,9 @@ def read_build_tree(build_dir: Path) -> BuildTree:
     for f in sorted(build_dir.glob("common/build-info.cpp")):
         m = re.search(r'LLAMA_COMMIT\s*=\s*"([0-9a-f]+)"', f.read_text(errors="replace"))
         commit = m.group(1) if m else None
-    cuda = None
-    for f in sorted(build_dir.glob("CMakeFiles/*/CMakeCUDACompiler.cmake")):
-        m = re.search(r'set\(CMAKE_CUDA_COMPILER_VERSION "([^"]*)"\)', f.read_text(errors="replace"))
-        cuda = m.group(1) if m else cuda
     versions = sorted(f.parent.name for f in build_dir.glob("CMakeFiles/*/CMakeCXXCompiler.cmake"))
     return BuildTree(build_dir=build_dir, source_dir=Path(source), cmake=entries.get("CMAKE_COMMAND", "cmake"),
-                     cmake_version=versions[-1] if versions else "", commit=commit, compiler=compiler_of(build_dir),
-                     cuda_compiler=cuda)
+                     cmake_version=versions[-1] if versions else "", commit=commit, compiler=compiler_of(build_dir))
 
 
 CMAKE_IDS = {"gcc": "GNU", "mingw": "GNU", "clang": "Clang", "msvc": "MSVC"}  # toolchain.compiler -> CMake's id
@@ -92,28 +84,6 @@ def _host(recipe: Recipe, tree: BuildTree, *, env: Mapping[str, str]) -> HostFac
     return HostFacts(compiler=found, tools=tools)
 
 
-def _check_cuda(recipe: Recipe, tree: BuildTree, toolkit_root: Path) -> None:
-    """The build compiled CUDA with the nvcc of the recipe's toolkit, and --toolkit-root is that toolkit
-    (by its version.json, where it has one)."""
-    assert recipe.cuda is not None
-    want = str(data.cuda_manifest(recipe.cuda.toolkit)["cuda_nvcc"]["version"])
-    if tree.cuda_compiler is None:
-        raise UsageError(f"{tree.build_dir} did not compile CUDA", why="CMake recorded no CUDA compiler there",
-                         fix="configure the build with -DGGML_CUDA=ON, or bundle it with a recipe without cuda")
-    if tree.cuda_compiler != want:
-        raise ToolchainError(f"{tree.build_dir} was compiled by nvcc {tree.cuda_compiler}, the recipe pins CUDA "
-                             f"{recipe.cuda.toolkit} (nvcc {want})", fix="bundle it with a recipe of that toolkit")
-    version_file = toolkit_root / "version.json"
-    if version_file.is_file():
-        try:
-            found = json.loads(version_file.read_text(encoding="utf-8"))["cuda"]["version"]
-        except (ValueError, KeyError, TypeError):
-            found = None
-        if found is not None and str(found).split(".")[:2] != recipe.cuda.toolkit.split(".")[:2]:
-            raise UsageError(f"--toolkit-root {toolkit_root} is CUDA {found}, the recipe pins {recipe.cuda.toolkit}",
-                             why=f"its {version_file.name} says so", fix="pass the toolkit the build used")
-
-
 def bundle_build(recipe: Recipe, build_dir: Path, *, out: Path, toolkit_root: Path | None, msvc_redist: Path | None,
                  settings: Settings, log: Log, env: Mapping[str, str]) -> BuildOutcome:
     """Collect, describe, pack and verify the build in `build_dir` as the recipe's bundle; `out` is a
@@ -135,19 +105,9 @@ def bundle_build(recipe: Recipe, build_dir: Path, *, out: Path, toolkit_root: Pa
     keyed = keys.resolve(recipe, host=_host(recipe, tree, env=env))
     platform = platforms.get(recipe.platform)
     prepared: dict[str, Prepared] = {}
-    if recipe.cuda is not None:
-        if toolkit_root is None:
-            raise UsageError("--toolkit-root is needed for a CUDA bundle",
-                             why="the CUDA runtime libraries the bundle carries come from the toolkit the build used",
-                             fix="pass the CUDA toolkit's root directory (the one with bin/ and lib/)")
-        _check_cuda(recipe, tree, toolkit_root)
-        tk = Toolkit(root=toolkit_root, version=recipe.cuda.toolkit, source="given", platform=recipe.platform)
-        dirs = tuple(d for d in tk.lib_dirs if d.is_dir())
-        if not dirs:
-            raise UsageError(f"--toolkit-root {toolkit_root} has none of {', '.join(str(d) for d in tk.lib_dirs)}",
-                             fix="pass the CUDA toolkit's root directory (the one with bin/ and lib/)")
-        prepared["cuda"] = Prepared(root=toolkit_root, lib_dirs=dirs,
-                                    toolchain={"nvcc": tree.cuda_compiler} if tree.cuda_compiler else {})
+    for backend in backends.of(recipe):  # the toolkit the build used (CUDA's, from --toolkit-root), checked
+        if (given := backend.given_toolkit(recipe, build_dir=build_dir, toolkit_root=toolkit_root)) is not None:
+            prepared[backend.name] = given
     toolchain = platform.given_toolchain(recipe, redist=msvc_redist)
     src = SourceTree(path=tree.source_dir, commit=recipe.llama_cpp.commit, origin=f"build directory {build_dir}")
     tools = BuildTools(cmake=tree.cmake, ninja="", cmake_version=tree.cmake_version)

@@ -90,6 +90,15 @@ class Backend(Protocol):
         """Before the build: find or install the toolkit the backend needs and check it (None: it needs none)."""
         ...
 
+    def given_toolkit(self, recipe: Recipe, *, build_dir: Path, toolkit_root: Path | None) -> Prepared | None:
+        """For `bundle` (a build made elsewhere, in `build_dir`): the toolkit that build used (`toolkit_root`,
+        from --toolkit-root), checked against the recipe and the build's CMake records; None: it needs none."""
+        ...
+
+    def show_line(self, recipe: Recipe, host: HostFacts) -> str | None:
+        """What `show` prints about it for a recipe that has it (its toolkit, the tool found here), or None."""
+        ...
+
     def cmake_definitions(self, recipe: Recipe, host: HostFacts, *, platform: Platform,
                           toolkit_root: Path | None) -> dict[str, str]:
         """Cache definitions for a recipe that has this backend."""
@@ -182,6 +191,12 @@ class NoExtras:
 
     def prepare(self, recipe: Recipe, host: HostFacts, *, settings: Settings, log: Log, env: Mapping[str, str],
                 source: str | None) -> Prepared | None:
+        return None
+
+    def given_toolkit(self, recipe: Recipe, *, build_dir: Path, toolkit_root: Path | None) -> Prepared | None:
+        return None
+
+    def show_line(self, recipe: Recipe, host: HostFacts) -> str | None:
         return None
 
     def cmake_definitions(self, recipe: Recipe, host: HostFacts, *, platform: Platform,

@@ -364,6 +364,13 @@ class Vulkan(NoExtras):
                                  fix="install it (Debian/Ubuntu: apt-get install libvulkan1)")
         return Prepared(root=include, toolchain={"glslc": found.version, "vulkan_headers": h.version})
 
+    def show_line(self, recipe: Recipe, host: HostFacts) -> str | None:
+        assert recipe.vulkan is not None
+        g = host.tools.get(self.name)
+        found = (f"glslc {g.version} at {g.path}; shader extensions: {', '.join(g.features) or 'none'}" if g
+                 else "no glslc on PATH (the key needs one)")
+        return f"headers {recipe.vulkan.headers.version} ({recipe.vulkan.headers.url}); {found}"
+
     def cmake_definitions(self, recipe: Recipe, host: HostFacts, *, platform: Platform,
                           toolkit_root: Path | None) -> dict[str, str]:
         found = host.tools.get(self.name)

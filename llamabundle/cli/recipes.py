@@ -90,7 +90,7 @@ def recipe_schema() -> None:
 def show(c: Ctx, recipe_path: Path, as_json: bool) -> None:
     """Show a recipe, its key, its toolchain and its build plan (nothing is built; for MSVC, vswhere and
     vcvars64.bat run to show the environment the build would use)."""
-    from .. import keys, pipeline
+    from .. import backends, keys, pipeline
     from .. import source as source_mod
 
     keyed = keys.resolve(keys.load(recipe_path), env=c.env)
@@ -119,13 +119,9 @@ def show(c: Ctx, recipe_path: Path, as_json: bool) -> None:
     click.echo(f"recipe    {recipe_path} ({r.name})")
     click.echo(f"platform  {r.platform}   backends {', '.join(r.backends)}   compiler {r.toolchain.compiler}")
     click.echo(f"llama.cpp {r.llama_cpp.commit}  from {' | '.join(data['sources'])}")
-    if r.cuda:
-        click.echo(f"cuda      {r.cuda.toolkit} ({r.cuda.source}); archs {' '.join(r.cuda.archs)}; driver >= {r.driver_floor}")
-    if r.vulkan is not None:
-        g = keyed.host.tools.get("vulkan")
-        found = (f"glslc {g.version} at {g.path}; shader extensions: {', '.join(g.features) or 'none'}" if g
-                 else "no glslc on PATH (the key needs one)")
-        click.echo(f"vulkan    headers {r.vulkan.headers.version} ({r.vulkan.headers.url}); {found}")
+    for b in backends.of(r):
+        if (line := b.show_line(r, keyed.host)) is not None:
+            click.echo(f"{b.name:<10}{line}")
     click.echo(f"key       {data['key']}")
     click.echo(f"tag       {data['tag']}")
     for line in toolchain.summary:

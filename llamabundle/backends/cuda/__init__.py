@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ... import data
-from ...errors import ToolchainError, VerifyError
+from ...errors import ToolchainError, UsageError, VerifyError
 from ...platforms.base import Extra
 from ...reasons import Reason, Verdict
 from ..base import IndexFacts, Launcher, NoExtras, Prepared
@@ -108,6 +108,51 @@ class Cuda(NoExtras):
                          "may differ from another build of the same inputs")
         return Prepared(root=toolkit.root, lib_dirs=tuple(toolkit.lib_dirs),
                         toolchain={"nvcc": checked["nvcc"]})
+
+    def given_toolkit(self, recipe: Recipe, *, build_dir: Path, toolkit_root: Path | None) -> Prepared | None:
+        """The toolkit the build compiled with: CMake's record of nvcc is the recipe's toolkit's nvcc, and
+        --toolkit-root is that toolkit (by its version.json, where it has one)."""
+        import json
+        import re
+
+        from .toolkit.layout import Toolkit
+
+        assert recipe.cuda is not None
+        if toolkit_root is None:
+            raise UsageError("--toolkit-root is needed for a CUDA bundle",
+                             why="the CUDA runtime libraries the bundle carries come from the toolkit the build used",
+                             fix="pass the CUDA toolkit's root directory (the one with bin/ and lib/)")
+        nvcc = None
+        for f in sorted(build_dir.glob("CMakeFiles/*/CMakeCUDACompiler.cmake")):
+            m = re.search(r'set\(CMAKE_CUDA_COMPILER_VERSION "([^"]*)"\)', f.read_text(errors="replace"))
+            nvcc = m.group(1) if m else nvcc
+        want = str(data.cuda_manifest(recipe.cuda.toolkit)["cuda_nvcc"]["version"])
+        if nvcc is None:
+            raise UsageError(f"{build_dir} did not compile CUDA", why="CMake recorded no CUDA compiler there",
+                             fix="configure the build with -DGGML_CUDA=ON, or bundle it with a recipe without cuda")
+        if nvcc != want:
+            raise ToolchainError(f"{build_dir} was compiled by nvcc {nvcc}, the recipe pins CUDA "
+                                 f"{recipe.cuda.toolkit} (nvcc {want})", fix="bundle it with a recipe of that toolkit")
+        version_file = toolkit_root / "version.json"
+        if version_file.is_file():
+            try:
+                found = json.loads(version_file.read_text(encoding="utf-8"))["cuda"]["version"]
+            except (ValueError, KeyError, TypeError):
+                found = None
+            if found is not None and str(found).split(".")[:2] != recipe.cuda.toolkit.split(".")[:2]:
+                raise UsageError(f"--toolkit-root {toolkit_root} is CUDA {found}, the recipe pins {recipe.cuda.toolkit}",
+                                 why=f"its {version_file.name} says so", fix="pass the toolkit the build used")
+        tk = Toolkit(root=toolkit_root, version=recipe.cuda.toolkit, source="given", platform=recipe.platform)
+        dirs = tuple(d for d in tk.lib_dirs if d.is_dir())
+        if not dirs:
+            raise UsageError(f"--toolkit-root {toolkit_root} has none of {', '.join(str(d) for d in tk.lib_dirs)}",
+                             fix="pass the CUDA toolkit's root directory (the one with bin/ and lib/)")
+        return Prepared(root=toolkit_root, lib_dirs=dirs, toolchain={"nvcc": nvcc})
+
+    def show_line(self, recipe: Recipe, host: HostFacts) -> str | None:
+        c = recipe.cuda
+        assert c is not None
+        return f"{c.toolkit} ({c.source}); archs {' '.join(c.archs)}; driver >= {recipe.driver_floor}"
 
     def cmake_definitions(self, recipe: Recipe, host: HostFacts, *, platform: Platform,
                           toolkit_root: Path | None) -> dict[str, str]:
