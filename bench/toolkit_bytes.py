@@ -31,7 +31,7 @@ from pathlib import Path
 from llamabundle import keys
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "tests" / "unit")]
+sys.path[:0] = [str(REPO)]
 
 INSTALLER_NAME = "cuda_12.8.1_572.61_windows.exe"
 INSTALLER_URL = f"https://developer.download.nvidia.com/compute/cuda/12.8.1/local_installers/{INSTALLER_NAME}"
@@ -47,17 +47,14 @@ def plan_bytes() -> tuple[int, list[tuple[str, str, int]]]:
 
 
 def second_install(repeat: int) -> dict[str, object]:
-    from test_toolkit_redist import (  # small archives with the real layout, a real server
-        Server,
-        build_repo,
-    )
+    from tests.redist import Server, build_repo  # small archives with the real layout, a real server
 
     work = Path(tempfile.mkdtemp(prefix="lb-toolkit-"))
     manifest = build_repo(work / "redist")
     mpath = work / "redistrib_13.0.2.json"
     mpath.write_text(json.dumps(manifest))
     server = Server(work / "redist")
-    server.thread.start()
+    server.start()
     env = {**os.environ, "PYTHONPATH": str(REPO), "LLAMABUNDLE_CACHE_DIR": str(work / "cache"),
            "LLAMABUNDLE_CUDA_REDIST_URL": server.url}
     argv = [sys.executable, "-m", "llamabundle", "--quiet", "toolkit", "install", "--version", "13.0.2",
@@ -99,8 +96,7 @@ def second_install(repeat: int) -> dict[str, object]:
                 "second_install_bytes_downloaded": max(served), "second_install_requests": max(requests),
                 "second_install_library_call_s": round(t_lib, 4), "repeat": repeat}
     finally:
-        server.httpd.shutdown()
-        server.httpd.server_close()
+        server.close()
         shutil.rmtree(work, ignore_errors=True)
 
 

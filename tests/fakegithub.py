@@ -6,9 +6,12 @@
   get, delete, download: `Accept: application/octet-stream` answers 302 to the CDN), uploads on
   `/uploads/repos/{o}/{r}/releases/{id}/assets?name=…` (the release's `upload_url` template).
 - CDN (127.0.0.2): the asset bytes, with ETag, Accept-Ranges, Range and If-Range.
-- Every request is recorded in `requests` (host "api" or "cdn", method, path, lower-cased headers).
-- Fault injection: `faults` is a list of callables `(req, handler) -> bool` tried before normal handling
-  (True: handled, and removed when `once`); helpers below add the usual ones. For asset bodies on the CDN:
+- Both are tests/loopback.py servers. Every request is recorded in `requests` (host "api" or "cdn", method,
+  path, lower-cased headers).
+- Fault injection: `faults` is a list of callables `(req, exchange) -> bool` tried before normal handling; one
+  that returns True has handled the request (answered through the Exchange's reply methods, or left it
+  unanswered: the connection closes) and is removed when `once`. Helpers below add the usual ones. For asset
+  bodies on the CDN:
   `drop_asset` (announce the whole length, hang up after N bytes) and `short_asset` (a complete-looking
   answer that holds only the first N bytes), for one named asset, for its next K downloads or every one.
 - Time: `backdate(seconds)` makes every release and asset that many seconds older (stale-lock tests).
@@ -22,8 +25,6 @@
 from __future__ import annotations
 
 import hashlib
-import http.server
-import io
 import itertools
 import json
 import threading
@@ -35,28 +36,11 @@ from datetime import UTC, datetime
 from typing import Any, Self
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from tests import loopback
+from tests.loopback import Loopback, Reply
+
 CDN_HOST = "127.0.0.2"
-
-
-def range_status(h: http.server.BaseHTTPRequestHandler, size: int, *, etag: str | None,
-                 ranges: bool = True) -> int | None:
-    """Answer a GET's status line as a file server does: 206 from the `Range: bytes=N-` offset when the
-    If-Range validator (if any) is `etag`, 416 (headers ended, returns None) past the end, else 200.
-    Returns the first byte to send."""
-    rng, if_range = h.headers.get("Range"), h.headers.get("If-Range")
-    if ranges and rng and rng.startswith("bytes=") and rng.endswith("-") and (if_range is None or if_range == etag):
-        start = int(rng[len("bytes="):-1])
-        if start >= size:
-            h.send_response(416)
-            h.send_header("Content-Range", f"bytes */{size}")
-            h.send_header("Content-Length", "0")
-            h.end_headers()
-            return None
-        h.send_response(206)
-        h.send_header("Content-Range", f"bytes {start}-{size - 1}/{size}")
-        return start
-    h.send_response(200)
-    return 0
+METHODS = ("GET", "POST", "PATCH", "DELETE")
 
 
 @dataclass
@@ -69,7 +53,7 @@ class Request:
 
 @dataclass
 class Fault:
-    fn: Callable[[Request, _Handler], bool]
+    fn: Callable[[Request, Exchange], bool]
     once: bool = True
 
 
@@ -118,8 +102,8 @@ class FakeGitHub:
         self._ids = itertools.count(1000)
         self.rate_remaining = 5000
         self.cdn_rate: float | None = None  # bytes per second of CDN downloads; None: as fast as loopback goes
-        self.api = _Server(self, "127.0.0.1", "api")
-        self.cdn = _Server(self, CDN_HOST, "cdn")
+        self.api = Loopback(lambda req: self._answer("api", req), methods=METHODS).start()
+        self.cdn = Loopback(lambda req: self._answer("cdn", req), host=CDN_HOST, methods=METHODS).start()
         self.api_url = self.api.url
         self.cdn_url = self.cdn.url
 
@@ -196,13 +180,13 @@ class FakeGitHub:
 
     # ------------------------------------------------------------------------------ faults
 
-    def add_fault(self, fn: Callable[[Request, _Handler], bool], *, once: bool = True) -> None:
+    def add_fault(self, fn: Callable[[Request, Exchange], bool], *, once: bool = True) -> None:
         with self.lock:
             self.faults.append(Fault(fn, once))
 
     def fail_upload_once(self, name: str, *, status: int = 502, keep: int = 10) -> None:
         """The next upload of `name` stores its first `keep` bytes as a `starter` asset and answers `status`."""
-        def fault(req: Request, h: _Handler) -> bool:
+        def fault(req: Request, h: Exchange) -> bool:
             if not (req.host == "api" and req.method == "POST" and req.path.startswith("/uploads/")
                     and parse_qs(urlsplit(req.path).query).get("name") == [name]):
                 return False
@@ -217,7 +201,7 @@ class FakeGitHub:
     def conflict_upload_once(self, name: str, other: bytes) -> None:
         """The next upload of `name` finds that an uploaded asset with other content got there first (and
         the upload itself answers 502, as if the connection had been lost)."""
-        def fault(req: Request, h: _Handler) -> bool:
+        def fault(req: Request, h: Exchange) -> bool:
             if not (req.host == "api" and req.method == "POST" and req.path.startswith("/uploads/")
                     and parse_qs(urlsplit(req.path).query).get("name") == [name]):
                 return False
@@ -231,7 +215,7 @@ class FakeGitHub:
 
     def rate_limit_once(self, reset_in: int = 3, *, path_part: str = "") -> None:
         """The next API request (whose path contains `path_part`) answers 403 with x-ratelimit-remaining 0."""
-        def fault(req: Request, h: _Handler) -> bool:
+        def fault(req: Request, h: Exchange) -> bool:
             if req.host != "api" or path_part not in req.path:
                 return False
             h.reply_json(403, {"message": "API rate limit exceeded for user ID 1.",
@@ -244,7 +228,7 @@ class FakeGitHub:
     def status_once(self, status: int, *, path_part: str = "", method: str | None = None, times: int = 1,
                     headers: dict[str, str] | None = None) -> None:
         for _ in range(times):
-            def fault(req: Request, h: _Handler) -> bool:
+            def fault(req: Request, h: Exchange) -> bool:
                 if req.host != "api" or path_part not in req.path or (method and req.method != method):
                     return False
                 h.reply_json(status, {"message": f"fault {status}"}, headers=headers)
@@ -255,16 +239,12 @@ class FakeGitHub:
     def lose_answer_once(self, method: str, path_part: str, *, status: int | None = 502) -> None:
         """The next API `method` request whose path contains `path_part` is applied, but its answer is lost: the
         client gets `status` instead, or (None) the connection closes without an answer, as after a timeout."""
-        def fault(req: Request, h: _Handler) -> bool:
+        def fault(req: Request, h: Exchange) -> bool:
             if not (req.host == "api" and req.method == method and path_part in req.path):
                 return False
-            real, h.wfile = h.wfile, io.BytesIO()  # the real answer goes nowhere
-            try:
-                h._api(method, req)
-            finally:
-                h.wfile = real
+            h._api(method, req)  # applied; its answer is replaced by what the client gets instead
             if status is None:
-                h.close_connection = True
+                h.hang_up()
             else:
                 h.reply_json(status, {"message": "Bad Gateway"})
             return True
@@ -281,8 +261,8 @@ class FakeGitHub:
         `keep` bytes: a complete-looking answer (Content-Length and all), with the asset's own ETag."""
         self._asset_fault(name, times, lambda h: h.serve_cdn(short=keep))
 
-    def _asset_fault(self, name: str, times: int | None, serve: Callable[[_Handler], None]) -> None:
-        def fault(req: Request, h: _Handler) -> bool:
+    def _asset_fault(self, name: str, times: int | None, serve: Callable[[Exchange], Reply]) -> None:
+        def fault(req: Request, h: Exchange) -> bool:
             parts = urlsplit(req.path).path.split("/")
             if not (req.host == "cdn" and len(parts) > 3 and parts[1] == "cdn" and unquote(parts[3]) == name):
                 return False
@@ -298,7 +278,7 @@ class FakeGitHub:
 
     def drop_download_once(self, after: int) -> None:
         """The next CDN download announces the full length but hangs up after `after` bytes."""
-        def fault(req: Request, h: _Handler) -> bool:
+        def fault(req: Request, h: Exchange) -> bool:
             if req.host != "cdn":
                 return False
             h.serve_cdn(cut=after)
@@ -307,6 +287,24 @@ class FakeGitHub:
         self.add_fault(fault)
 
     # ---------------------------------------------------------------------------- internals
+
+    def _answer(self, host: str, request: loopback.Request) -> Reply:
+        """The handler of both servers: record, try the faults, then the CDN or the API."""
+        req = Request(host, request.method, request.path, dict(request.headers))
+        h = Exchange(self, request)
+        with self.lock:
+            self.requests.append(req)
+            fault = next((f for f in self.faults if f.fn(req, h)), None)
+            if fault is not None:
+                if fault.once:
+                    self.faults.remove(fault)
+                return h.answer if h.answer is not None else loopback.hang_up()
+        if req.host == "cdn":
+            return h.serve_cdn()
+        if self.token is not None and req.headers.get("authorization") != f"Bearer {self.token}":
+            return h.reply_json(401, {"message": "Bad credentials", "documentation_url": "https://docs.github.com/rest"})
+        with self.lock:
+            return h._api(req.method, req)
 
     def _add_asset(self, rel: Release, name: str, data: bytes, *, state: str = "uploaded",
                    content_type: str = "application/octet-stream", digest: bool = True) -> Asset:
@@ -336,102 +334,48 @@ class FakeGitHub:
                 "assets": [self.asset_json(self.assets[i]) for i in rel.assets if i in self.assets]}
 
 
-class _HTTPServer(http.server.ThreadingHTTPServer):
-    daemon_threads = True
-    owner: FakeGitHub
-    role: str
+class Exchange:
+    """One request to the fake being answered: the fault or endpoint that handles it calls one of the reply
+    methods (the last call wins); `answer` is what goes back, None: the connection closes unanswered."""
 
-    def handle_error(self, request: object, client_address: object) -> None:
-        pass  # a client hanging up (or a fault hanging up on purpose) is no error here
-
-
-class _Server:
-    def __init__(self, gh: FakeGitHub, host: str, role: str) -> None:
-        self.httpd = _HTTPServer((host, 0), _Handler)
-        self.httpd.owner = gh
-        self.httpd.role = role
-        self.url = f"http://{host}:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
-class _Handler(http.server.BaseHTTPRequestHandler):
-    server: _HTTPServer
-    _body: bytes | None = None
-
-    def log_message(self, *args: object) -> None:
-        pass
+    def __init__(self, gh: FakeGitHub, req: loopback.Request) -> None:
+        self.gh = gh
+        self.request = req
+        self.path = req.path
+        self.headers = req.headers  # lower-case names
+        self.answer: Reply | None = None
 
     # ------------------------------------------------------------------------------ replies
 
     def read_body(self) -> bytes:
-        if self._body is None:
-            n = int(self.headers.get("Content-Length") or 0)
-            self._body = self.rfile.read(n) if n else b""
-        return self._body
+        return self.request.body
 
-    def reply_json(self, status: int, body: Any, headers: dict[str, str] | None = None) -> None:
+    def reply(self, reply: Reply) -> Reply:
+        self.answer = reply
+        return reply
+
+    def hang_up(self) -> Reply:
+        return self.reply(loopback.hang_up())
+
+    def reply_json(self, status: int, body: Any, headers: dict[str, str] | None = None) -> Reply:
         data = b"" if body is None else json.dumps(body).encode()
-        gh = self.server.owner
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json; charset=utf-8")
-        hdrs = {"x-github-request-id": uuid.uuid4().hex[:16].upper(), "x-ratelimit-limit": "5000", "x-ratelimit-remaining": str(gh.rate_remaining),
-                "x-ratelimit-reset": str(int(time.time()) + 3600), **(headers or {})}
-        for k, v in hdrs.items():
-            self.send_header(k, v)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        hdrs = {"x-github-request-id": uuid.uuid4().hex[:16].upper(), "x-ratelimit-limit": "5000",
+                "x-ratelimit-remaining": str(self.gh.rate_remaining), "x-ratelimit-reset": str(int(time.time()) + 3600),
+                **(headers or {})}
+        return self.reply(Reply(status, {"Content-Type": "application/json; charset=utf-8", **hdrs}, data))
 
-    def not_found(self) -> None:
-        self.reply_json(404, {"message": "Not Found", "documentation_url": "https://docs.github.com/rest",
-                              "status": "404"})
+    def not_found(self) -> Reply:
+        return self.reply_json(404, {"message": "Not Found", "documentation_url": "https://docs.github.com/rest",
+                                     "status": "404"})
 
-    def validation(self, code: str, message: str, resource: str, field_: str) -> None:
-        self.reply_json(422, {"message": message, "errors": [{"resource": resource, "code": code, "field": field_}],
-                              "documentation_url": "https://docs.github.com/rest", "status": "422"})
-
-    # ---------------------------------------------------------------------------- dispatch
-
-    def do_GET(self) -> None:
-        self._dispatch("GET")
-
-    def do_POST(self) -> None:
-        self._dispatch("POST")
-
-    def do_PATCH(self) -> None:
-        self._dispatch("PATCH")
-
-    def do_DELETE(self) -> None:
-        self._dispatch("DELETE")
-
-    def _dispatch(self, method: str) -> None:
-        gh = self.server.owner
-        req = Request(self.server.role, method, self.path, {k.lower(): v for k, v in self.headers.items()})
-        with gh.lock:
-            gh.requests.append(req)
-            fault = next((f for f in gh.faults if f.fn(req, self)), None)
-            if fault is not None:
-                if fault.once:
-                    gh.faults.remove(fault)
-                return
-        if req.host == "cdn":
-            self.serve_cdn()
-            return
-        if gh.token is not None and req.headers.get("authorization") != f"Bearer {gh.token}":
-            self.reply_json(401, {"message": "Bad credentials", "documentation_url": "https://docs.github.com/rest"})
-            return
-        with gh.lock:
-            self._api(method, req)
+    def validation(self, code: str, message: str, resource: str, field_: str) -> Reply:
+        return self.reply_json(422, {"message": message, "errors": [{"resource": resource, "code": code, "field": field_}],
+                                     "documentation_url": "https://docs.github.com/rest", "status": "422"})
 
     # -------------------------------------------------------------------------------- API
 
-    def _api(self, method: str, req: Request) -> None:
-        gh = self.server.owner
+    def _api(self, method: str, req: Request) -> Reply:
+        gh = self.gh
         path = urlsplit(self.path).path
         query = parse_qs(urlsplit(self.path).query)
         uploads = path.startswith("/uploads/")
@@ -478,8 +422,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             return self._releases(method, parts[1:])
         return self.not_found()
 
-    def _releases(self, method: str, parts: list[str]) -> None:
-        gh = self.server.owner
+    def _releases(self, method: str, parts: list[str]) -> Reply:
+        gh = self.gh
         if not parts:
             if method == "GET":
                 rels = sorted(gh.releases.values(), key=lambda r: -r.id)
@@ -515,12 +459,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                     rel.assets.remove(a.id)
                 return self.reply_json(204, None)
             if method == "GET":
-                if "application/octet-stream" in self.headers.get("Accept", ""):
-                    self.send_response(302)
-                    self.send_header("Location", f"{gh.cdn_url}/cdn/{a.id}/{a.name}?sig=abc")
-                    self.send_header("Content-Length", "0")
-                    self.end_headers()
-                    return None
+                if "application/octet-stream" in self.headers.get("accept", ""):
+                    return self.reply(Reply(302, {"Location": f"{gh.cdn_url}/cdn/{a.id}/{a.name}?sig=abc"}))
                 return self.reply_json(200, gh.asset_json(a))
             return self.not_found()
         if not parts[0].isdigit() or int(parts[0]) not in gh.releases:
@@ -557,8 +497,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             return self.reply_json(200, [gh.asset_json(gh.assets[i]) for i in rel.assets if i in gh.assets])
         return self.not_found()
 
-    def _upload(self, rel_id: int, name: str) -> None:
-        gh = self.server.owner
+    def _upload(self, rel_id: int, name: str) -> Reply:
+        gh = self.gh
         rel = gh.releases.get(rel_id)
         data = self.read_body()
         if rel is None:
@@ -567,48 +507,25 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             return self.validation("missing_field", "Validation Failed", "ReleaseAsset", "name")
         if any(gh.assets[i].name == name for i in rel.assets if i in gh.assets):
             return self.validation("already_exists", "Validation Failed", "ReleaseAsset", "name")
-        a = gh._add_asset(rel, name, data, content_type=self.headers.get("Content-Type", ""))
+        a = gh._add_asset(rel, name, data, content_type=self.headers.get("content-type", ""))
         return self.reply_json(201, gh.asset_json(a))
 
     # -------------------------------------------------------------------------------- CDN
 
-    def serve_cdn(self, cut: int | None = None, short: int | None = None) -> None:
+    def serve_cdn(self, cut: int | None = None, short: int | None = None) -> Reply:
         """The asset's bytes (from a Range's start): `cut` hangs up after that many of them, the full length
-        announced; `short` serves the asset as if it ended after its first `short` bytes."""
-        gh = self.server.owner
+        announced; `short` serves the asset as if it ended after its first `short` bytes. Paced at the fake's
+        `cdn_rate`."""
+        gh = self.gh
         parts = urlsplit(self.path).path.split("/")
         with gh.lock:
             a = gh.assets.get(int(parts[2])) if len(parts) > 2 and parts[1] == "cdn" and parts[2].isdigit() else None
             body = a.data if a else None
         if body is None:
-            self.send_response(404)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-            return
+            return self.reply(Reply(404))
         etag = f'"{hashlib.sha256(body).hexdigest()[:16]}"'
         if short is not None:
             body = body[:short]
-        start = range_status(self, len(body), etag=etag)
-        if start is None:
-            return
-        self.send_header("Accept-Ranges", "bytes")
-        self.send_header("ETag", etag)
-        self.send_header("Content-Type", "application/octet-stream")
-        self.send_header("Content-Length", str(len(body) - start))
-        self.end_headers()
-        rest = memoryview(body)[start:]
-        if cut is not None:
-            rest = rest[:cut]
-        rate = gh.cdn_rate
-        if rate is None:
-            self.wfile.write(rest)
-        else:  # paced like a real link: at most `rate` bytes per second
-            t0, sent, step = time.monotonic(), 0, 256 << 10
-            while sent < len(rest):
-                self.wfile.write(rest[sent:sent + step])
-                sent += min(step, len(rest) - sent)
-                ahead = t0 + sent / rate - time.monotonic()
-                if ahead > 0:
-                    time.sleep(ahead)
-        self.wfile.flush()
-        self.close_connection = True
+        return self.reply(loopback.ranged(self.request, body, etag=etag,
+                                          headers={"Content-Type": "application/octet-stream"}, cut=cut,
+                                          rate=gh.cdn_rate))

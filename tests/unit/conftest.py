@@ -1,4 +1,5 @@
-"""Unit tests are hermetic: no network beyond loopback, and no build can be started by accident."""
+"""Unit tests are hermetic: no network beyond loopback, and no build can be started by accident. The fixtures
+that several test modules use are here too (their makings are in the helper modules of the tests package)."""
 
 from __future__ import annotations
 
@@ -6,11 +7,17 @@ import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
-# the shared test helpers (tests.bundles, tests.fakegithub) import as a package however pytest is started
+if TYPE_CHECKING:
+    from tests.pefiles import Built
+    from tests.redist import Repo
+
+# the shared test helpers (tests.bundles, tests.probing, ...) import as a package however pytest is started
 _ROOT = str(Path(__file__).resolve().parents[2])
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
@@ -61,3 +68,43 @@ def _loopback_only(real):  # type: ignore[no-untyped-def]
         return real(host, *a, **kw)
 
     return getaddrinfo
+
+
+# ------------------------------------------------------------------------------------ shared fixtures
+
+
+@pytest.fixture(scope="session")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
+    """Real PE files compiled with mingw-w64 (tests/pefiles.py), made once a session."""
+    from tests import pefiles
+
+    return pefiles.build(tmp_path_factory.mktemp("pe"))
+
+
+@pytest.fixture
+def repo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Repo]:
+    """The fake CUDA redist server (tests/redist.py): its archives, their manifest, a cache, served on loopback."""
+    from llamabundle import net
+    from tests import redist
+
+    monkeypatch.setattr(net, "_sleep", lambda s: None)  # retries without waiting
+    with redist.serve_repo(tmp_path) as r:
+        yield r
+
+
+@pytest.fixture
+def cli_repo(repo: Repo, monkeypatch: pytest.MonkeyPatch) -> Repo:
+    """`repo`, named by the environment as a `llamabundle toolkit` command reads it."""
+    monkeypatch.setenv("LLAMABUNDLE_CACHE_DIR", str(repo.cache))
+    monkeypatch.setenv("LLAMABUNDLE_CUDA_REDIST_URL", repo.server.url + "/")
+    return repo
+
+
+@pytest.fixture
+def recipe13(tmp_path: Path) -> Path:
+    """A CUDA 13 recipe whose toolkit is the fake redist one (tests/redist.py's RECIPE_13)."""
+    from tests.redist import RECIPE_13
+
+    p = tmp_path / "linux-x86_64-cuda13.yaml"
+    p.write_text(RECIPE_13)
+    return p

@@ -15,43 +15,9 @@ import pytest
 from clirun import run  # noqa: E402
 
 from llamabundle import bundle, keys
-from llamabundle.cli import cli
 from llamabundle.digest import canonical_json
-from tests import bundles as test_bundles
-
-ROOT = Path(__file__).resolve().parents[2]
-LINUX = ROOT / "recipes" / "linux-x86_64-cpu.yaml"
-WINDOWS = ROOT / "recipes" / "windows-x86_64-cuda12.8.yaml"
-LINUX_KEY = keys.resolve(keys.load(LINUX)).key
-# llama-server is a shell script (not an ELF, so the static check passes) that answers the load check
-# like the real one: a CPU backend loaded from inside the bundle, then the device list.
-SERVER = b"""#!/bin/sh
-echo "load_backend: loaded CPU backend from $(dirname "$0")/libggml-cpu.so" >&2
-echo "Available devices:"
-exit 0
-"""
-FILES = {"llama-server": SERVER, "LICENSE": b"MIT License\n"}
-ROLES = {"llama-server": "exe", "LICENSE": "license"}
-
-
-
-
-def make_bundle_dir(tmp: Path, key: str = LINUX_KEY) -> tuple[Path, dict]:
-    """A bundle of the shipped Linux recipe (its inputs, so its key is the recipe's); another `key` gives a
-    manifest that names that key over the recipe's inputs (a re-keyed bundle)."""
-    stage = tmp / "stage"
-    manifest = test_bundles.write_bundle(stage, FILES, ROLES, name="linux-x86_64-cpu",
-                                         inputs=test_bundles.inputs_of(keys.load(LINUX)), executables=("llama-server",))
-    if key != manifest["key"]:
-        manifest["key"] = key
-        (stage / bundle.MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-    return stage, manifest
-
-
-def make_bundle_zip(tmp: Path, key: str = LINUX_KEY) -> Path:
-    stage, _ = make_bundle_dir(tmp, key)
-    return bundle.pack(stage, tmp / "linux-x86_64-cpu.zip", source_date_epoch=0)
-
+from tests.clibundles import FILES, LINUX, LINUX_KEY, WINDOWS, make_bundle_dir, make_bundle_zip
+from tests.clicontract import all_commands
 
 # --------------------------------------------------------------------------------- recipes / key
 
@@ -320,26 +286,13 @@ def test_usage_errors_exit_2(argv: list[str], needle: str, capsys: pytest.Captur
     assert "Traceback" not in err
 
 
-def _all_commands() -> list[list[str]]:
-    out: list[list[str]] = [[]]
-
-    def walk(group, prefix: list[str]) -> None:  # type: ignore[no-untyped-def]
-        for name, cmd in group.commands.items():
-            out.append([*prefix, name])
-            if hasattr(cmd, "commands"):
-                walk(cmd, [*prefix, name])
-
-    walk(cli, [])
-    return out
-
-
 def test_every_command_is_covered_by_the_help_test() -> None:
-    names = {" ".join(c) for c in _all_commands()}
+    names = {" ".join(c) for c in all_commands()}
     assert {"", "recipe", "recipe lint", "recipe schema", "show", "key", "check", "build", "fetch", "verify",
             "publish"} <= names
 
 
-@pytest.mark.parametrize("cmd", _all_commands(), ids=lambda c: " ".join(c) or "top")
+@pytest.mark.parametrize("cmd", all_commands(), ids=lambda c: " ".join(c) or "top")
 def test_help_of_every_command(cmd: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, *cmd, "--help")
     assert code == 0

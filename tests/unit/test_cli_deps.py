@@ -10,13 +10,14 @@ from pathlib import Path
 
 import pytest
 from clirun import run
-from test_pe import CC, MINGW_OMP, Built, as_i386, built, make_dir  # noqa: F401  (session fixture)
+
+from tests.pefiles import CC, MINGW_OMP, Built, as_i386, make_dir
 
 needs_mingw = pytest.mark.skipif(shutil.which(CC) is None, reason=f"{CC} (mingw-w64) is needed to build real PE files")
 
 
 @needs_mingw
-def test_deps_prints_each_class_and_where(built: Built, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:  # noqa: F811  (fixture)
+def test_deps_prints_each_class_and_where(built: Built, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     d = make_dir(tmp_path, built, "app.exe", "cudart64_12.dll")
     code, out, err = run(capsys, "deps", d / "app.exe")
     assert code == 0, err
@@ -29,7 +30,7 @@ def test_deps_prints_each_class_and_where(built: Built, tmp_path: Path, capsys: 
 
 
 @needs_mingw
-def test_deps_json_names_the_missing_dll_and_its_importer(built: Built, tmp_path: Path,  # noqa: F811  (fixture)
+def test_deps_json_names_the_missing_dll_and_its_importer(built: Built, tmp_path: Path,
                                                           capsys: pytest.CaptureFixture[str]) -> None:
     d = make_dir(tmp_path, built, "app.exe", "lazy.exe")
     code, out, err = run(capsys, "deps", "--json", d / "app.exe", d / "lazy.exe")
@@ -47,7 +48,7 @@ def test_deps_json_names_the_missing_dll_and_its_importer(built: Built, tmp_path
 
 
 @needs_mingw
-def test_deps_search_dirs_find_the_mingw_runtime(built: Built, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:  # noqa: F811  (fixture)
+def test_deps_search_dirs_find_the_mingw_runtime(built: Built, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     d = make_dir(tmp_path, built, "ggml-cpu-haswell.dll")
     args = [a for m in built.mingw for a in ("--search", m)]
     code, out, err = run(capsys, "deps", "--json", *args, d / "ggml-cpu-haswell.dll")
@@ -59,7 +60,7 @@ def test_deps_search_dirs_find_the_mingw_runtime(built: Built, tmp_path: Path, c
 
 
 @needs_mingw
-def test_deps_refuses_bad_input(built: Built, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:  # noqa: F811  (fixture)
+def test_deps_refuses_bad_input(built: Built, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     d = make_dir(tmp_path, built, "app.exe")
     (d / "notes.txt").write_text("hello\n")
     code, _, err = run(capsys, "deps", d / "app.exe", d / "notes.txt")

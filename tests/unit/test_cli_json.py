@@ -14,7 +14,6 @@ import os
 import re
 import shutil
 import zipfile
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -22,11 +21,6 @@ import click
 import jsonschema
 import pytest
 from clirun import run
-from test_cli import LINUX, LINUX_KEY, WINDOWS, make_bundle_dir, make_bundle_zip
-from test_probe import OLD, fake_smi
-from test_probe import publish as publish_cuda
-from test_toolkit_cli import RECIPE_13, cli_repo, recipe13  # noqa: F401  (fixtures)
-from test_toolkit_redist import Repo, repo  # noqa: F401  (fixture)
 
 from llamabundle import bundle, keys
 from llamabundle.cli import cli
@@ -34,19 +28,13 @@ from llamabundle.cli.output import wants_json
 from llamabundle.errors import UsageError
 from llamabundle.runtime.results import parse_utc_timestamp, utc_timestamp
 from llamabundle.settings import Settings
+from tests.clibundles import LINUX, LINUX_KEY, WINDOWS, make_bundle_dir, make_bundle_zip
+from tests.clicontract import SCHEMAS, schema, valid
+from tests.probing import OLD, fake_smi
+from tests.probing import publish as publish_cuda
+from tests.redist import Repo
 
-SCHEMAS = resources.files("llamabundle.data") / "schemas"
 ISO = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z$")
-
-
-def schema(name: str) -> dict[str, Any]:
-    return json.loads((SCHEMAS / f"{name}.schema.json").read_text(encoding="utf-8"))
-
-
-def valid(name: str, obj: Any) -> Any:
-    """obj, validated against schemas/<name>.schema.json."""
-    jsonschema.Draft202012Validator(schema(name)).validate(obj)
-    return obj
 
 
 def json_of(capsys: pytest.CaptureFixture[str], name: str, *argv: object, code: int = 0) -> dict[str, Any]:
@@ -281,7 +269,7 @@ def test_install_if_needed_is_a_probe_result(tmp_path: Path, monkeypatch: pytest
 
 def test_install_if_needed_takes_the_pin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                          capsys: pytest.CaptureFixture[str]) -> None:
-    from test_probe import H200
+    from tests.probing import H200
 
     fake_smi(tmp_path / "bin", H200)
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:/usr/bin:/bin")  # an NVIDIA GPU, no bundle: it would install
@@ -311,7 +299,7 @@ def test_timestamps_are_iso_8601_utc() -> None:
 
 
 def test_plan(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from test_offload import write
+    from tests.ggufs import write
 
     model = write(tmp_path / "m.gguf")
     data = json_of(capsys, "plan", "plan", model, "--free-vram", "24GiB")
@@ -329,7 +317,7 @@ def test_toolkit_plan_of_each_source(capsys: pytest.CaptureFixture[str]) -> None
     assert installer["source"] == "installer" and installer["installer"]["file"].endswith(".exe")
 
 
-def test_toolkit_install(cli_repo: Repo, recipe13: Path, capsys: pytest.CaptureFixture[str]) -> None:  # noqa: F811
+def test_toolkit_install(cli_repo: Repo, recipe13: Path, capsys: pytest.CaptureFixture[str]) -> None:
     data = json_of(capsys, "toolkit-install", "toolkit", "install", recipe13, "--manifest", cli_repo.manifest_path)
     assert data["reused"] is False and data["toolkit"] == "13.0.2"
 

@@ -9,7 +9,6 @@ import random
 from pathlib import Path
 
 import pytest
-from test_recipe import WINDOWS, WINDOWS_PATH, edit, line_of
 
 from llamabundle import bundle, keys
 from llamabundle.backends.cuda import CUDA, companions
@@ -20,8 +19,9 @@ from llamabundle.platforms.linux import LINUX
 from llamabundle.platforms.windows import WINDOWS as WINDOWS_PLATFORM
 from llamabundle.recipe import Recipe
 from tests import bundles as test_bundles
+from tests.recipes import WINDOWS, WINDOWS_PATH, edit, line_of
 
-LINUX_PATH = WINDOWS_PATH.parent / "linux-x86_64-cuda13.0.yaml"  # (test_recipe's LINUX_PATH is the CPU recipe)
+LINUX_PATH = WINDOWS_PATH.parent / "linux-x86_64-cuda13.0.yaml"  # (tests.recipes' LINUX_PATH is the CPU recipe)
 LIBRARIES_LINE = ("  libraries: [nvJitLink_120_0.dll, nvfatbin_120_0.dll]     "
                   "# shipped although nothing names them (the seed's seven)")
 assert line_of(WINDOWS, LIBRARIES_LINE) and LIBRARIES_LINE + "\n" in WINDOWS  # the whole line, as written

@@ -6,10 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from test_probe import H200, NAME, OLD, cli, fake_smi, installed, run_probe
-
 from llamabundle.reasons import Reason
 from llamabundle.runtime.doctor import diagnose
+from tests.probing import H200, NAME, OLD, cli, fake_smi, installed, run_probe
 
 
 def test_doctor_names_the_old_driver_and_the_fix(tmp_path: Path) -> None:

@@ -12,8 +12,6 @@ from pathlib import Path
 
 import pytest
 from clirun import run
-from test_cli_json import valid
-from test_offload import write
 
 from llamabundle.data import MEMORY_PROGRAM as PROGRAM
 from llamabundle.errors import UsageError
@@ -30,6 +28,8 @@ from llamabundle.runtime.gguf_model import MiB, read_model
 from llamabundle.runtime.offload import LLAMA_CPP, plan_for_app, plan_offload
 from llamabundle.runtime.server_args import parse_server_args
 from tests.bundles import write_bundle
+from tests.clicontract import valid
+from tests.ggufs import write
 
 # What the pinned llamabundle-memory printed on lavapipe (m8.gguf, -ngl 4 -c 4096): common_fit_print's table.
 REAL_TABLE = "Vulkan0 73 48 30 \nHost 716 80 10 \n"

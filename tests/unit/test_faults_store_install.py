@@ -18,8 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_install import plant, rebundle, recipe_bundle, slot_entries
-from test_probe import NAME, QUIET, REPO, cli, make_stage, make_zip, publish, wait_for
 
 from llamabundle import bundle
 from llamabundle.bundle.manifest import Manifest
@@ -32,6 +30,8 @@ from llamabundle.runtime.install import (
     list_installed,
 )
 from llamabundle.store.local import PUBLISH_PREFIX, LocalStore
+from tests.installs import plant, rebundle, recipe_bundle, slot_entries
+from tests.probing import NAME, QUIET, REPO, cli, make_stage, make_zip, publish, wait_for
 
 LINUX = REPO / "recipes" / "linux-x86_64-cpu.yaml"
 
@@ -42,7 +42,7 @@ def env(tmp_path: Path) -> dict[str, str]:
 
 
 def start(*args: str, env: dict[str, str]) -> subprocess.Popen[str]:
-    """`llamabundle ARGS` started in its own process, as test_probe.cli runs it (without waiting)."""
+    """`llamabundle ARGS` started in its own process, as tests.probing.cli runs it (without waiting)."""
     return subprocess.Popen([sys.executable, "-m", "llamabundle", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, cwd=REPO, env={**env, "PYTHONPATH": str(REPO), "NO_COLOR": "1"})
 
@@ -69,7 +69,7 @@ def clean(text: str) -> None:
 
 
 def big_zip(tmp: Path, size: int = 2 << 20, **kw: Any) -> tuple[Path, Manifest]:
-    """test_probe's bundle with an incompressible member of `size` bytes, so that the zip is that large too."""
+    """tests.probing's bundle with an incompressible member of `size` bytes, so that the zip is that large too."""
     stage, m = make_stage(tmp, **kw)
     m = rebundle(stage, m, extra={"libbig.so": os.urandom(size)})
     return bundle.pack(stage, tmp / f"{m.name}-{m.key[:12]}-big.zip", source_date_epoch=0), m

@@ -14,18 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_probe import (
-    COMMIT,
-    NAME,
-    QUIET,
-    REPO,
-    SERVERS,
-    cli,
-    make_stage,
-    make_zip,
-    publish,
-    wait_for,
-)
 
 from llamabundle import bundle, keys
 from llamabundle.bundle.manifest import Manifest
@@ -42,47 +30,26 @@ from llamabundle.runtime.install import (
     uninstall,
 )
 from llamabundle.settings import Settings
-from llamabundle.store.local import SUMS, LocalStore
-from tests import bundles as tb
+from llamabundle.store.local import LocalStore
+from tests.installs import plant, recipe_bundle, slot_entries
+from tests.probing import (
+    COMMIT,
+    NAME,
+    QUIET,
+    REPO,
+    SERVERS,
+    cli,
+    make_stage,
+    make_zip,
+    publish,
+    wait_for,
+)
 
 POINTS = ["downloaded", "extracted", "verified", "swapping", "swapped"]
 
 
-def rebundle(stage: Path, m: Manifest, *, extra: dict[str, bytes] | None = None, **fields: Any) -> Manifest:
-    """test_probe's bundle in `stage` with more files (role runtime) and manifest fields changed, its manifest
-    written again (a key given in `fields` must be the sha256 of the inputs, as write_manifest checks nothing)."""
-    roles = {f.path: f.role for f in m.files}
-    for rel, data in (extra or {}).items():
-        (stage / rel).write_bytes(data)
-        roles[rel] = "runtime"
-    base = {k: v for k, v in m.to_json().items() if k not in ("format", "tool")}
-    return bundle.write_manifest(stage, {**base, **fields, "files": bundle.file_entries(stage, roles)})
-
-
-def recipe_bundle(tmp: Path, recipe_path: Path) -> tuple[Path, Manifest]:
-    """A CPU bundle of a shipped recipe: its key is the one `llamabundle key RECIPE` prints."""
-    recipe = keys.load(recipe_path)
-    stage, m = make_stage(tmp, name=recipe.name, backends=("cpu",), commit=recipe.llama_cpp.commit)
-    m = rebundle(stage, m, key=keys.resolve(recipe).key, inputs=tb.inputs_of(recipe))
-    return bundle.pack(stage, tmp / f"{recipe.name}.zip", source_date_epoch=0), m
-
-
-def plant(store_root: Path, key: str, zip_path: Path, manifest: bytes | str) -> Path:
-    """A store entry written by hand, as a tampering hand or another tool would: anything under any key."""
-    d = store_root / key
-    d.mkdir(parents=True, exist_ok=True)
-    (d / zip_path.name).write_bytes(zip_path.read_bytes())
-    (d / SUMS).write_text(f"{bundle.sha256_file(zip_path)}  {zip_path.name}\n", encoding="utf-8")
-    (d / bundle.MANIFEST).write_bytes(manifest.encode() if isinstance(manifest, str) else manifest)
-    return d
-
-
 def tree(root: Path) -> list[str]:
     return sorted(str(p.relative_to(root)) for p in root.rglob("*")) if root.exists() else []
-
-
-def slot_entries(root: Path, name: str = NAME) -> list[str]:
-    return sorted(p.name for p in (root / BUNDLES / name).iterdir())
 
 
 @pytest.fixture()

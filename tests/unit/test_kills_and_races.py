@@ -230,10 +230,9 @@ def test_a_cache_on_a_full_disk_names_the_cache(tmp_path: Path, tmpfs) -> None: 
 
 
 def _github_with_the_linux_bundle(tmp: Path):  # type: ignore[no-untyped-def]
-    from test_store_github import REPO, TOKEN
-
     from llamabundle.store.github import GitHubStore
     from tests.fakegithub import FakeGitHub
+    from tests.ghstore import REPO, TOKEN
 
     zip_path, key = linux_bundle(tmp)
     recipe = keys.load(LINUX)

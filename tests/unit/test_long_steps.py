@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.test_proc import alive
-from tests.unit.test_source import FILES, make_repo
+from tests.gitsources import FILES, make_repo
+from tests.processes import alive
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32" or shutil.which("g++") is None,
                                 reason="POSIX signals and a host g++ for the compiler check")

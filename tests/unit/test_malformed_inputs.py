@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 from clirun import run
-from test_cli import _all_commands
 
 from llamabundle import bundle, keys
 from tests import bundles as tb
+from tests.clicontract import all_commands
 
 ROOT = Path(__file__).resolve().parents[2]
 LINUX = ROOT / "recipes" / "linux-x86_64-cpu.yaml"
@@ -256,5 +256,5 @@ def test_other_malformed_inputs(tmp_path: Path, argv: list[str], code: int, text
 def test_the_walk_covers_every_command() -> None:
     walked = {" ".join(a[:2]) if a[0] in ("recipe", "toolkit") else a[0]
               for a in [*RECIPE_COMMANDS, *BUNDLE_COMMANDS, *STORE_COMMANDS, *(o[0] for o in OTHER)]}
-    commands = {" ".join(c) for c in _all_commands() if c and not (len(c) == 1 and c[0] in ("recipe", "toolkit"))}
+    commands = {" ".join(c) for c in all_commands() if c and not (len(c) == 1 and c[0] in ("recipe", "toolkit"))}
     assert commands - walked == set(), "add malformed inputs for these commands"

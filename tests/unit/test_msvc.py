@@ -5,7 +5,6 @@ _MSC_VER check against what each CUDA's host_config.h accepts."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import shutil
 import subprocess
@@ -14,40 +13,16 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pytest
-from test_pe import CC, Built, built  # noqa: F401  (session fixture: real PE files made with mingw)
 
 from llamabundle.deps.pe import DllClass, resolve_closure
 from llamabundle.errors import RecipeError, ToolchainError
 from llamabundle.log import Log
 from llamabundle.platforms.windows import msvc
 from llamabundle.platforms.windows.msvc import Toolset, VsInstance
+from tests.pefiles import CC, Built
+from tests.vstrees import PLACEHOLDER, make_vs, recorded
 
-RECORDED = Path(__file__).resolve().parents[1] / "data" / "vswhere"
-CRT = ("concrt140.dll", "msvcp140.dll", "msvcp140_1.dll", "msvcp140_2.dll", "msvcp140_atomic_wait.dll",
-       "msvcp140_codecvt_ids.dll", "vccorlib140.dll", "vcruntime140.dll", "vcruntime140_1.dll")
 BANNER = "Microsoft (R) C/C++ Optimizing Compiler Version 19.44.35207.1 for x64\nCopyright (C) Microsoft Corporation.  All rights reserved.\n"
-PLACEHOLDER = b"MZ placeholder: the redist file's bytes do not matter here"
-
-
-def make_vs(root: Path, *, tools: Sequence[str] = ("14.44.35207",), default: str | None = None,
-            redist: str = "14.44.35112", crt_dir: str = "Microsoft.VC143.CRT", dll: bytes = PLACEHOLDER) -> Path:
-    """A Visual Studio installation as the installer lays it out (only the parts llamabundle reads)."""
-    build = root / "VC" / "Auxiliary" / "Build"
-    build.mkdir(parents=True)
-    (build / "vcvars64.bat").write_text('@call "%~dp0vcvarsall.bat" x64 %*\r\n')
-    (build / "Microsoft.VCToolsVersion.default.txt").write_text((default or tools[-1]) + "\r\n", encoding="utf-8-sig")
-    (build / "Microsoft.VCRedistVersion.default.txt").write_text(redist + "\r\n")
-    for t in tools:
-        (root / "VC" / "Tools" / "MSVC" / t / "bin" / "Hostx64" / "x64").mkdir(parents=True)
-    r = root / "VC" / "Redist" / "MSVC" / redist
-    for rel, names in {f"x64/{crt_dir}": CRT, f"x64/{crt_dir[:-4]}.OpenMP": ("vcomp140.dll",),
-                       f"debug_nonredist/x64/{crt_dir[:-4]}.OpenMP.LLVM": ("libomp140.x86_64.dll",),
-                       f"debug_nonredist/x64/{crt_dir[:-4]}.DebugCRT": ("msvcp140d.dll", "vcruntime140d.dll"),
-                       f"onecore/x64/{crt_dir}": CRT, f"onecore/x64/{crt_dir[:-4]}.OpenMP": ("vcomp140.dll",)}.items():
-        (r / rel).mkdir(parents=True)
-        for n in names:
-            (r / rel / n).write_bytes(dll)
-    return root
 
 
 class FakeRunner:
@@ -60,15 +35,6 @@ class FakeRunner:
     def __call__(self, argv: Sequence[str], env: Mapping[str, str]) -> str:
         self.calls.append((list(argv), dict(env)))
         return self.replies[Path(argv[0]).stem.replace(".", "_")]
-
-
-def recorded(name: str, trees: Mapping[str, Path] = {}) -> str:
-    """A recording, with each installationPath pointed at the tree made for its instanceId."""
-    items = json.loads((RECORDED / name).read_text(encoding="utf-8"))
-    for i in items:
-        if i["instanceId"] in trees:
-            i["installationPath"] = str(trees[i["instanceId"]])
-    return json.dumps(items, indent=2)
 
 
 def installer(tmp: Path) -> dict[str, str]:
@@ -369,7 +335,7 @@ def test_vs2026_redist_folders_are_found_too(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(shutil.which(CC) is None, reason=f"{CC} (mingw-w64) is needed to build real PE files")
-def test_the_pe_closure_finds_the_msvc_runtime_in_the_redist(built: Built, tmp_path: Path) -> None:  # noqa: F811
+def test_the_pe_closure_finds_the_msvc_runtime_in_the_redist(built: Built, tmp_path: Path) -> None:
     dll = (built / "cudart64_12.dll").read_bytes()  # a real x64 DLL stands in for each redist file
     ts = _toolset(tmp_path, dll=dll)
     onecore = ts.redist_dir / "onecore" / "x64" / "Microsoft.VC143.CRT" / "msvcp140.dll"

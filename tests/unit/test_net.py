@@ -1,12 +1,11 @@
-"""net.download against a real http.server on loopback: resume (Range/If-Range), retries, size and sha256
-checks, redirects that must not carry the token, the .part left for the next run, and concurrent downloads
-of one file taking turns on its lock."""
+"""net.download against a real HTTP server on loopback (tests/loopback.py): resume (Range/If-Range), retries,
+size and sha256 checks, redirects that must not carry the token, the .part left for the next run, and
+concurrent downloads of one file taking turns on its lock."""
 
 from __future__ import annotations
 
 import gzip
 import hashlib
-import http.server
 import io
 import json
 import socket
@@ -22,92 +21,49 @@ from rich.console import Console
 from llamabundle import net
 from llamabundle.errors import StoreError, ToolchainError, VerifyError
 from llamabundle.log import Log, ProgressHandle
-from tests.fakegithub import range_status
+from tests.loopback import Loopback, Reply, Request, ranged
 
 BODY = bytes(range(256)) * 12_289  # 3 MiB + 256 bytes: more than one 1 MiB chunk
 SHA = hashlib.sha256(BODY).hexdigest()
 ETAG = '"v1"'
 
-Reply = Callable[["Handler"], None]
-
-
-class Handler(http.server.BaseHTTPRequestHandler):
-    server: _HTTPServer
-
-    def do_GET(self) -> None:
-        srv = self.server.owner
-        srv.seen.append({"path": self.path, **{k.lower(): v for k, v in self.headers.items()}})
-        reply = srv.replies.pop(0) if srv.replies else srv.default
-        reply(self)
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
-class _HTTPServer(http.server.ThreadingHTTPServer):
-    owner: Server
-    daemon_threads = True
-
-    def handle_error(self, request: object, client_address: object) -> None:
-        pass  # the client hanging up on purpose (an aborted download) is no error here
+Answer = Callable[[Request], Reply]
 
 
 class Server:
-    """A loopback HTTP server: `replies` are used once each, in order, then `default` for every request."""
+    """A tests/loopback.py server: `replies` are used once each, in order, then `default` for every request;
+    `seen` holds each request's path and (lower-case) headers."""
 
     def __init__(self, host: str = "127.0.0.1") -> None:
-        self.seen: list[dict[str, str]] = []
-        self.replies: list[Reply] = []
-        self.default: Reply = serve()
-        self.httpd = _HTTPServer((host, 0), Handler)
-        self.httpd.owner = self
-        self.url = f"http://{host}:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True)
-        self.thread.start()
+        self.replies: list[Answer] = []
+        self.default: Answer = serve()
+        self.loop = Loopback(self._answer, host=host).start()
+        self.url = self.loop.url
+
+    def _answer(self, req: Request) -> Reply:
+        answer = self.replies.pop(0) if self.replies else self.default
+        return answer(req)
 
     def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self.loop.close()
+
+    @property
+    def seen(self) -> list[dict[str, str]]:
+        return [{"path": r.path, **r.headers} for r in self.loop.requests]
 
     def ranges(self) -> list[str | None]:
         return [s.get("range") for s in self.seen]
 
 
 def serve(body: bytes = BODY, *, etag: str | None = ETAG, ranges: bool = True, cut: int | None = None,
-          length: bool = True, headers: dict[str, str] | None = None) -> Reply:
+          length: bool = True, headers: dict[str, str] | None = None) -> Answer:
     """A file server: honours Range (with If-Range against `etag`) when `ranges`; `cut` hangs up after
     that many body bytes while announcing the full Content-Length; `length=False` sends no Content-Length."""
-
-    def reply(h: Handler) -> None:
-        start = range_status(h, len(body), etag=etag, ranges=ranges)
-        if start is None:
-            return
-        if ranges:
-            h.send_header("Accept-Ranges", "bytes")
-        if etag:
-            h.send_header("ETag", etag)
-        for k, v in (headers or {}).items():
-            h.send_header(k, v)
-        if length:
-            h.send_header("Content-Length", str(len(body) - start))
-        h.end_headers()
-        rest = body[start:]
-        h.wfile.write(rest if cut is None else rest[:cut])
-        h.wfile.flush()
-        h.close_connection = True
-
-    return reply
+    return lambda req: ranged(req, body, etag=etag, ranges=ranges, headers=headers, cut=cut, length=length)
 
 
-def status(code: int, headers: dict[str, str] | None = None) -> Reply:
-    def reply(h: Handler) -> None:
-        h.send_response(code)
-        for k, v in (headers or {}).items():
-            h.send_header(k, v)
-        h.send_header("Content-Length", "0")
-        h.end_headers()
-
-    return reply
+def status(code: int, headers: dict[str, str] | None = None) -> Answer:
+    return lambda req: Reply(code, headers or {})
 
 
 @pytest.fixture
@@ -227,17 +183,17 @@ def test_more_bytes_than_size_announced_aborts_before_reading(tmp_path: Path, se
 def test_more_bytes_than_size_streamed_aborts_at_once(tmp_path: Path, server: Server) -> None:
     sent: list[int] = []
 
-    def endless(h: Handler) -> None:  # no Content-Length: 64 MiB unless the client hangs up first
-        h.send_response(200)
-        h.end_headers()
-        n = 0
-        try:
-            for _ in range(256):
-                h.wfile.write(b"\xff" * (1 << 18))
-                n += 1 << 18
-        except OSError:
-            pass
-        sent.append(n)
+    def endless(req: Request) -> Reply:  # no Content-Length: 64 MiB unless the client hangs up first
+        def chunks() -> Iterator[bytes]:
+            n = 0
+            try:
+                for _ in range(256):
+                    yield b"\xff" * (1 << 18)  # the harness stops asking once a write fails
+                    n += 1 << 18
+            finally:
+                sent.append(n)
+
+        return Reply(200, body=chunks())
 
     server.default = endless
     dest = tmp_path / "f"

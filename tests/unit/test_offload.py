@@ -4,11 +4,9 @@ refusal, size parsing, llama.cpp log parsing, the bench's server runner and `lla
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import stat
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 from clirun import run  # noqa: E402
@@ -25,32 +23,17 @@ from llamabundle.runtime.offload import (
     plan_offload,
 )
 from llamabundle.runtime.server_args import parse_buffer_log
+from tests.ggufs import NONE, bench, write
 
 ROOT = Path(__file__).resolve().parents[2]
-NONE = Headroom(percent=0, fixed=0)
 
 
-def _bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("offload_compare", ROOT / "bench" / "offload_compare.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-bench = _bench()
 # The small dense model: 4 blocks, n_embd 64, 4 heads of 16, 2 KV heads, n_ff 128, 300 tokens, all f16
 # but the f32 norms. Bytes by hand: q, o 64*64*2; k, v 32*64*2; gate, up, down 128*64*2; 2 norms 64*4.
 LAYER = 2 * 8192 + 2 * 4096 + 3 * 16384 + 2 * 256
 EMBD = 300 * 64 * 2
 OUTPUT = EMBD + 256  # output.weight + output_norm
 KV_CELL = 2 * 16 * 2 * 2  # per block and KV cell: 2 heads x 16 dims x (K + V) x f16
-
-
-def write(path: Path, **kw: object) -> Path:
-    args: dict[str, object] = {"n_layer": 4, "n_embd": 64, "n_head": 4, "n_head_kv": 2, "n_ff": 128, "n_vocab": 300,
-                               "n_ctx_train": 32768}
-    return bench.write_synthetic(path, **{**args, **kw})
 
 
 @pytest.fixture(scope="module")
@@ -294,8 +277,6 @@ def test_bench_runner_stops_the_server_once_the_model_is_loaded(tmp_path: Path) 
     assert "-ngl 3 -c 1024 -np 2 -fa off" in log
     assert "--fit off" in log and "--verbose" in log
     assert parse_buffer_log(log).gpu("model") == 10 * MiB
-
-
 
 
 def test_cli_plan_json_and_text(capsys: pytest.CaptureFixture[str], moe: Path) -> None:

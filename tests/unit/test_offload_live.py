@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 from clirun import run
-from test_cli_json import valid
-from test_offload import NONE, write
 
 from llamabundle.errors import UsageError
 from llamabundle.gpus import read_memory
 from llamabundle.runtime.gguf_model import MiB, ModelInfo, TensorInfo, read_model
 from llamabundle.runtime.offload import estimate, launch_args, plan_for_app, query_free_vram
 from llamabundle.runtime.server_args import ALL_LAYERS, parse_server_args
+from tests.clicontract import valid
+from tests.ggufs import NONE, write
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -8,11 +8,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from test_probe import H200, OLD, fake_smi, make_stage, run_probe
 
 from llamabundle.backends import vulkan
 from llamabundle.reasons import Chosen, Reason
 from llamabundle.runtime.probe import pair_devices
+from tests.probing import H200, OLD, fake_smi, make_stage, run_probe
 
 ALL = ("cpu", "cuda", "vulkan")
 

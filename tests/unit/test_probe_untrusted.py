@@ -12,14 +12,14 @@ import time
 from pathlib import Path
 
 import pytest
-import test_probe
-from test_probe import H200, OLD, SLEEP, fake_smi, installed, make_stage, run_probe
 
 from llamabundle.gpus import is_driver_version, parse_nvidia_smi, parse_proc_version, read_nvidia_smi
 from llamabundle.platforms import load as platform_load
 from llamabundle.reasons import Reason
 from llamabundle.runtime.doctor import diagnose
 from llamabundle.scratch import start_time
+from tests import probing
+from tests.probing import H200, OLD, SLEEP, fake_smi, installed, make_stage, run_probe
 
 
 @pytest.fixture()
@@ -184,7 +184,7 @@ def test_an_nvidia_smi_that_exits_leaves_no_child_either(tmp_path: Path, env: di
 def test_a_hanging_llama_server_is_stopped_with_its_child(tmp_path: Path, env: dict[str, str],
                                                           monkeypatch: pytest.MonkeyPatch, how: str) -> None:
     pidfile = tmp_path / "server-child.pid"
-    monkeypatch.setitem(test_probe.SERVERS, "hang_with_child",
+    monkeypatch.setitem(probing.SERVERS, "hang_with_child",
                         ("#!/bin/sh\n" + HANGS[how].format(sleep=SLEEP, pidfile=shlex.quote(str(pidfile)))).encode())
     monkeypatch.setattr(platform_load, "LOAD_TIMEOUT", 1)
     stage, _m = make_stage(tmp_path, server="hang_with_child")

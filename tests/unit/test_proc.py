@@ -18,6 +18,7 @@ from rich.console import Console
 from llamabundle import proc
 from llamabundle.errors import BuildError, SourceError, ToolchainError
 from llamabundle.log import Log
+from tests.processes import alive
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX process groups")
 
@@ -25,27 +26,6 @@ pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX process g
 def plain_log() -> tuple[Log, io.StringIO]:
     buf = io.StringIO()
     return Log(console=Console(file=buf, width=80, highlight=False, color_system=None)), buf
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie has exited (PID 1 of a container may never reap it)
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
-def alive(pid: int) -> bool:
-    """Still running after the signals sent to it have had a moment to land."""
-    for _ in range(500):  # up to 10 s: a loaded 2-core machine can be slow to deliver and reap
-        if not _alive(pid):
-            return False
-        time.sleep(0.02)
-    return True
 
 
 def script(tmp: Path, body: str) -> list[str]:

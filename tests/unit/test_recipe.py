@@ -15,31 +15,13 @@ from llamabundle import keys
 from llamabundle.errors import RecipeError
 from llamabundle.recipe import MAX_RECIPE_BYTES, GithubSource, PypiSource
 from llamabundle.recipe.schema import json_schema
+from tests.recipes import LINUX, LINUX_PATH, WINDOWS, WINDOWS_PATH, edit, line_of
 
-ROOT = Path(__file__).resolve().parents[2]
-RECIPES = ROOT / "recipes"
-LINUX_PATH = RECIPES / "linux-x86_64-cpu.yaml"
-WINDOWS_PATH = RECIPES / "windows-x86_64-cuda12.8.yaml"
-LINUX = LINUX_PATH.read_text(encoding="utf-8")
-WINDOWS = WINDOWS_PATH.read_text(encoding="utf-8")
 BASES = {"L": (LINUX, "linux.yaml"), "W": (WINDOWS, "windows.yaml")}
 SCHEMA_FILE = Path(recipe_mod.__file__).parents[1] / "data" / "recipe.schema.json"
 
 COMMIT = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"
 WHERE = re.compile(r"^(?P<file>[^:]+):(?P<line>\d+):(?P<col>\d+): (?P<path>\S+): (?P<msg>.*)$", re.S)
-
-
-def edit(text: str, old: str, new: str) -> str:
-    """Replace exactly one occurrence of `old` (so each broken recipe is one small, checked edit)."""
-    assert text.count(old) == 1, f"{old!r} occurs {text.count(old)} times"
-    return text.replace(old, new)
-
-
-def line_of(text: str, needle: str) -> int:
-    """1-based line of the only line containing `needle`."""
-    hits = [i for i, line in enumerate(text.splitlines(), 1) if needle in line]
-    assert len(hits) == 1, f"{needle!r} on lines {hits}"
-    return hits[0]
 
 
 def fails(text: str, file: str = "r.yaml") -> RecipeError:

@@ -21,7 +21,8 @@ from typing import Any
 
 import jsonschema
 import pytest
-from test_msvc import make_vs, recorded
+
+from tests.vstrees import make_vs, recorded
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = "recipes/windows-x86_64-cuda12.8.yaml"

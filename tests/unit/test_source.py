@@ -5,127 +5,66 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import http.server
 import io
 import json
-import os
 import shutil
 import socket
 import subprocess
 import tarfile
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from rich.console import Console
 
-from llamabundle import keys
 from llamabundle.errors import SourceError, VerifyError
-from llamabundle.log import Log
 from llamabundle.recipe import Recipe
 from llamabundle.settings import Settings
 from llamabundle.source import MARKER, SourceMismatch, cached_source, fetch_source
 from llamabundle.source.github import archive_commit
 from tests.fakeindex import FakeIndex
+from tests.gitsources import (
+    FILES,
+    GIT_ENV,
+    commit_all,
+    git,
+    git_archive,
+    make_repo,
+    quiet_log,
+    settings_for,
+    tree_files,
+    write_files,
+    write_recipe,
+)
+from tests.loopback import Loopback, Reply, Request, static
 
-COMMIT_TIME = 1704067200  # GIT_COMMITTER_DATE below, as unix time
-
-GIT_ENV = {
-    **os.environ,
-    "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1",
-    "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.invalid",
-    "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.invalid",
-    "GIT_AUTHOR_DATE": "2024-01-01T00:00:00Z", "GIT_COMMITTER_DATE": "2024-01-01T00:00:00Z",
-}
-FILES = {
-    "CMakeLists.txt": b"cmake_minimum_required(VERSION 3.14)\nproject(llama.cpp)\n",
-    "LICENSE": b"MIT License\n",
-    "src/llama.cpp": b"int llama(void) { return 1; }\n",
-    "ggml/include/ggml.h": b"#pragma once\n",
-}
+COMMIT_TIME = 1704067200  # the GIT_COMMITTER_DATE of tests/gitsources.py, as unix time
 
 
 # ------------------------------------------------------------------------------------ helpers
 
 
-def git(*args: str, cwd: Path) -> str:
-    return subprocess.run(["git", *args], cwd=cwd, env=GIT_ENV, check=True, capture_output=True, text=True).stdout.strip()
-
-
-def write_files(root: Path, files: dict[str, bytes]) -> None:
-    for rel, data in files.items():
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_bytes(data)
-
-
-def commit_all(repo: Path, message: str) -> str:
-    git("add", "-A", cwd=repo)
-    git("commit", "-q", "-m", message, cwd=repo)
-    return git("rev-parse", "HEAD", cwd=repo)
-
-
-def make_repo(path: Path, files: dict[str, bytes] = FILES) -> str:
-    path.mkdir(parents=True)
-    git("init", "-q", cwd=path)
-    write_files(path, files)
-    return commit_all(path, "first")
-
-
-def git_archive(repo: Path, sha: str) -> bytes:
-    return subprocess.run(["git", "archive", "--format=tar.gz", f"--prefix=llama.cpp-{sha}/", sha], cwd=repo,
-                          env=GIT_ENV, check=True, capture_output=True).stdout
-
-
-def tree_files(root: Path) -> dict[str, bytes]:
-    out = {}
-    for dirpath, _dirs, names in os.walk(root):
-        for n in names:
-            p = Path(dirpath) / n
-            out[p.relative_to(root).as_posix()] = p.read_bytes()
-    return out
-
-
 class Server:
-    """http.server on 127.0.0.1 in a thread; serves `routes` and records every path asked for."""
+    """A tests/loopback.py server of `routes` (path -> bytes, as application/x-gzip) that records every path
+    asked for; a path in `truncated` promises 1000 bytes more than it holds, sends half of it and hangs up."""
 
     def __init__(self) -> None:
         self.routes: dict[str, bytes] = {}
-        self.requests: list[str] = []
         self.truncated: set[str] = set()
-        outer = self
+        self.loop = Loopback(self._answer).start()
+        self.url = self.loop.url
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802
-                outer.requests.append(self.path)
-                body = outer.routes.get(self.path)
-                if self.path in outer.truncated:  # promise more bytes than are sent, then hang up
-                    self.send_response(200)
-                    self.send_header("Content-Length", str(len(body) + 1000))
-                    self.end_headers()
-                    self.wfile.write(body[: len(body) // 2])
-                    self.close_connection = True
-                    return
-                if body is None:
-                    self.send_error(404, "Not Found")
-                    return
-                self.send_response(200)
-                self.send_header("Content-Type", "application/x-gzip")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+    @property
+    def requests(self) -> list[str]:
+        return self.loop.paths()
 
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True)
-        self.thread.start()
+    def _answer(self, req: Request) -> Reply:
+        if req.path in self.truncated:
+            body = self.routes[req.path]
+            return Reply(200, {"Content-Length": str(len(body) + 1000)}, body[: len(body) // 2])
+        return static(self.routes, headers={"Content-Type": "application/x-gzip"})(req)
 
     def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self.loop.close()
 
 
 @pytest.fixture
@@ -139,24 +78,6 @@ def closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def settings_for(tmp: Path, archive_url: str) -> Settings:
-    return Settings(cache_dir=tmp / "cache", github_archive_url=archive_url, connect_timeout=2)
-
-
-def quiet_log() -> tuple[Log, io.StringIO]:
-    buf = io.StringIO()
-    return Log(console=Console(file=buf, width=400, highlight=False, color_system=None)), buf
-
-
-def write_recipe(path: Path, commit: str, sources: list[str]) -> Recipe:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    lines = ["recipe: 1", "name: test-cpu", "platform: linux-x86_64", "llama_cpp:", f"  commit: {commit}", "  sources:"]
-    lines += [f"    - {s}" for s in sources]
-    lines += ["backends: [cpu]", "toolchain: {compiler: gcc}", "targets: [llama-server]", ""]
-    path.write_text("\n".join(lines), encoding="utf-8")
-    return keys.load(str(path))
 
 
 def assert_nothing_cached(settings: Settings, commit: str) -> None:

@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 
 import pytest
-from test_source import FILES, make_repo, quiet_log, settings_for, tree_files, write_recipe
 
 from llamabundle import scratch
 from llamabundle.errors import SourceError
@@ -34,6 +33,7 @@ from llamabundle.source import (
     record_tree,
     tree_difference,
 )
+from tests.gitsources import FILES, make_repo, quiet_log, settings_for, tree_files, write_recipe
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -3,8 +3,6 @@ whose asset downloads redirect to a "CDN" on 127.0.0.2. Real bundles, real HTTP,
 
 from __future__ import annotations
 
-import hashlib
-import io
 import json
 import socket
 import threading
@@ -13,13 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from rich.console import Console
 
 from llamabundle import bundle
 from llamabundle.bundle import manifest as manifest_mod
 from llamabundle.bundle.manifest import Manifest
 from llamabundle.errors import LlamaBundleError, StoreError, VerifyError
-from llamabundle.log import Log
 from llamabundle.net import NetworkError
 from llamabundle.settings import Settings
 from llamabundle.store import open_store
@@ -30,29 +26,18 @@ from llamabundle.store.github import (
     GitHubValidationError,
     RateLimitError,
 )
-from tests import bundles
 from tests.fakegithub import FakeGitHub, Request
-
-# keys that really are the sha256 of the inputs their bundles record
-INPUTS = {tag: bundles.inputs_for(tag) for tag in ("test-bundle", "other")}
-KEY = bundles.key_of(INPUTS["test-bundle"])
-OTHER_KEY = bundles.key_of(INPUTS["other"])
-TAG = f"test-bundle-{KEY[:12]}"  # make_bundle names its bundles test-bundle
-TOKEN = "ghp_SeCrEtT0kEn0123456789abcdefABCDEF"
-REPO = "acme/bundles"
-FILES = {"llama-server": b"#!/bin/sh\necho not an ELF\n" + bytes(range(256)) * 64, "LICENSE": b"MIT License\n"}
-ROLES = {"llama-server": "exe", "LICENSE": "license"}
-
-
-def make_bundle(tmp: Path, key: str = KEY, *, name: str = "bundle.zip",
-                files: dict[str, bytes] = FILES) -> tuple[Path, Manifest]:
-    """A small bundle (non-ELF files, a llama-server large enough that downloads span several chunks) whose
-    key is the sha256 of its inputs: KEY or OTHER_KEY."""
-    inputs = next(i for i in INPUTS.values() if bundles.key_of(i) == key)
-    tmp.mkdir(parents=True, exist_ok=True)
-    zip_path, m = bundles.make_zip(tmp, files, ROLES, zip_name=name if key == KEY else f"{key[:4]}-{name}",
-                                   inputs=inputs)
-    return zip_path, manifest_mod.parse(m)
+from tests.ghstore import (
+    KEY,
+    OTHER_KEY,
+    REPO,
+    TAG,
+    TOKEN,
+    Captured,
+    make_bundle,
+    sha256,
+    store_for,
+)
 
 
 def with_fields(m: Manifest, **fields: Any) -> Manifest:
@@ -60,31 +45,10 @@ def with_fields(m: Manifest, **fields: Any) -> Manifest:
     return manifest_mod.parse({**m.to_json(), **fields})
 
 
-def sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-class Captured:
-    def __init__(self) -> None:
-        self.buf = io.StringIO()
-        self.log = Log(console=Console(file=self.buf, width=300, highlight=False))
-
-    @property
-    def text(self) -> str:
-        return self.buf.getvalue()
-
-
 @pytest.fixture
 def gh() -> Any:
     with FakeGitHub(REPO, token=TOKEN) as g:
         yield g
-
-
-def store_for(gh: FakeGitHub, *, log: Log | None = None, sleeps: list[float] | None = None, **kw: Any) -> GitHubStore:
-    rec = sleeps if sleeps is not None else []
-    kw.setdefault("sleep", rec.append)
-    kw.setdefault("tags", {KEY: TAG})  # as a command that has the recipe passes its tag
-    return GitHubStore(REPO, api_url=gh.api_url, token=TOKEN, log=log or Captured().log, **kw)
 
 
 def api_requests(gh: FakeGitHub, since: int = 0) -> list[Request]:

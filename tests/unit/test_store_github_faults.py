@@ -18,7 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_store_github import (
+
+from llamabundle.bundle.manifest import MAX_MANIFEST_BYTES, Manifest, ManifestError
+from llamabundle.errors import StoreError
+from llamabundle.net import NetworkError
+from tests import bundles
+from tests.fakegithub import FakeGitHub
+from tests.ghstore import (
     INPUTS,
     KEY,
     OTHER_KEY,
@@ -30,12 +36,7 @@ from test_store_github import (
     sha256,
     store_for,
 )
-
-from llamabundle.bundle.manifest import MAX_MANIFEST_BYTES, Manifest, ManifestError
-from llamabundle.errors import StoreError
-from llamabundle.net import NetworkError
-from tests import bundles
-from tests.fakegithub import FakeGitHub
+from tests.loopback import Reply
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -111,13 +112,8 @@ def test_a_resumed_body_that_does_not_match_the_digest_is_downloaded_whole(gh: F
     def other_bytes_then_drop(req: Any, h: Any) -> bool:  # a cache that served other bytes under the same ETag
         if req.host != "cdn" or "bundle.json" not in req.path:
             return False
-        h.send_response(200)
-        for k, v in {"Accept-Ranges": "bytes", "ETag": etag, "Content-Length": str(len(asset.data))}.items():
-            h.send_header(k, v)
-        h.end_headers()
-        h.wfile.write(b"X" * 100)
-        h.wfile.flush()
-        h.close_connection = True
+        h.reply(Reply(200, {"Accept-Ranges": "bytes", "ETag": etag, "Content-Length": str(len(asset.data))},
+                      b"X" * 100))  # the whole length announced, 100 bytes sent, then the connection closes
         return True
 
     gh.add_fault(other_bytes_then_drop)

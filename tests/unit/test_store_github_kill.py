@@ -18,7 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_store_github import (
+
+from llamabundle.bundle.manifest import Manifest
+from llamabundle.store.github import AssetConflictError
+from tests.fakegithub import FakeGitHub, Request
+from tests.ghstore import (
     KEY,
     REPO,
     TAG,
@@ -28,10 +32,6 @@ from test_store_github import (
     sha256,
     store_for,
 )
-
-from llamabundle.bundle.manifest import Manifest
-from llamabundle.store.github import AssetConflictError
-from tests.fakegithub import FakeGitHub, Request
 
 ROOT = Path(__file__).resolve().parents[2]
 NAMES = ["SHA256SUMS", "bundle.json", "bundle.zip"]

@@ -19,9 +19,6 @@ from typing import Any
 
 import pytest
 from clirun import run
-from test_cli_json import valid
-from test_probe import fake_smi as probe_fake_smi
-from test_probe import installed, make_stage, wait_for
 
 from llamabundle import gpus
 from llamabundle.cli import telemetry as telemetry_cli
@@ -36,6 +33,9 @@ from llamabundle.runtime.telemetry import (
     read_telemetry,
     store_sample,
 )
+from tests.clicontract import valid
+from tests.probing import fake_smi as probe_fake_smi
+from tests.probing import installed, make_stage, wait_for
 
 SLEEP = shutil.which("sleep") or "/bin/sleep"
 GPU0 = "0, NVIDIA H200, 580.95.05, 37, 1234, 143771"
@@ -43,7 +43,7 @@ GPU1 = "1, NVIDIA RTX 6000 Ada Generation, 580.95.05, 0, 512, 49140"
 
 
 def fake_smi(where: Path, *lines: str, **kw: Any) -> Path:
-    """test_probe's fake `nvidia-smi`, appending its arguments to `<where>/calls` (one line a call)."""
+    """tests.probing's fake `nvidia-smi`, appending its arguments to `<where>/calls` (one line a call)."""
     return probe_fake_smi(where, *lines, calls=where / "calls", **kw)
 
 

@@ -11,52 +11,13 @@ from pathlib import Path
 
 import pytest
 from clirun import run  # noqa: E402
-from test_toolkit_redist import (  # noqa: F401  (fixture)
-    WINDOWS_12_8_1_TOTAL,
-    WINDOWS_RECIPE,
-    Repo,
-    leftovers,
-    repo,
-)
 
 from llamabundle.backends.cuda.toolkit import layout
 from llamabundle.cli import main
+from tests.redist import RECIPE_13, WINDOWS_12_8_1_TOTAL, WINDOWS_RECIPE, Repo, leftovers
 
 ROOT = Path(__file__).resolve().parents[2]
 LINUX_CPU = ROOT / "recipes" / "linux-x86_64-cpu.yaml"
-RECIPE_13 = """\
-recipe: 1
-name: linux-x86_64-cuda13
-platform: linux-x86_64
-llama_cpp:
-  commit: 0c1e57098bba43ac29e6e3b677cdceebdd22334f
-  sources:
-    - github: ggml-org/llama.cpp
-backends: [cpu, cuda]
-toolchain: {compiler: gcc}
-cuda:
-  toolkit: 13.0.2
-  source: redist
-  components: [cuda_nvcc, cuda_cudart]
-  archs: [86-real, 120a-real]
-targets: [llama-server]
-"""
-
-
-
-
-@pytest.fixture
-def cli_repo(repo: Repo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Repo:  # noqa: F811
-    monkeypatch.setenv("LLAMABUNDLE_CACHE_DIR", str(repo.cache))
-    monkeypatch.setenv("LLAMABUNDLE_CUDA_REDIST_URL", repo.server.url + "/")
-    return repo
-
-
-@pytest.fixture
-def recipe13(tmp_path: Path) -> Path:
-    p = tmp_path / "linux-x86_64-cuda13.yaml"
-    p.write_text(RECIPE_13)
-    return p
 
 
 def _plan_json(capsys: pytest.CaptureFixture[str], *argv: object) -> dict:

@@ -1,26 +1,17 @@
 """CUDA toolkit from redist archives: the pinned manifests, planning, and installs of SMALL archives
-with the real layout served by a real HTTP server on 127.0.0.1 (faults injected there)."""
+with the real layout served by a real HTTP server on 127.0.0.1 (faults injected there): tests/redist.py,
+as the `repo` fixture."""
 
 from __future__ import annotations
 
-import hashlib
-import http.server
-import io
 import json
 import os
 import shutil
-import tarfile
-import threading
-import time
-import zipfile
-from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from llamabundle import data, keys, net
+from llamabundle import data, keys
 from llamabundle.backends.cuda.toolkit import layout, redist
 from llamabundle.backends.cuda.toolkit.manifest import load_manifest
 from llamabundle.backends.cuda.toolkit.plan import (
@@ -29,225 +20,9 @@ from llamabundle.backends.cuda.toolkit.plan import (
     plan_toolkit,
 )
 from llamabundle.errors import ToolchainError
-from llamabundle.log import Log
+from tests.redist import COMMON_H, NVCC, WINDOWS_12_8_1_TOTAL, WINDOWS_RECIPE, Repo, leftovers
 
 ROOT = Path(__file__).resolve().parents[2]
-WINDOWS_RECIPE = ROOT / "recipes" / "windows-x86_64-cuda12.8.yaml"
-WINDOWS_12_8_1_TOTAL = 1_255_664_179
-
-NVCC = b"#!/bin/sh\necho 'nvcc: NVIDIA (R) Cuda compiler driver'\necho 'Cuda compilation tools, release 13.0, V13.0.88'\n"
-COMMON_H = b"/* shipped identically by cuda_nvcc and cuda_cudart */\n"
-
-
-@dataclass(frozen=True)
-class Link:
-    target: str
-
-
-# component -> (version, {platform: {path inside the archive's top dir: bytes | Link}})
-FAKE: dict[str, tuple[str, dict[str, dict[str, bytes | Link]]]] = {
-    "cuda_nvcc": ("13.0.88", {
-        "linux-x86_64": {"LICENSE": b"nvcc license\n", "bin/nvcc": NVCC, "include/fatbinary_section.h": b"/* fatbin */\n",
-                         "include/common.h": COMMON_H},
-        "windows-x86_64": {"LICENSE": b"nvcc license\n", "bin/nvcc.exe": b"MZ nvcc\n", "include/fatbinary_section.h": b"/* fatbin */\n"},
-    }),
-    "cuda_crt": ("13.0.88", {
-        "linux-x86_64": {"LICENSE": b"crt license\n", "include/crt/host_config.h": b"/* crt */\n"},
-        "windows-x86_64": {"LICENSE": b"crt license\n", "include/crt/host_config.h": b"/* crt */\n"},
-    }),
-    "libnvvm": ("13.0.88", {
-        "linux-x86_64": {"LICENSE": b"nvvm license\n", "nvvm/bin/cicc": b"#!/bin/sh\nexit 0\n",
-                         "nvvm/libdevice/libdevice.10.bc": b"BC\xc0\xde"},
-        "windows-x86_64": {"LICENSE": b"nvvm license\n", "nvvm/bin/cicc.exe": b"MZ cicc\n"},
-    }),
-    "cuda_cudart": ("13.0.96", {
-        "linux-x86_64": {"LICENSE": b"cudart license\n", "include/cuda_runtime.h": b"/* cuda_runtime */\n",
-                         "include/common.h": COMMON_H, "lib/libcudart.so.13.0.96": b"\x7fELF cudart\n",
-                         "lib/libcudart.so.13": Link("libcudart.so.13.0.96"), "lib/libcudart.so": Link("libcudart.so.13"),
-                         "lib/libcudart_static.a": b"!<arch>\n"},
-        "windows-x86_64": {"LICENSE": b"cudart license\n", "include/cuda_runtime.h": b"/* cuda_runtime */\n",
-                           "lib/x64/cudart.lib": b"!<arch>\n", "bin/cudart64_13.dll": b"MZ cudart\n"},
-    }),
-    # ships include/cuda_runtime.h too, with other bytes: installing it with cuda_cudart must fail
-    "cuda_conflict": ("13.0.1", {
-        "linux-x86_64": {"LICENSE": b"x\n", "include/cuda_runtime.h": b"/* something else */\n"},
-    }),
-}
-
-
-def _exec(rel: str) -> bool:
-    return rel.startswith(("bin/", "nvvm/bin/"))
-
-
-def make_tar(path: Path, top: str, files: dict[str, bytes | Link], *, evil: bool = False) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(path, "w:xz") as tf:
-        dirs = sorted({str(Path(rel).parent) for rel in files} - {"."})
-        for d in ["", *dirs]:
-            ti = tarfile.TarInfo(f"{top}/{d}".rstrip("/"))
-            ti.type, ti.mode = tarfile.DIRTYPE, 0o755
-            tf.addfile(ti)
-        for rel, body in sorted(files.items()):
-            ti = tarfile.TarInfo(f"{top}/{rel}")
-            if isinstance(body, Link):
-                ti.type, ti.linkname, ti.mode = tarfile.SYMTYPE, body.target, 0o777
-                tf.addfile(ti)
-            else:
-                ti.size, ti.mode = len(body), 0o755 if _exec(rel) else 0o644
-                tf.addfile(ti, io.BytesIO(body))
-        if evil:
-            ti = tarfile.TarInfo(f"{top}/../../evil")
-            ti.size = 4
-            tf.addfile(ti, io.BytesIO(b"evil"))
-
-
-def make_zip(path: Path, top: str, files: dict[str, bytes | Link]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
-        for rel, body in sorted(files.items()):
-            assert not isinstance(body, Link), "Windows archives hold no links"
-            zi = zipfile.ZipInfo(f"{top}/{rel}", date_time=(2025, 1, 1, 0, 0, 0))
-            zi.external_attr = (0o100755 if rel.endswith(".exe") else 0o100644) << 16
-            zf.writestr(zi, body)
-
-
-def build_repo(root: Path, *, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Archives under root/<relative_path> and the manifest (a dict, NVIDIA's format) describing them."""
-    manifest: dict[str, Any] = {"release_date": "2025-10-09", "release_label": "13.0.2", "release_product": "cuda"}
-    for comp, (version, platforms) in FAKE.items():
-        entry: dict[str, Any] = {"name": comp.upper(), "license": "CUDA Toolkit", "license_path": f"{comp}/LICENSE.txt",
-                                 "version": version}
-        for plat, files in platforms.items():
-            ext = "zip" if plat.startswith("windows") else "tar.xz"
-            top = f"{comp}-{plat}-{version}-archive"
-            rel = f"{comp}/{plat}/{top}.{ext}"
-            if ext == "zip":
-                make_zip(root / rel, top, files)
-            else:
-                make_tar(root / rel, top, files)
-            body = (root / rel).read_bytes()
-            entry[plat] = {"relative_path": rel, "sha256": hashlib.sha256(body).hexdigest(),
-                           "md5": hashlib.md5(body).hexdigest(), "size": str(len(body))}
-        manifest[comp] = entry
-    # an archive that tries to write outside its directory
-    top = "cuda_evil-linux-x86_64-13.0.1-archive"
-    rel = f"cuda_evil/linux-x86_64/{top}.tar.xz"
-    make_tar(root / rel, top, {"LICENSE": b"x\n", "bin/nvcc": NVCC}, evil=True)
-    body = (root / rel).read_bytes()
-    manifest["cuda_evil"] = {"name": "EVIL", "version": "13.0.1", "linux-x86_64": {
-        "relative_path": rel, "sha256": hashlib.sha256(body).hexdigest(), "size": str(len(body))}}
-    manifest.update(extra or {})
-    return manifest
-
-
-class Server:
-    """A real HTTP server on 127.0.0.1 serving a directory, with Range/If-Range, counted requests and faults.
-
-    faults[path] is a list of actions taken by the next requests of that path: "500" or "truncate"
-    (announce the whole length, send half of it, drop the connection)."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.requests: list[tuple[str, str | None]] = []  # (path, Range header)
-        self.faults: dict[str, list[str]] = {}
-        self.bytes_sent = 0
-        self.delay = 0.0
-        self.lock = threading.Lock()
-        outer = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def log_message(self, *a: Any) -> None:
-                pass
-
-            def do_GET(self) -> None:  # noqa: N802
-                rel = self.path.split("?", 1)[0].lstrip("/")
-                with outer.lock:
-                    outer.requests.append((rel, self.headers.get("Range")))
-                    todo = outer.faults.get(rel) or []
-                    fault = todo.pop(0) if todo else None
-                if outer.delay:
-                    time.sleep(outer.delay)
-                if fault == "500":
-                    self.send_error(500, "injected")
-                    return
-                path = outer.root / rel
-                if not rel or not path.is_file():
-                    self.send_error(404)
-                    return
-                body = path.read_bytes()
-                etag = '"' + hashlib.sha256(body).hexdigest()[:16] + '"'
-                start = 0
-                rng = self.headers.get("Range")
-                if rng and rng.startswith("bytes=") and self.headers.get("If-Range", etag) == etag:
-                    start = int(rng[len("bytes="):].split("-")[0])
-                    self.send_response(206)
-                    self.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
-                else:
-                    self.send_response(200)
-                self.send_header("Content-Length", str(len(body) - start))
-                self.send_header("Accept-Ranges", "bytes")
-                self.send_header("ETag", etag)
-                self.end_headers()
-                out = body[start:]
-                if fault == "truncate":
-                    out = out[: len(out) // 2]
-                self.wfile.write(out)
-                with outer.lock:
-                    outer.bytes_sent += len(out)
-                self.close_connection = True
-
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
-
-    def paths(self) -> list[str]:
-        return [p for p, _ in self.requests]
-
-    def reset(self) -> None:
-        with self.lock:
-            self.requests.clear()
-            self.bytes_sent = 0
-
-
-@dataclass
-class Repo:
-    dir: Path
-    manifest: dict[str, Any]
-    manifest_path: Path
-    server: Server
-    cache: Path
-    log: Log = field(default_factory=lambda: Log(quiet=True))
-
-    def rel(self, comp: str, platform: str = "linux-x86_64") -> str:
-        return self.manifest[comp][platform]["relative_path"]
-
-    def plan(self, components: list[str], platform: str = "linux-x86_64", manifest: dict[str, Any] | None = None):  # type: ignore[no-untyped-def]
-        return plan_toolkit(version="13.0.2", components=components, platform=platform, manifest=manifest or self.manifest)
-
-    def install(self, plan, **kw: Any) -> redist.InstallResult:  # type: ignore[no-untyped-def]
-        return redist.install(plan, cache_dir=self.cache, base_url=self.server.url, log=self.log, backoff=0.0, **kw)
-
-
-@pytest.fixture
-def repo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Repo]:
-    monkeypatch.setattr(net, "_sleep", lambda s: None)  # retries without waiting
-    d = tmp_path / "redist"
-    manifest = build_repo(d)
-    mpath = tmp_path / "redistrib_13.0.2.json"
-    mpath.write_text(json.dumps(manifest, indent=2))
-    server = Server(d)
-    server.thread.start()
-    try:
-        yield Repo(dir=d, manifest=manifest, manifest_path=mpath, server=server, cache=tmp_path / "cache")
-    finally:
-        server.httpd.shutdown()
-        server.httpd.server_close()
-
-
-def leftovers(repo: Repo) -> list[str]:
-    """Temporary trees or partial downloads left anywhere in the cache."""
-    return sorted(str(p.relative_to(repo.cache)) for p in repo.cache.rglob("*")
-                  if ".tmp-" in p.name or p.name.endswith((".part", ".part.json", ".x")) or ".old-" in p.name)
 
 
 # ------------------------------------------------------------------------------ the pinned data

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import http.server
 import io
 import json
 import os
@@ -25,6 +24,7 @@ from llamabundle.backends import vulkan
 from llamabundle.errors import BuildError, RecipeError, ToolchainError, VerifyError
 from llamabundle.log import Log
 from llamabundle.recipe import HostFacts, ToolFound
+from tests.loopback import Loopback, static
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ROOT / "recipes" / "linux-x86_64-vulkan.yaml"
@@ -186,27 +186,11 @@ GOOD_DEB = deb({"./usr/include/vulkan/vulkan_core.h": CORE_H.encode(), "./usr/in
 
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[dict[str, bytes]]:
+    """Paths served on loopback (tests/loopback.py), and the server's URL under `__base__`."""
     files: dict[str, bytes] = {}
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802
-            body = files.get(self.path)
-            if body is None:
-                self.send_error(404)
-                return
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *a: object) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    files["__base__"] = f"http://127.0.0.1:{server.server_address[1]}".encode()
-    yield files
-    server.shutdown()
+    with Loopback(static(files)) as server:
+        files["__base__"] = server.url.encode()
+        yield files
 
 
 def headers_for(served: dict[str, bytes], body: bytes, *, name: str = "libvulkan-dev_1.4.309.0-1_amd64.deb",

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import test_store_github as tsg
 
 from llamabundle import pipeline
 from llamabundle.archive import UnsafeArchive
@@ -23,6 +22,7 @@ from llamabundle.bundle.manifest import Manifest
 from llamabundle.errors import VerifyError
 from llamabundle.settings import Settings
 from llamabundle.verify import Level
+from tests import ghstore
 from tests.bundles import inputs_for, key_of
 from tests.bundles import make_zip as make_bundle_zip
 from tests.fakegithub import FakeGitHub
@@ -183,9 +183,9 @@ def test_fetch_cut_at_half_resumes_unpacks_and_transfers_under_1_6x(tmp_path: Pa
     files = {"payload.bin": random.Random(1).randbytes(400_000), "LICENSE": b"MIT License\n"}
     zip_path, manifest = make_bundle(tmp_path, files)
     size = zip_path.stat().st_size
-    with FakeGitHub(tsg.REPO, token=tsg.TOKEN) as gh:
-        tsg.store_for(gh).publish(zip_path, manifest)
-        store = tsg.store_for(gh)
+    with FakeGitHub(ghstore.REPO, token=ghstore.TOKEN) as gh:
+        ghstore.store_for(gh).publish(zip_path, manifest)
+        store = ghstore.store_for(gh)
         def cut_zip_once(req: Any, h: Any) -> bool:  # the zip download (not the manifest's) hangs up half-way
             if req.host == "cdn" and "/bundle.zip?" in req.path:
                 h.serve_cdn(cut=size // 2)
@@ -196,7 +196,7 @@ def test_fetch_cut_at_half_resumes_unpacks_and_transfers_under_1_6x(tmp_path: Pa
         since = len(gh.requests)
         out = tmp_path / "out"
         settings = Settings.from_env({"LLAMABUNDLE_CACHE_DIR": str(tmp_path / "cache")})
-        outcome = pipeline.fetch(KEY, store=store, settings=settings, log=tsg.Captured().log, out=out,
+        outcome = pipeline.fetch(KEY, store=store, settings=settings, log=ghstore.Captured().log, out=out,
                                  level=Level.STATIC)
         zip_gets = [r for r in gh.requests[since:] if r.host == "cdn" and "/bundle.zip?" in r.path]
     assert outcome.out_dir == out
@@ -212,8 +212,8 @@ def test_fetch_cut_at_half_resumes_unpacks_and_transfers_under_1_6x(tmp_path: Pa
 
 def test_fetch_of_a_tampered_asset_leaves_no_output(tmp_path: Path) -> None:
     zip_path, manifest = make_bundle(tmp_path, {"payload.bin": os.urandom(200_000), "LICENSE": b"MIT\n"})
-    with FakeGitHub(tsg.REPO, token=tsg.TOKEN) as gh:
-        store = tsg.store_for(gh)
+    with FakeGitHub(ghstore.REPO, token=ghstore.TOKEN) as gh:
+        store = ghstore.store_for(gh)
         store.publish(zip_path, manifest)
         (asset,) = [a for a in gh.assets.values() if a.name == "bundle.zip"]
         data = bytearray(asset.data)
@@ -222,7 +222,7 @@ def test_fetch_of_a_tampered_asset_leaves_no_output(tmp_path: Path) -> None:
         out = tmp_path / "out"
         settings = Settings.from_env({"LLAMABUNDLE_CACHE_DIR": str(tmp_path / "cache")})
         with pytest.raises(VerifyError) as e:
-            pipeline.fetch(KEY, store=store, settings=settings, log=tsg.Captured().log, out=out)
+            pipeline.fetch(KEY, store=store, settings=settings, log=ghstore.Captured().log, out=out)
     assert e.value.exit_code == 5
     assert not out.exists()
     assert [p for p in (tmp_path / "cache").rglob("*") if p.is_file()] == []  # no zip, no partial, no unpacked files

@@ -1,0 +1,37 @@
+"""The CLI's contract as the tests check it: `all_commands` walks the click group (every command and group,
+the top one as []), and `valid` checks an object against its JSON schema in llamabundle/data/schemas/."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from typing import Any
+
+import jsonschema
+
+from llamabundle.cli import cli
+
+SCHEMAS = resources.files("llamabundle.data") / "schemas"
+
+
+def schema(name: str) -> dict[str, Any]:
+    return json.loads((SCHEMAS / f"{name}.schema.json").read_text(encoding="utf-8"))
+
+
+def valid(name: str, obj: Any) -> Any:
+    """obj, validated against schemas/<name>.schema.json."""
+    jsonschema.Draft202012Validator(schema(name)).validate(obj)
+    return obj
+
+
+def all_commands() -> list[list[str]]:
+    out: list[list[str]] = [[]]
+
+    def walk(group, prefix: list[str]) -> None:  # type: ignore[no-untyped-def]
+        for name, cmd in group.commands.items():
+            out.append([*prefix, name])
+            if hasattr(cmd, "commands"):
+                walk(cmd, [*prefix, name])
+
+    walk(cli, [])
+    return out
