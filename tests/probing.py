@@ -10,7 +10,6 @@ import shlex
 import shutil
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -114,14 +113,6 @@ def fake_smi(where: Path, *lines: str, rc: int = 0, stderr: str = "", gate: Path
     exe.write_text("\n".join(body) + "\n")
     exe.chmod(0o755)
     return exe
-
-
-def wait_for(path: Path) -> None:
-    for _ in range(3000):  # a guard against hanging forever, not a timing assert
-        if path.exists():
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"{path} never appeared")
 
 
 def run_probe(tmp: Path, env: dict[str, str], smi: Path | None, **kw: Any) -> ProbeResult:

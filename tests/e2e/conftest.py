@@ -28,12 +28,6 @@ RECIPE = REPO / "recipes" / "linux-x86_64-cpu.yaml"
 BUILD_TIMEOUT = 75 * 60
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        if "tests/e2e/" in str(item.fspath).replace(os.sep, "/"):
-            item.add_marker(pytest.mark.e2e)
-
-
 def run_cli(*args: object, env: dict[str, str], timeout: float = 600) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "llamabundle", *map(str, args)], env=env, capture_output=True,
                           text=True, timeout=timeout, stdin=subprocess.DEVNULL)

@@ -382,6 +382,7 @@ def test_diff_zips_names_each_differing_member_and_its_first_offset(tmp_path: Pa
         p.name for p in root.iterdir())]
 
 
+@pytest.mark.race
 def test_pack_removes_a_killed_packs_part_file_and_leaves_only_the_zip(tmp_path: Path) -> None:
     root = tmp_path / "b"
     make_bundle(root)

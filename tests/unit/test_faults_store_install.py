@@ -31,7 +31,10 @@ from llamabundle.runtime.install import (
 )
 from llamabundle.store.local import PUBLISH_PREFIX, LocalStore
 from tests.installs import plant, rebundle, recipe_bundle, slot_entries
-from tests.probing import NAME, QUIET, REPO, cli, make_stage, make_zip, publish, wait_for
+from tests.probing import NAME, QUIET, REPO, cli, make_stage, make_zip, publish
+from tests.processes import wait_for, wait_text
+
+pytestmark = pytest.mark.race
 
 LINUX = REPO / "recipes" / "linux-x86_64-cpu.yaml"
 
@@ -260,7 +263,7 @@ def test_a_publisher_killed_during_its_copy_is_cleaned_up_by_the_next_run(tmp_pa
     (tmp_path / "m.json").write_text(m.text())
     killed = child(PUBLISH_KILLED, store, zip_path, tmp_path / "m.json", tmp_path / "copying")
     try:
-        wait_for(tmp_path / "copying")
+        wait_text(tmp_path / "copying", procs=[killed])
         os.kill(killed.pid, signal.SIGKILL)
     finally:
         killed.wait(60)
@@ -271,8 +274,7 @@ def test_a_publisher_killed_during_its_copy_is_cleaned_up_by_the_next_run(tmp_pa
 
     holder = child(HOLD_STAGE, store, tmp_path / "held")
     try:
-        wait_for(tmp_path / "held")
-        live = Path((tmp_path / "held").read_text())
+        live = Path(wait_text(tmp_path / "held", procs=[holder]))
         # the next publish (another process) removes the dead publisher's stage, never the live one's
         p = child(PUBLISH_KILLED.replace("local._copy = stuck", ""), store, zip_path, tmp_path / "m.json",
                   tmp_path / "unused", stderr=subprocess.PIPE)

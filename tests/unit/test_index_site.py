@@ -350,6 +350,7 @@ def test_a_failure_while_writing_leaves_the_previous_index(tmp_path: Path, monke
     assert {n: (out / n).read_bytes() for n in os.listdir(out)} == previous and leftovers(tmp_path) == []
 
 
+@pytest.mark.race
 def test_a_run_killed_between_its_renames_is_recovered_by_the_next(tmp_path: Path) -> None:
     store = local_store(tmp_path, three(tmp_path / "b"))
     out = tmp_path / "site"

@@ -42,8 +42,8 @@ from tests.probing import (
     make_stage,
     make_zip,
     publish,
-    wait_for,
 )
+from tests.processes import wait_text
 
 POINTS = ["downloaded", "extracted", "verified", "swapping", "swapped"]
 
@@ -342,6 +342,7 @@ install_bundle(LocalStore(Path(store)), key, root=Path(root), log=Log(quiet=True
 """
 
 
+@pytest.mark.race
 @pytest.mark.parametrize("point", POINTS)
 def test_sigkill_at_any_step_leaves_a_usable_install(tmp_path: Path, store: LocalStore, point: str) -> None:
     root = tmp_path / "data"
@@ -352,7 +353,7 @@ def test_sigkill_at_any_step_leaves_a_usable_install(tmp_path: Path, store: Loca
     proc = subprocess.Popen([sys.executable, "-c", KILL_SCRIPT, str(store.root), new.key, str(root), point, str(marker)],
                             cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
     try:
-        wait_for(marker)
+        wait_text(marker, procs=[proc])
         os.kill(proc.pid, signal.SIGKILL)
     finally:
         proc.wait(60)
@@ -373,6 +374,7 @@ def test_sigkill_at_any_step_leaves_a_usable_install(tmp_path: Path, store: Loca
     check_bundle(out.installed.path, key=new.key, platform="linux-x86_64")
 
 
+@pytest.mark.race
 def test_an_interrupted_install_cleans_up_after_itself(tmp_path: Path, store: LocalStore) -> None:
     root = tmp_path / "data"
     old = publish(store.root, tmp_path, salt="old")

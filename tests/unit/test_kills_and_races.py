@@ -9,8 +9,6 @@ import random
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -18,6 +16,9 @@ import pytest
 from llamabundle import bundle, keys
 from llamabundle.store.local import LocalStore
 from tests import bundles as tb
+from tests.processes import wait_for, wait_text
+
+pytestmark = pytest.mark.race
 
 ROOT = Path(__file__).resolve().parents[2]
 LINUX = ROOT / "recipes" / "linux-x86_64-cpu.yaml"
@@ -44,16 +45,6 @@ def finish(p: subprocess.Popen[str], timeout: float = 120) -> tuple[int, str]:
     out, err = p.communicate(timeout=timeout)
     assert "Traceback" not in out + err and "internal error" not in out + err, out + err
     return p.returncode, out + err
-
-
-def wait_for(cond: Callable[[], object], timeout: float = 60, what: str = "") -> object:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = cond()
-        if got:
-            return got
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def kill_group(p: subprocess.Popen[str]) -> None:
@@ -101,13 +92,14 @@ def test_a_verify_killed_while_llama_server_runs_leaves_its_copy_under_the_cache
     pidfile = tmp_path / "server.pid"
     zip_path, _ = linux_bundle(tmp_path, hang=str(pidfile))
     p = cli(tmp_path, "verify", zip_path, "--level", "load")
-    wait_for(pidfile.exists, what="llama-server to start")
+    server_pid = int(wait_text(pidfile, procs=[p]))  # llama-server has started
     scratch_dir = tmp_path / "cache" / "tmp"
     left = [d for d in scratch_dir.iterdir() if d.name.startswith("verify-")]
     assert len(left) == 1 and left[0].name.startswith(f"verify-{p.pid}-")  # under the cache, named by its owner
     assert not list(Path(os.environ.get("TMPDIR", "/tmp")).glob(f"llamabundle-verify-*{p.pid}*"))
     kill_group(p)  # SIGKILL: nothing can clean up
-    os.kill(int(pidfile.read_text()), signal.SIGKILL) if Path(f"/proc/{pidfile.read_text().strip()}").exists() else None
+    if Path(f"/proc/{server_pid}").exists():
+        os.kill(server_pid, signal.SIGKILL)
     assert left[0].is_dir()
     good, _ = linux_bundle(tmp_path / "good")
     code, out = finish(cli(tmp_path, "verify", good))
@@ -120,14 +112,14 @@ def test_a_live_verify_keeps_its_copy_while_another_verify_sweeps(tmp_path: Path
     zip_path, _ = linux_bundle(tmp_path, hang=str(pidfile))
     p = cli(tmp_path, "verify", zip_path, "--level", "load")
     try:
-        wait_for(pidfile.exists, what="llama-server to start")
+        wait_text(pidfile, procs=[p])  # llama-server has started
         good, _ = linux_bundle(tmp_path / "good")
         code, out = finish(cli(tmp_path, "verify", good))
         assert code == 0, out
         assert [d.name.split("-")[1] for d in (tmp_path / "cache" / "tmp").iterdir()] == [str(p.pid)]
     finally:
         kill_group(p)
-        if pidfile.exists():
+        if pidfile.is_file() and pidfile.read_text().strip():
             try:
                 os.kill(int(pidfile.read_text()), signal.SIGKILL)
             except ProcessLookupError:
@@ -138,7 +130,7 @@ def test_a_fetch_killed_mid_unpack_leaves_a_partial_beside_out_that_the_next_fet
     store, key = stored(tmp_path, payload=48 << 20)
     out = tmp_path / "out"
     p = cli(tmp_path, "fetch", key, "--store", store, "--out", out)
-    partial = wait_for(lambda: [d for d in tmp_path.glob(".out.partial-*")], what="the unpack to start")
+    partial = wait_for(lambda: [d for d in tmp_path.glob(".out.partial-*")], name="the unpack to start")
     kill_group(p)
     assert partial[0].exists() and not out.exists()  # type: ignore[index]
     code, text = finish(cli(tmp_path, "fetch", key, "--store", store, "--out", out))

@@ -10,13 +10,12 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from tests.gitsources import FILES, make_repo
-from tests.processes import alive
+from tests.processes import alive, wait_text
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32" or shutil.which("g++") is None,
                                 reason="POSIX signals and a host g++ for the compiler check")
@@ -64,16 +63,6 @@ def start_build(s: dict[str, object], *extra: str) -> subprocess.Popen[str]:
                             stdin=subprocess.DEVNULL, cwd=tmp)
 
 
-def wait_for(path: Path, p: subprocess.Popen[str]) -> None:
-    for _ in range(3000):
-        if path.is_file() and path.read_text().strip():
-            return
-        if p.poll() is not None:
-            raise AssertionError(f"llamabundle ended early ({p.returncode}): {p.communicate()[1][-3000:]}")
-        time.sleep(0.02)
-    raise AssertionError(f"{path} never appeared")
-
-
 def assert_nothing_left(s: dict[str, object]) -> None:
     tmp, state = s["tmp"], s["state"]
     assert isinstance(tmp, Path) and isinstance(state, Path)
@@ -94,12 +83,13 @@ def test_a_silent_configure_step_is_stopped_at_the_build_timeout(setup: dict[str
     assert_nothing_left(setup)
 
 
+@pytest.mark.race
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_ctrl_c_during_a_long_step_exits_130_with_nothing_left(setup: dict[str, object], sig: int) -> None:
     p = start_build(setup)
     state = setup["state"]
     assert isinstance(state, Path)
-    wait_for(state / "child.pid", p)
+    wait_text(state / "child.pid", procs=[p])
     p.send_signal(sig)  # SIGINT: a terminal's Ctrl-C; SIGTERM: a CI job cancelled, `kill`
     out, err = p.communicate(timeout=60)
     assert p.returncode == 130, err

@@ -255,6 +255,7 @@ def test_a_drop_on_a_server_without_ranges_fails_at_once(tmp_path: Path, server:
     assert len(server.seen) == 1
 
 
+@pytest.mark.race
 def test_keyboard_interrupt_keeps_the_part_and_the_next_call_resumes_with_if_range(tmp_path: Path, server: Server) -> None:
     class Interrupt(ProgressHandle):
         def update(self, done: int, total: int | None = None) -> None:
@@ -447,6 +448,7 @@ class Recording:
         self.resets += 1
 
 
+@pytest.mark.race
 def test_concurrent_downloads_to_one_dest_take_turns_and_download_once(tmp_path: Path, server: Server) -> None:
     dest = tmp_path / "d" / "f"
     barrier = threading.Barrier(3)
@@ -533,6 +535,7 @@ def test_waiting_too_long_for_the_lock_is_a_store_error(tmp_path: Path, server: 
     assert server.seen == []
 
 
+@pytest.mark.race
 def test_a_lock_file_left_by_a_killed_run_is_taken_and_removed(tmp_path: Path, server: Server) -> None:
     dest = tmp_path / "f"
     dest.with_name("f.part.lock").write_text("")  # SIGKILL leaves the file; its lock died with the process

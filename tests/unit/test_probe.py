@@ -37,8 +37,8 @@ from tests.probing import (
     make_stage,
     publish,
     run_probe,
-    wait_for,
 )
+from tests.processes import wait_for
 
 
 @pytest.fixture()

@@ -18,7 +18,7 @@ from rich.console import Console
 from llamabundle import proc
 from llamabundle.errors import BuildError, SourceError, ToolchainError
 from llamabundle.log import Log
-from tests.processes import alive
+from tests.processes import alive, wait_text
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX process groups")
 
@@ -44,14 +44,7 @@ def pids(tmp: Path) -> list[int]:
     return [int((tmp / n).read_text()) for n in ("child.pid", "grandchild.pid")]
 
 
-def wait_for(path: Path) -> None:
-    for _ in range(500):
-        if path.exists() and path.read_text().strip():
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"{path} never appeared")
-
-
+@pytest.mark.race
 def test_a_silent_child_is_killed_at_its_timeout_with_its_children(tmp_path: Path) -> None:
     log, _ = plain_log()
     with pytest.raises(SourceError) as e:
@@ -62,6 +55,7 @@ def test_a_silent_child_is_killed_at_its_timeout_with_its_children(tmp_path: Pat
     assert not (tmp_path / "finished").exists()
 
 
+@pytest.mark.race
 def test_a_chatty_child_is_killed_at_its_timeout_too(tmp_path: Path) -> None:
     log, _ = plain_log()
     body = "i=0; while true; do i=$((i+1)); echo line $i; sleep 0.05; done"
@@ -85,6 +79,7 @@ def test_a_step_that_left_a_child_holding_the_output_returns_and_the_child_is_en
     assert not any(alive(p) for p in pids(tmp_path))
 
 
+@pytest.mark.race
 def test_a_failure_kills_what_the_child_started(tmp_path: Path) -> None:
     with pytest.raises(BuildError) as e:
         proc.run(script(tmp_path, "echo broken; exit 3"), log=plain_log()[0], error=BuildError, what="the build")
@@ -107,10 +102,11 @@ def test_output_resets_the_heartbeat(tmp_path: Path) -> None:
     assert "still running" not in buf.getvalue()
 
 
+@pytest.mark.race
 def test_an_interrupt_kills_the_group_and_propagates(tmp_path: Path) -> None:
     log, _ = plain_log()
     def interrupt_when_started() -> None:
-        wait_for(tmp_path / "grandchild.pid")
+        wait_text(tmp_path / "grandchild.pid")
         os.kill(os.getpid(), signal.SIGINT)
 
     timer = threading.Thread(target=interrupt_when_started)
@@ -121,6 +117,7 @@ def test_an_interrupt_kills_the_group_and_propagates(tmp_path: Path) -> None:
     assert not any(alive(p) for p in pids(tmp_path))
 
 
+@pytest.mark.race
 def test_capture_kills_the_group_on_timeout(tmp_path: Path) -> None:
     import subprocess
 

@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from llamabundle import scratch
 
 CHILD = """
@@ -28,6 +30,7 @@ def start_owner(directory: Path) -> tuple[subprocess.Popen[str], Path]:
     return p, directory / p.stdout.readline().strip()
 
 
+@pytest.mark.race
 def test_a_live_owners_leftover_is_kept_and_a_killed_ones_removed(tmp_path: Path) -> None:
     p, owned = start_owner(tmp_path)
     try:
@@ -90,6 +93,7 @@ def test_sweeping_a_missing_or_unreadable_directory_is_a_no_op(tmp_path: Path) -
     assert scratch.sweep(tmp_path / "nope", [".publish-"]) == []
 
 
+@pytest.mark.race
 def test_write_atomic_removes_a_killed_writers_temporary_file(tmp_path: Path) -> None:
     from llamabundle.runtime.results import write_atomic
 

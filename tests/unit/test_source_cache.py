@@ -272,6 +272,7 @@ def test_fetch_removes_the_fetch_directories_of_dead_owners_only(tmp_path: Path)
     assert leftovers(settings) == [other.name]
 
 
+@pytest.mark.race
 def test_a_fetch_killed_midway_leaves_nothing_the_next_fetch_keeps(tmp_path: Path) -> None:
     """SIGKILL while the tree is half made (a git that hangs after the files were copied): the next fetch
     removes the killed one's directory, ignores its unmarked tree and proves the source again."""

@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,7 @@ from llamabundle.store import open_store
 from llamabundle.store.base import Entry
 from llamabundle.store.local import SUMS, LocalStore
 from tests import bundles as tb
+from tests.processes import wait_for
 
 TAG = "store"
 KEY = tb.key_for(TAG)  # the sha256 of the bundle's recorded inputs, as a build's key is
@@ -321,16 +321,7 @@ print(json.dumps({"created": done.created, "sha": done.entry.zip_sha256, "locati
 """
 
 
-def _wait_for(paths: list[Path], procs: list[subprocess.Popen], timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not all(p.exists() for p in paths):
-        for pr in procs:
-            if pr.poll() is not None:
-                raise AssertionError(f"a publisher exited early: {pr.communicate()}")
-        assert time.monotonic() < deadline, "publishers did not start"
-        time.sleep(0.005)
-
-
+@pytest.mark.race
 def test_two_processes_publishing_the_same_key_leave_one_complete_entry(tmp_path: Path) -> None:
     zip_path, manifest = make_bundle(tmp_path)
     manifest_path = tmp_path / "manifest.json"
@@ -342,7 +333,7 @@ def test_two_processes_publishing_the_same_key_leave_one_complete_entry(tmp_path
                                str(r), str(go)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for r in readies]
     try:
-        _wait_for(readies, procs)
+        wait_for(lambda: all(r.exists() for r in readies), procs=procs, name="both publishers to start")
         go.touch()  # both are spinning on the barrier: release them together
         outs = [p.communicate(timeout=60) for p in procs]
     finally:
@@ -362,6 +353,7 @@ def test_two_processes_publishing_the_same_key_leave_one_complete_entry(tmp_path
     assert LocalStore(root).lookup(KEY).zip_sha256 == sha256(zip_path)
 
 
+@pytest.mark.race
 def test_two_concurrent_cli_publishes_both_succeed(tmp_path: Path) -> None:
     zip_path, _manifest = make_bundle(tmp_path)
     root = tmp_path / "store"

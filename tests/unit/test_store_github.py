@@ -259,6 +259,7 @@ def test_fetch_of_a_changed_asset_is_a_verify_error(gh: FakeGitHub, tmp_path: Pa
 # ------------------------------------------------------------------------------- concurrency
 
 
+@pytest.mark.race
 def test_four_concurrent_publishers_leave_one_release(gh: FakeGitHub, tmp_path: Path) -> None:
     zip_path, manifest = make_bundle(tmp_path)
     barrier = threading.Barrier(4)

@@ -262,6 +262,7 @@ def spawn_fetch(gh: FakeGitHub, dest: Path, go: Path | None) -> subprocess.Popen
 BIG = {"llama-server": os.urandom(2 << 20), "LICENSE": b"MIT License\n"}  # 2 MiB that do not compress
 
 
+@pytest.mark.race
 def test_three_processes_fetching_one_entry_into_one_dest_all_succeed(gh: FakeGitHub, tmp_path: Path) -> None:
     zip_path, _m = published(gh, tmp_path, files=BIG)
     gh.cdn_rate = 4 << 20  # half a second for the zip: the three overlap
@@ -279,6 +280,7 @@ def test_three_processes_fetching_one_entry_into_one_dest_all_succeed(gh: FakeGi
     assert sum("another process is downloading it" in out for out in outs) == 2
 
 
+@pytest.mark.race
 def test_a_fetch_killed_mid_download_is_resumed_by_the_next(gh: FakeGitHub, tmp_path: Path) -> None:
     zip_path, _m = published(gh, tmp_path, files=BIG)
     gh.cdn_rate = 1 << 20

@@ -33,6 +33,8 @@ from tests.ghstore import (
     store_for,
 )
 
+pytestmark = pytest.mark.race
+
 ROOT = Path(__file__).resolve().parents[2]
 NAMES = ["SHA256SUMS", "bundle.json", "bundle.zip"]
 

@@ -35,7 +35,8 @@ from llamabundle.runtime.telemetry import (
 )
 from tests.clicontract import valid
 from tests.probing import fake_smi as probe_fake_smi
-from tests.probing import installed, make_stage, wait_for
+from tests.probing import installed, make_stage
+from tests.processes import wait_for
 
 SLEEP = shutil.which("sleep") or "/bin/sleep"
 GPU0 = "0, NVIDIA H200, 580.95.05, 37, 1234, 143771"
@@ -248,6 +249,7 @@ def test_the_server_is_checked_even_when_the_sample_is_cached(tmp_path: Path, en
     assert tele(tmp_path, env, p.pid, smi).reason is Inactive.SERVER_NOT_RUNNING and len(calls(smi)) == 1
 
 
+@pytest.mark.race
 def test_concurrent_threads_share_one_nvidia_smi_run(tmp_path: Path, env: dict[str, str],
                                                      server: subprocess.Popen[bytes]) -> None:
     gate, started = tmp_path / "gate", tmp_path / "started"
@@ -270,6 +272,7 @@ def test_concurrent_threads_share_one_nvidia_smi_run(tmp_path: Path, env: dict[s
     assert sorted(r.cached for r in results) == [False] + [True] * 7
 
 
+@pytest.mark.race
 def test_concurrent_processes_share_one_nvidia_smi_run(tmp_path: Path, env: dict[str, str],
                                                        server: subprocess.Popen[bytes]) -> None:
     gate, started = tmp_path / "gate", tmp_path / "started"

@@ -192,6 +192,7 @@ def test_toolkit_errors_exit_3(recipe13: Path, tmp_path: Path, capsys: pytest.Ca
     assert code == 3 and "no such manifest" in err
 
 
+@pytest.mark.race
 def test_concurrent_installs_from_two_processes_make_one_root(cli_repo: Repo, recipe13: Path) -> None:
     cli_repo.server.delay = 0.15  # each request slow: the two processes overlap
     env = {**os.environ, "PYTHONPATH": str(ROOT), "LLAMABUNDLE_CACHE_DIR": str(cli_repo.cache),

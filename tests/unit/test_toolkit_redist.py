@@ -282,6 +282,7 @@ def test_dest_directory(repo: Repo, tmp_path: Path) -> None:
     assert repo.install(plan, dest=empty).toolkit.root == empty
 
 
+@pytest.mark.race
 def test_stale_temp_tree_of_a_killed_install_is_cleaned(repo: Repo) -> None:
     plan = repo.plan(["cuda_nvcc"])
     root = plan.root(repo.cache)

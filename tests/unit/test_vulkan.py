@@ -330,6 +330,7 @@ def test_lint_passes_a_vulkan_recipe_on_a_machine_without_glslc(tmp_path: Path) 
     assert "no key here: the cache key needs" in res.output  # glslc, and here g++ as well: PATH holds neither
 
 
+@pytest.mark.race
 def test_two_runs_fetching_the_headers_at_once_end_with_one_tree(tmp_path: Path, served: dict[str, bytes]) -> None:
     h = headers_for(served, GOOD_DEB)
     got: list[Path | BaseException] = []

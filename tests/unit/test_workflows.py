@@ -123,6 +123,7 @@ def step_running(steps: list[dict[str, Any]], needle: str) -> dict[str, Any]:
 # ------------------------------------------------------------------------------- linters and pins
 
 
+@pytest.mark.lint
 def test_actionlint_finds_nothing() -> None:
     actionlint = find_actionlint()
     if actionlint is None:
@@ -134,6 +135,7 @@ def test_actionlint_finds_nothing() -> None:
     assert proc.returncode == 0 and out == "", f"actionlint exited {proc.returncode}:\n{out}"
 
 
+@pytest.mark.lint
 def test_zizmor_finds_nothing() -> None:
     """zizmor's offline audits (template injection, credential persistence, unpinned actions, excessive
     permissions, cache poisoning, ...): no finding, besides the ones release.yml ignores with a reason."""
