@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
+    from tests.fakegithub import FakeGitHub
     from tests.pefiles import Built
     from tests.redist import Repo
 
@@ -98,6 +99,16 @@ def cli_repo(repo: Repo, monkeypatch: pytest.MonkeyPatch) -> Repo:
     monkeypatch.setenv("LLAMABUNDLE_CACHE_DIR", str(repo.cache))
     monkeypatch.setenv("LLAMABUNDLE_CUDA_REDIST_URL", repo.server.url + "/")
     return repo
+
+
+@pytest.fixture
+def gh() -> Iterator[FakeGitHub]:
+    """The fake GitHub (tests/fakegithub.py) holding the test repository (tests.ghstore.REPO), on loopback."""
+    from tests.fakegithub import FakeGitHub
+    from tests.ghstore import REPO, TOKEN
+
+    with FakeGitHub(REPO, token=TOKEN) as g:
+        yield g
 
 
 @pytest.fixture

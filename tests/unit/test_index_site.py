@@ -392,12 +392,6 @@ def test_out_is_checked_before_the_store_is_listed(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------------- the GitHub store
 
 
-@pytest.fixture
-def gh() -> Any:
-    with FakeGitHub(REPO, token=TOKEN) as g:
-        yield g
-
-
 def gh_store(gh: FakeGitHub) -> GitHubStore:
     return GitHubStore(REPO, api_url=gh.api_url, token=TOKEN, sleep=lambda _s: None)
 

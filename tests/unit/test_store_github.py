@@ -45,12 +45,6 @@ def with_fields(m: Manifest, **fields: Any) -> Manifest:
     return manifest_mod.parse({**m.to_json(), **fields})
 
 
-@pytest.fixture
-def gh() -> Any:
-    with FakeGitHub(REPO, token=TOKEN) as g:
-        yield g
-
-
 def api_requests(gh: FakeGitHub, since: int = 0) -> list[Request]:
     return [r for r in gh.requests[since:] if r.host == "api"]
 

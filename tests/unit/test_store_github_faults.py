@@ -41,12 +41,6 @@ from tests.loopback import Reply
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture
-def gh() -> Any:
-    with FakeGitHub(REPO, token=TOKEN) as g:
-        yield g
-
-
 def published(gh: FakeGitHub, tmp: Path, **kw: Any) -> tuple[Path, Manifest]:
     zip_path, m = make_bundle(tmp, **kw)
     assert store_for(gh).publish(zip_path, m).created

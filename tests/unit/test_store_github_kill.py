@@ -116,12 +116,6 @@ def assert_published_once(gh: FakeGitHub, zip_path: Path) -> None:
     assert f"refs/tags/{TAG}" in gh.refs
 
 
-@pytest.fixture
-def gh() -> Any:
-    with FakeGitHub(REPO, token=TOKEN) as g:
-        yield g
-
-
 # -------------------------------------------------------------------- SIGKILL, then a takeover
 
 
