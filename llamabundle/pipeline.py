@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -113,15 +114,7 @@ def build(keyed: Keyed, *, settings: Settings, store: Store, log: Log, env: Mapp
     if not platforms.get(recipe.platform).can_build_on(host, recipe.toolchain.compiler):
         raise UsageError(f"{recipe.platform} bundles cannot be built on {host} by this version",
                          fix=f"run the build on a {recipe.platform} machine (or cross-build with toolchain: {{compiler: mingw}})")
-    locks = cache.lock_dir(settings.cache_dir)
-    locks.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(str(locks / f"build-{key[:16]}.lock"))
-    try:
-        lock.acquire(timeout=0)
-    except Timeout:
-        log.info(f"another llamabundle process is building {key[:12]} with this cache; waiting for it")
-        lock.acquire()
-    try:  # one build per key and cache at a time
+    with making(settings, key, log):
         if not force:
             entry = store.lookup(key)
             if entry is not None:  # the process we waited for stored it
@@ -130,6 +123,22 @@ def build(keyed: Keyed, *, settings: Settings, store: Store, log: Log, env: Mapp
         return _build_locked(keyed, settings=settings, store=store, log=log, env=env, publish=publish,
                              out=out, jobs=jobs, clean=clean, toolkit_source=toolkit_source,
                              check_reproducible=check_reproducible, ops_tool=ops_tool)
+
+
+@contextmanager
+def making(settings: Settings, key: str, log: Log) -> Iterator[None]:
+    """One process at a time makes the bundle of a key with a cache (`build`, `bundle`): its build tree and
+    its zip in out/ are the cache's, not the process's; another waits, saying so."""
+    locks = cache.lock_dir(settings.cache_dir)
+    locks.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(locks / f"build-{key[:16]}.lock"))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        log.info(f"another llamabundle process is making {key[:12]} with this cache; waiting for it")
+        lock.acquire()
+    try:
+        yield
     finally:
         lock.release()
 

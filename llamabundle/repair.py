@@ -20,7 +20,7 @@ from .compilers import version_matches
 from .errors import ToolchainError, UsageError
 from .log import Log
 from .package import Made
-from .pipeline import BuildOutcome, assemble, check_out, expect_for, sweep_cache, unpack_to
+from .pipeline import BuildOutcome, assemble, check_out, expect_for, making, sweep_cache, unpack_to
 from .recipe import HostFacts, Recipe
 from .settings import Settings
 from .source import SourceTree
@@ -125,18 +125,19 @@ def bundle_build(recipe: Recipe, build_dir: Path, *, out: Path, toolkit_root: Pa
                          f"looked for in {plan.output_dir}", fix="build the recipe's targets there first")
     result = BuildResult(plan=plan, log_path=build_dir / CMAKE_CACHE, compiler=tree.compiler, compiled=0)
     zip_path = cache.out_zip(settings.cache_dir, recipe.name, keyed.key)
-    with log.step(f"bundle {build_dir} as {recipe.name} ({made.key[:12]})"):
-        manifest, collected, report = assemble(made, plan, result, zip_path, toolchain=toolchain, settings=settings,
-                                               log=log)
-    outcome = BuildOutcome(key=made.key, hit=False, zip_path=zip_path, manifest=manifest, verify=report,
-                           bundled_libs={k: str(v) for k, v in collected.bundled.items()})
-    if as_zip:
-        tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-        shutil.copyfile(zip_path, tmp)
-        os.replace(tmp, out)
-        outcome.zip_path = out
-        log.info(f"bundle written to {out}")
-    else:
-        outcome.out_dir = unpack_to(zip_path, out, expect_for(keyed))
-        log.info(f"bundle unpacked in {out}")
+    with making(settings, keyed.key, log):  # out/'s zip is this process's until it is copied or unpacked
+        with log.step(f"bundle {build_dir} as {recipe.name} ({made.key[:12]})"):
+            manifest, collected, report = assemble(made, plan, result, zip_path, toolchain=toolchain,
+                                                   settings=settings, log=log)
+        outcome = BuildOutcome(key=made.key, hit=False, zip_path=zip_path, manifest=manifest, verify=report,
+                               bundled_libs={k: str(v) for k, v in collected.bundled.items()})
+        if as_zip:
+            tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+            shutil.copyfile(zip_path, tmp)
+            os.replace(tmp, out)
+            outcome.zip_path = out
+            log.info(f"bundle written to {out}")
+        else:
+            outcome.out_dir = unpack_to(zip_path, out, expect_for(keyed))
+            log.info(f"bundle unpacked in {out}")
     return outcome

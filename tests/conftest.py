@@ -26,6 +26,7 @@ def group_of(item: pytest.Item) -> str | None:
     return None
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks into the node ids
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.path.parent == E2E:
@@ -33,3 +34,32 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         group = group_of(item)
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
+
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """pytest 9.2 keeps node ids where pytest-xdist 3.8 cannot add a test's group to them (pytest-xdist#1386):
+    the groups would be spread over the workers in silence (each building the shared build again)."""
+    from importlib.metadata import version
+
+    if (config.getoption("dist", "no") == "loadgroup" and config.getoption("numprocesses", None)
+            and pytest.version_tuple[:2] >= (9, 2)
+            and tuple(int(x) for x in version("pytest-xdist").split(".")[:2]) <= (3, 8)):
+        raise pytest.UsageError(f"pytest {pytest.__version__} with pytest-xdist {version('pytest-xdist')} cannot "
+                                "keep the test groups together (pytest-xdist#1386): install the test extra's pins "
+                                "(pip install -e '.[test]'), or run serially with -n 0")
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """On a worker: every grouped test carries its group in its node id, which is how xdist's scheduler sees
+    it. A pytest whose node ids xdist cannot extend (9.2, pytest-xdist#1386) would spread the groups over the
+    workers in silence (each building the shared build again): stop instead."""
+    if not (hasattr(session.config, "workerinput") and session.config.getvalue("loadgroup")):
+        return
+    lost = [item.nodeid for item in session.items
+            if (mark := item.get_closest_marker("xdist_group")) and not item.nodeid.endswith(f"@{mark.args[0]}")]
+    if lost:
+        raise pytest.UsageError(f"pytest-xdist could not group {len(lost)} tests (e.g. {lost[0]}): this pytest and "
+                                "pytest-xdist do not work together for --dist loadgroup (pytest-xdist#1386); "
+                                "install the test extra's pins (pip install -e '.[test]')")
+

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from llamabundle import bundle, keys
+from llamabundle import bundle, digest, keys
 from llamabundle.bundle.manifest import Manifest
 from llamabundle.runtime.install import BUNDLES
 from llamabundle.store.local import SUMS
@@ -39,7 +39,7 @@ def plant(store_root: Path, key: str, zip_path: Path, manifest: bytes | str) -> 
     d = store_root / key
     d.mkdir(parents=True, exist_ok=True)
     (d / zip_path.name).write_bytes(zip_path.read_bytes())
-    (d / SUMS).write_text(f"{bundle.sha256_file(zip_path)}  {zip_path.name}\n", encoding="utf-8")
+    (d / SUMS).write_text(f"{digest.sha256_file(zip_path)}  {zip_path.name}\n", encoding="utf-8")
     (d / bundle.MANIFEST).write_bytes(manifest.encode() if isinstance(manifest, str) else manifest)
     return d
 

@@ -150,7 +150,7 @@ def test_the_index_renders_one_row_per_bundle_grouped_by_platform(tmp_path: Path
     assert "js" in (html_el.get("class") or "").split(), "the page's own script did not run (CSP hash?)"
     assert sorted(d.rows) == sorted(m.key for m in made)  # one row per bundle, in the DOM the browser built
     assert [a["data-platform"] for a in d.tags("section")] == ["linux-x86_64", "windows-x86_64"]
-    cuda = next(m for m in made if m.cuda is not None)
+    cuda = next(m for m in made if "cuda" in m.sections)
     text = " ".join(d.rows[cuda.key])
     assert "12.8.1" in text and "86 89 120a" in text and "50 61 70 75 80" in text and "572.61" in text
     assert "windows-x86_64-cuda12.8.zip" in text and "2025-05-02" in text and "14:03:19 UTC" in text

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from llamabundle import bundle
+from llamabundle import digest
 from llamabundle.bundle import manifest as manifest_mod
 from llamabundle.runtime.install import check_bundle, list_installed
 from llamabundle.store.local import SUMS, LocalStore
@@ -60,7 +60,7 @@ def rewrite(zip_path: Path, change: dict[str, bytes], *, compression: int = zipf
         for name in set(change) - {i.filename for i, _ in members}:
             z.writestr(name, change[name])
     tmp.replace(zip_path)
-    (zip_path.parent / SUMS).write_text(f"{bundle.sha256_file(zip_path)}  {zip_path.name}\n", encoding="utf-8")
+    (zip_path.parent / SUMS).write_text(f"{digest.sha256_file(zip_path)}  {zip_path.name}\n", encoding="utf-8")
 
 
 def nothing_installed(dest: Path, name: str) -> None:
@@ -118,7 +118,7 @@ def test_node_refuses_a_replaced_zip(tmp_path: Path) -> None:
     shutil.copyfile(other_zip, zip_path)  # a valid bundle, but not the zip SHA256SUMS names
     r = node(store, m["key"], tmp_path / "apps")
     assert r.returncode == 5, (r.stdout, r.stderr)
-    assert f"refused: {zip_path.name} has sha256 {bundle.sha256_file(other_zip)}, the store's SHA256SUMS says" in r.stderr
+    assert f"refused: {zip_path.name} has sha256 {digest.sha256_file(other_zip)}, the store's SHA256SUMS says" in r.stderr
     nothing_installed(tmp_path / "apps", m["name"])
 
 

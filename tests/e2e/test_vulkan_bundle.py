@@ -196,7 +196,7 @@ def test_plan_sizes_its_rungs_with_the_bundles_dry_run_as_llama_server_allocates
     finally:
         server.terminate()
         server.wait(timeout=30)
-    from llamabundle.runtime.offload import parse_buffer_log
+    from llamabundle.runtime.server_args import parse_buffer_log
 
     logged = parse_buffer_log(log.read_text(errors="replace"))
     for kind, key in (("model", "weights"), ("kv", "kv"), ("compute", "compute")):

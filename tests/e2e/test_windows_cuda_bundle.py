@@ -261,3 +261,27 @@ def test_without_the_redist_or_the_toolkit_it_says_what_to_pass(windows_tree: di
     res = run_cli("bundle", RECIPE, windows_tree["build"], "--out", tmp_path / "o", "--msvc-redist",
                   windows_tree["redist"], env=e2e_env)
     assert res.returncode == 2 and "--toolkit-root is needed" in res.stderr and not (tmp_path / "o").exists()
+
+
+def test_two_bundles_of_one_key_made_at_once_with_one_cache_each_hold_their_own_tree(
+        windows_tree: dict[str, Path], e2e_env: dict[str, str], tmp_path: Path) -> None:
+    """The zip of a key in the cache's out/ is the cache's: a second `bundle` of that key waits for the first
+    rather than packing over the zip the first is still unpacking. The second tree's CRT stand-in differs,
+    so each bundle must hold its own."""
+    redists = [windows_tree["redist"], tmp_path / "vs" / REDIST]
+    shutil.copytree(redists[0], redists[1])
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "stand_in.c").write_text('__declspec(dllexport) const char *which(void) { return "the second tree"; }\n')
+    _run(CC, "-shared", "-o", redists[1] / "x64" / "Microsoft.VC143.CRT" / "vcruntime140.dll", "stand_in.c", cwd=src)
+    outs = [tmp_path / f"out{i}" for i in range(2)]
+    procs = [subprocess.Popen([sys.executable, "-m", "llamabundle", "bundle", str(RECIPE), str(windows_tree["build"]),
+                               "--out", str(out), "--toolkit-root", str(windows_tree["toolkit"]), "--msvc-redist", str(r)],
+                              env=e2e_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+             for out, r in zip(outs, redists, strict=True)]
+    done = [p.communicate(timeout=1800) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], done
+    for out, redist in zip(outs, redists, strict=True):
+        crt = redist / "x64" / "Microsoft.VC143.CRT" / "vcruntime140.dll"
+        assert (out / "vcruntime140.dll").read_bytes() == crt.read_bytes(), out
+    assert sum("with this cache; waiting for it" in err for _, err in done) == 1, done  # they overlapped

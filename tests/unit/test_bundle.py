@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from llamabundle import bundle
+from llamabundle import bundle, digest
 from llamabundle.bundle import (
     MANIFEST,
     file_entries,
@@ -99,7 +99,7 @@ def test_sha256_file_matches_hashlib(tmp_path: Path) -> None:
     f = tmp_path / "big"
     data = os.urandom((1 << 20) + 17)  # crosses the read chunk
     f.write_bytes(data)
-    assert bundle.sha256_file(f) == sha(data)
+    assert digest.sha256_file(f) == sha(data)
 
 
 # ------------------------------------------------------------------------------------ manifest

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from llamabundle import keys
+from llamabundle.backends.base import Launcher
 from llamabundle.backends.cuda import determinism, nvcc_launch
 from llamabundle.build import FIXED_LENGTH, BuildPlan, BuildTools, fixed_path, make_links, plan_build
 from llamabundle.errors import BuildError
@@ -105,7 +106,7 @@ def test_links_are_made_replaced_when_stale_and_never_over_a_directory(tmp_path:
     assert blocked.is_dir() and not blocked.is_symlink()
 
 
-def _launcher_tree(tmp_path: Path) -> tuple[determinism.Launcher, Path, Path]:
+def _launcher_tree(tmp_path: Path) -> tuple[Launcher, Path, Path]:
     src, build = tmp_path / "fixed" / "s", tmp_path / "fixed" / "b"
     (src / "ggml").mkdir(parents=True)
     build.mkdir(parents=True)

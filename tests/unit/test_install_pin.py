@@ -16,7 +16,7 @@ import jsonschema
 import pytest
 from clirun import run
 
-from llamabundle import bundle
+from llamabundle import bundle, digest
 from llamabundle.errors import UsageError
 from llamabundle.log import Log
 from llamabundle.reasons import Reason
@@ -52,7 +52,7 @@ class Made:
 
     @property
     def sha256(self) -> str:
-        return bundle.sha256_file(self.zip_path)
+        return digest.sha256_file(self.zip_path)
 
     @property
     def sums_line(self) -> str:

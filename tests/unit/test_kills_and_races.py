@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from llamabundle import bundle, keys
+from llamabundle import bundle, digest, keys
 from llamabundle.store.local import LocalStore
 from tests import bundles as tb
 from tests.processes import wait_for, wait_text
@@ -150,7 +150,7 @@ def test_three_fetches_of_one_key_into_one_cache_all_succeed(tmp_path: Path) -> 
     fetched = tmp_path / "cache" / "fetched" / key
     assert sorted(p.name for p in fetched.iterdir()) == ["linux-x86_64-cpu.zip"]  # one zip, no .part
     for i in range(3):
-        assert bundle.sha256_file(tmp_path / f"out{i}" / "payload.bin") == bundle.sha256_file(
+        assert digest.sha256_file(tmp_path / f"out{i}" / "payload.bin") == digest.sha256_file(
             tmp_path / "unpacked" / "payload.bin")
 
 

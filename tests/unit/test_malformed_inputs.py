@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from clirun import run
 
-from llamabundle import bundle, keys
+from llamabundle import bundle, digest, keys
 from tests import bundles as tb
 from tests.clicontract import all_commands
 
@@ -98,7 +98,7 @@ class World:
         entry = root / self.recipe_key
         entry.mkdir(parents=True)
         (entry / "linux-x86_64-cpu.zip").write_bytes(self.good_zip.read_bytes())
-        (entry / "SHA256SUMS").write_text(f"{bundle.sha256_file(self.good_zip)}  linux-x86_64-cpu.zip\n")
+        (entry / "SHA256SUMS").write_text(f"{digest.sha256_file(self.good_zip)}  linux-x86_64-cpu.zip\n")
         (entry / bundle.MANIFEST).write_text(json.dumps(MANIFESTS[manifest](self.good)))
         return root
 

@@ -21,6 +21,7 @@ from llamabundle import keys, verify
 from llamabundle import recipe as recipe_mod
 from llamabundle.archive import UnsafeArchive
 from llamabundle.backends import vulkan
+from llamabundle.bundle.manifest import Manifest
 from llamabundle.errors import BuildError, RecipeError, ToolchainError, VerifyError
 from llamabundle.log import Log
 from llamabundle.recipe import HostFacts, ToolFound
@@ -273,7 +274,7 @@ def report(loaded: dict[str, str], devices: list[str]) -> verify.VerifyReport:
     return r
 
 
-def manifest_of(*backends: str) -> verify.Manifest:
+def manifest_of(*backends: str) -> Manifest:
     from types import SimpleNamespace
 
     return SimpleNamespace(backends=backends, sections={})  # type: ignore[return-value]
