@@ -79,6 +79,11 @@ def backend_targets(recipe: Recipe) -> tuple[str, ...]:
 FIXED_LENGTH = 120  # of the paths a build with a compiler launcher is configured at
 
 
+def max_fixed_root(tag: str = "s") -> int:
+    """The longest `root` fixed_path still pads to FIXED_LENGTH characters."""
+    return FIXED_LENGTH - 1 - len(tag) - 16 - 1
+
+
 def fixed_path(real: Path, root: Path, tag: str) -> Path:
     """A path of FIXED_LENGTH characters under `root` for the directory `real` (a symbolic link the build
     makes; its name is a digest of `real`, padded): nvcc's output follows the lengths of the paths it is
@@ -290,6 +295,8 @@ def run_build(plan: BuildPlan, *, log: Log, env: Mapping[str, str], clean: bool 
         shutil.rmtree(bd, ignore_errors=True)
     bd.mkdir(parents=True, exist_ok=True)
     make_links(plan.links)
+    if (warning := unpadded(plan.links)) is not None:
+        log.warn(warning)
     for name, text in plan.files:  # rewritten only when changed: a new mtime would rerun cmake and recompile
         f = Path(name)
         if not f.is_file() or f.read_text(encoding="utf-8") != text:
@@ -321,6 +328,19 @@ def run_build(plan: BuildPlan, *, log: Log, env: Mapping[str, str], clean: bool 
             raise BuildError(f"the build did not produce {name}", why=f"expected it in {plan.output_dir}",
                              fix="check that the recipe's targets and cmake options build it")
     return BuildResult(plan=plan, log_path=log_path, compiler=compiler_of(bd), compiled=compiled)
+
+
+def unpadded(links: Sequence[tuple[str, str]]) -> str | None:
+    """Why a build through these fixed paths gives other CUDA objects than one with another cache directory
+    (None: they are all FIXED_LENGTH characters long)."""
+    longer = [fixed for fixed, _ in links if len(fixed) != FIXED_LENGTH]
+    if not longer:
+        return None
+    root = Path(longer[0]).parent
+    return (f"the fixed-length paths this build compiles through are longer than {FIXED_LENGTH} characters "
+            f"(under {root}, {len(str(root))} characters): its CUDA objects follow the length of that directory, "
+            f"so only a build with a cache directory of the same length gives the same bytes; a cache directory "
+            f"of at most {max_fixed_root() - len(root.name) - 1} characters (LLAMABUNDLE_CACHE_DIR) makes them the same everywhere")
 
 
 def make_links(links: Sequence[tuple[str, str]]) -> None:

@@ -17,13 +17,14 @@ import dataclasses
 import hashlib
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from llamabundle import keys, source
 from llamabundle.backends.cuda.toolkit.layout import Toolkit
-from llamabundle.build import locate_tools, plan_build, remove_links, run_build
+from llamabundle.build import FIXED_LENGTH, locate_tools, max_fixed_root, plan_build, remove_links, run_build
 from llamabundle.log import Log
 from llamabundle.recipe import NO_HOST
 from llamabundle.settings import Settings
@@ -39,6 +40,7 @@ def _build(recipe_path: Path, src: Path, build: Path, fixed: Path, toolkit: Path
     plan = plan_build(recipe, NO_HOST, source_dir=src, build_dir=build, tools=tools, jobs=2,
                       toolkit_roots={"cuda": toolkit}, env={}, fixed_root=fixed)
     assert len(plan.links) == 3 and plan.commands  # source, build, toolkit: fixed-length links; the pin compiled first
+    assert all(len(f) == FIXED_LENGTH for f, _ in plan.links)
     fixed_build = plan.links[1][0]
     plan = dataclasses.replace(plan, build=(tools.ninja, "-C", fixed_build, "-j2", *OBJECTS), programs=(), backends=())
     try:
@@ -55,7 +57,12 @@ def test_two_trees_at_paths_of_other_lengths_give_the_same_cuda_objects(toolkit:
     settings = Settings.from_env(e2e_env)
     recipe = keys.load(CUDA_RECIPE)
     tree = source.fetch_source(recipe, settings, Log(quiet=True))
-    fixed = tmp_path / "fixed"
+    # The cache directories' fixed roots lie outside tmp_path: under pytest-xdist's deeper basetemp, a root under
+    # it is too long to pad, and builds agree only with roots of one length (run_build warns of that).
+    roots = Path(tempfile.mkdtemp(prefix="lb-fixed-"))
+    fixed = roots / "fixed"
+    other_fixed = roots / "another" / "cache" / "directory" / "fixed"
+    assert len(str(other_fixed)) <= max_fixed_root(), f"{roots} (TMPDIR) is too long for this test"
     short_build = tmp_path / "b"
     deep = tmp_path / "elsewhere" / ("d" * 40) / "src"
     long_build = tmp_path / "elsewhere" / ("d" * 40) / ("b" * 40) / "build"
@@ -70,8 +77,10 @@ def test_two_trees_at_paths_of_other_lengths_give_the_same_cuda_objects(toolkit:
         shutil.rmtree(other_toolkit, ignore_errors=True)
         shutil.copytree(toolkit.root, other_toolkit, symlinks=True)
     assert len(str(other_toolkit)) != len(str(toolkit.root))
-    other_fixed = tmp_path / "another" / "cache" / "directory" / "fixed"
-    first = _build(CUDA_RECIPE, tree.path, short_build, fixed, toolkit.root, e2e_env)
-    second = _build(CUDA_RECIPE, deep / "llama.cpp", long_build, other_fixed, other_toolkit, e2e_env)
-    assert first == second
-    assert not any(fixed.iterdir()) and not any(other_fixed.iterdir())  # the links of both trees are gone
+    try:
+        first = _build(CUDA_RECIPE, tree.path, short_build, fixed, toolkit.root, e2e_env)
+        second = _build(CUDA_RECIPE, deep / "llama.cpp", long_build, other_fixed, other_toolkit, e2e_env)
+        assert first == second
+        assert not any(fixed.iterdir()) and not any(other_fixed.iterdir())  # the links of both trees are gone
+    finally:
+        shutil.rmtree(roots, ignore_errors=True)

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-from clirun import run  # noqa: E402
 from rich.console import Console
 
 from llamabundle import data, keys
@@ -24,6 +23,7 @@ from llamabundle.backends.cuda.report import (
     gpu_generations,
 )
 from llamabundle.cli.archs import plain_lines, print_table
+from tests.clirun import run  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU = ROOT / "recipes" / "linux-x86_64-cpu.yaml"

@@ -12,12 +12,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from clirun import run  # noqa: E402
 
 from llamabundle import bundle, keys
 from llamabundle.digest import canonical_json
 from tests.clibundles import FILES, LINUX, LINUX_KEY, WINDOWS, make_bundle_dir, make_bundle_zip
 from tests.clicontract import all_commands
+from tests.clirun import run  # noqa: E402
 
 # --------------------------------------------------------------------------------- recipes / key
 

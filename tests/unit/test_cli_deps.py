@@ -9,8 +9,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from clirun import run
 
+from tests.clirun import run
 from tests.pefiles import CC, MINGW_OMP, Built, as_i386, make_dir
 
 needs_mingw = pytest.mark.skipif(shutil.which(CC) is None, reason=f"{CC} (mingw-w64) is needed to build real PE files")

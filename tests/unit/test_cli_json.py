@@ -20,7 +20,6 @@ from typing import Any
 import click
 import jsonschema
 import pytest
-from clirun import run
 
 from llamabundle import bundle, keys
 from llamabundle.cli import cli
@@ -30,6 +29,7 @@ from llamabundle.runtime.results import parse_utc_timestamp, utc_timestamp
 from llamabundle.settings import Settings
 from tests.clibundles import LINUX, LINUX_KEY, WINDOWS, make_bundle_dir, make_bundle_zip
 from tests.clicontract import SCHEMAS, schema, valid
+from tests.clirun import run
 from tests.probing import OLD, fake_smi
 from tests.probing import publish as publish_cuda
 from tests.redist import Repo

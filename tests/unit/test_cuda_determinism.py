@@ -21,7 +21,16 @@ import pytest
 from llamabundle import keys
 from llamabundle.backends.base import Launcher
 from llamabundle.backends.cuda import determinism, nvcc_launch
-from llamabundle.build import FIXED_LENGTH, BuildPlan, BuildTools, fixed_path, make_links, plan_build
+from llamabundle.build import (
+    FIXED_LENGTH,
+    BuildPlan,
+    BuildTools,
+    fixed_path,
+    make_links,
+    max_fixed_root,
+    plan_build,
+    unpadded,
+)
 from llamabundle.errors import BuildError
 from llamabundle.recipe import NO_HOST
 
@@ -47,6 +56,18 @@ def test_fixed_paths_have_one_length_wherever_the_trees_lie(tmp_path: Path) -> N
     b = fixed_path(tmp_path / "cache" / "tmp" / "repro-x" / "elsewhere" / "src" / "llama.cpp", root, "s")
     assert len(str(a)) == len(str(b)) == FIXED_LENGTH and a != b and a.parent == b.parent == root
     assert fixed_path(Path("/x"), root, "s") == fixed_path(Path("/x"), root, "s") != fixed_path(Path("/x"), root, "b")
+
+
+def test_a_cache_directory_too_long_to_pad_is_named_with_the_length_that_fits() -> None:
+    fits = Path("/c" + "x" * (max_fixed_root() - 2 - len("/fixed"))) / "fixed"
+    too_long = Path(str(fits.parent) + "x") / "fixed"
+    assert len(str(fits)) == max_fixed_root() == len(str(too_long)) - 1
+    assert unpadded(_plan(CUDA, Path("/s"), Path("/b"), fits).links) is None
+    links = _plan(CUDA, Path("/s"), Path("/b"), too_long).links
+    assert [len(f) for f, _ in links] == [FIXED_LENGTH + 1] * 3
+    warning = unpadded(links)
+    assert warning is not None and f"under {too_long}, {max_fixed_root() + 1} characters" in warning
+    assert f"at most {len(str(fits.parent))} characters (LLAMABUNDLE_CACHE_DIR)" in warning
 
 
 def _plan(recipe: Path, src: Path, build: Path, fixed: Path | None) -> BuildPlan:

@@ -11,7 +11,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from clirun import run
 
 from llamabundle.data import MEMORY_PROGRAM as PROGRAM
 from llamabundle.errors import UsageError
@@ -29,6 +28,7 @@ from llamabundle.runtime.offload import LLAMA_CPP, plan_for_app, plan_offload
 from llamabundle.runtime.server_args import parse_server_args
 from tests.bundles import write_bundle
 from tests.clicontract import valid
+from tests.clirun import run
 from tests.ggufs import write
 
 # What the pinned llamabundle-memory printed on lavapipe (m8.gguf, -ngl 4 -c 4096): common_fit_print's table.

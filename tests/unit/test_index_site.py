@@ -15,7 +15,6 @@ from urllib.parse import parse_qs, urlsplit
 
 import jsonschema
 import pytest
-from clirun import run
 
 from llamabundle import index_site
 from llamabundle.bundle import manifest as manifest_mod
@@ -24,6 +23,7 @@ from llamabundle.index_site import Row, Site
 from llamabundle.store.github import GitHubStore
 from llamabundle.store.local import LocalStore
 from tests import bundles
+from tests.clirun import run
 from tests.fakegithub import FakeGitHub, Request
 
 DATA = resources.files("llamabundle.data")

@@ -14,7 +14,6 @@ from typing import Any
 
 import jsonschema
 import pytest
-from clirun import run
 
 from llamabundle import bundle, digest
 from llamabundle.errors import UsageError
@@ -35,6 +34,7 @@ from llamabundle.store.base import Entry
 from llamabundle.store.github import GitHubStore
 from llamabundle.store.local import SUMS, LocalStore
 from tests import bundles as tb
+from tests.clirun import run
 from tests.fakegithub import FakeGitHub
 
 QUIET = Log(quiet=True)

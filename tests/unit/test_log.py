@@ -8,13 +8,13 @@ import io
 from pathlib import Path
 
 import pytest
-from clirun import run
 from rich.console import Console
 
 from llamabundle.errors import BuildError, LlamaBundleError, RecipeError
 from llamabundle.log import Log, actions_report, escape_data, escape_property, workflow_command
 from llamabundle.recipe import load_recipe
 from llamabundle.settings import Settings
+from tests.clirun import run
 
 ROOT = Path(__file__).resolve().parents[2]
 LINUX = ROOT / "recipes" / "linux-x86_64-cpu.yaml"

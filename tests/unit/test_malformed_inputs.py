@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from clirun import run
 
 from llamabundle import bundle, digest, keys
 from tests import bundles as tb
 from tests.clicontract import all_commands
+from tests.clirun import run
 
 ROOT = Path(__file__).resolve().parents[2]
 LINUX = ROOT / "recipes" / "linux-x86_64-cpu.yaml"

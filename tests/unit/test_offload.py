@@ -9,7 +9,6 @@ import stat
 from pathlib import Path
 
 import pytest
-from clirun import run  # noqa: E402
 
 from llamabundle.errors import UsageError
 from llamabundle.runtime.gguf_model import MiB, read_model
@@ -23,6 +22,7 @@ from llamabundle.runtime.offload import (
     plan_offload,
 )
 from llamabundle.runtime.server_args import parse_buffer_log
+from tests.clirun import run  # noqa: E402
 from tests.ggufs import NONE, bench, write
 
 ROOT = Path(__file__).resolve().parents[2]

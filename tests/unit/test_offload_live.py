@@ -11,7 +11,6 @@ import statistics
 from pathlib import Path
 
 import pytest
-from clirun import run
 
 from llamabundle.errors import UsageError
 from llamabundle.gpus import read_memory
@@ -19,6 +18,7 @@ from llamabundle.runtime.gguf_model import MiB, ModelInfo, TensorInfo, read_mode
 from llamabundle.runtime.offload import estimate, launch_args, plan_for_app, query_free_vram
 from llamabundle.runtime.server_args import ALL_LAYERS, parse_server_args
 from tests.clicontract import valid
+from tests.clirun import run
 from tests.ggufs import NONE, write
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -20,13 +20,13 @@ from typing import Any
 
 import jsonschema
 import pytest
-from clirun import run
 
 from llamabundle import gpus
 from llamabundle.backends.cuda import diagnosis
 from llamabundle.reasons import Chosen, Reason, reasons
 from llamabundle.runtime.probe import ProbeResult
 from tests.bundles import inputs_for, write_bundle
+from tests.clirun import run
 from tests.probing import CPU_LOADED, CUDA_LOADED, SERVERS, run_probe
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is needed to build real ELF libraries")

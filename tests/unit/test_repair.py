@@ -10,7 +10,8 @@ import json
 from pathlib import Path
 
 import pytest
-from clirun import run
+
+from tests.clirun import run
 
 REPO = Path(__file__).resolve().parents[2]
 LINUX_CPU = REPO / "recipes" / "linux-x86_64-cpu.yaml"

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from clirun import run
 
 from llamabundle import gpus
 from llamabundle.cli import telemetry as telemetry_cli
@@ -34,6 +33,7 @@ from llamabundle.runtime.telemetry import (
     store_sample,
 )
 from tests.clicontract import valid
+from tests.clirun import run
 from tests.probing import fake_smi as probe_fake_smi
 from tests.probing import installed, make_stage
 from tests.processes import wait_for

@@ -10,10 +10,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from clirun import run  # noqa: E402
 
 from llamabundle.backends.cuda.toolkit import layout
 from llamabundle.cli import main
+from tests.clirun import run  # noqa: E402
 from tests.redist import RECIPE_13, WINDOWS_12_8_1_TOTAL, WINDOWS_RECIPE, Repo, leftovers
 
 ROOT = Path(__file__).resolve().parents[2]

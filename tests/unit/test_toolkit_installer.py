@@ -17,7 +17,6 @@ from typing import Any
 
 import py7zr
 import pytest
-from clirun import run  # noqa: E402
 
 from llamabundle import keys, sevenzip
 from llamabundle.backends.cuda.toolkit import installer, layout
@@ -25,6 +24,7 @@ from llamabundle.backends.cuda.toolkit.resolve import resolve_toolkit
 from llamabundle.errors import ToolchainError
 from llamabundle.log import Log
 from llamabundle.settings import Settings
+from tests.clirun import run  # noqa: E402
 
 SCAN = installer.installer_data()["sfx_scan_bytes"]  # how far into an .exe the installer looks for its 7z
 
