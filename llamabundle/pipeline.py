@@ -16,7 +16,7 @@ from filelock import FileLock, Timeout
 from . import backends, cache, opscheck, platforms, repro, scratch
 from . import bundle as bundle_mod
 from . import source as source_mod
-from .archive import extract_zip, tmp_beside
+from .archive import tmp_beside
 from .backends import Prepared
 from .build import (
     BuildPlan,
@@ -228,7 +228,7 @@ def _from_store(entry: Entry, *, store: Store, settings: Settings, log: Log, out
         tmp = scratch.make_dir(cache.tmp_dir(settings.cache_dir), cache.UNPACK_PREFIX)
     # messages name --out (or the stored zip), never the directory the bundle is checked in before the rename
     naming = Naming.of([tmp], out if out is not None else entry.location, is_zip=out is None, partial=False)
-    stream = zipstream.Pipelined(zipstream.ZipStream(tmp, label=entry.zip_name))
+    stream = zipstream.Pipelined(bundle_mod.stream(tmp, label=entry.zip_name))
     try:
         with log.step("fetch from the store"):
             try:
@@ -236,7 +236,7 @@ def _from_store(entry: Entry, *, store: Store, settings: Settings, log: Log, out
                 try:
                     hashes: dict[str, str] | None = {m.name: m.sha256 for m in stream.finish()}
                 except zipstream.NotStreamable:
-                    extract_zip(zip_path, tmp)
+                    bundle_mod.extract_unstreamed(zip_path, tmp)
                     hashes = None
             except LlamaBundleError as e:
                 naming.error(e)  # a full --out names --out, not the directory it is unpacked in first

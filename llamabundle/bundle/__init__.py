@@ -7,16 +7,28 @@ import json
 import os
 import shutil
 import zipfile
+import zlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from .. import __version__, scratch
-from ..archive import extract_zip, tmp_beside
+from ..archive import UnsafeArchive, check_zip, extract_zip, tmp_beside
 from ..digest import sha256_file, walk
+from ..errors import VerifyError
 from . import manifest as manifest_mod
 from . import zipstream
-from .manifest import ANYTHING, FORMAT, MANIFEST, ROLES, ContentCheck, Expect, Manifest
+from .manifest import (
+    ANYTHING,
+    FORMAT,
+    MANIFEST,
+    MAX_MANIFEST_BYTES,
+    ROLES,
+    ContentCheck,
+    Expect,
+    Manifest,
+    ManifestError,
+)
 
 __all__ = ["FORMAT", "MANIFEST", "ROLES", "ContentCheck", "Expect", "Manifest"]
 
@@ -87,18 +99,66 @@ def pack(root: Path, zip_path: Path, *, source_date_epoch: int | None = None) ->
     return zip_path
 
 
+def listed_sizes(root: Path) -> dict[str, int]:
+    """path -> size of every file the bundle.json just unpacked at `root` lists (and its own)."""
+    m = manifest_mod.read(root)
+    return {MANIFEST: (root / MANIFEST).stat().st_size, **{f.path: f.size for f in m.files}}
+
+
+SIZES_FROM = (MANIFEST, listed_sizes)  # zipstream: bundle.json first, then every member as it lists it
+
+
+def stream(dest: Path, *, label: str) -> zipstream.ZipStream:
+    """The streaming reader of a bundle zip arriving into `dest` (a fetch): by the rules extract() applies."""
+    return zipstream.ZipStream(dest, label=label, sizes_from=SIZES_FROM)
+
+
+def extract(zip_path: Path, dest: Path) -> dict[str, str] | None:
+    """The one reader of a bundle zip on disk (verify, publish, install, a cache hit; a fetch streams it and
+    comes here only for what it could not stream): every member checked before it is read (stored or
+    deflated, unencrypted, no data descriptor, local and central headers agreeing, listed in bundle.json with
+    its size), then written into dest (which must not exist; left only on success). Returns path -> sha256 of
+    each file when the zip was streamed in one pass (None: extracted from its central directory)."""
+    try:
+        return {m.name: m.sha256 for m in zipstream.unpack_file(zip_path, dest, sizes_from=SIZES_FROM)}
+    except zipstream.NotStreamable:
+        extract_unstreamed(zip_path, dest)
+        return None
+
+
+def extract_unstreamed(zip_path: Path, dest: Path) -> None:
+    """A bundle zip read from its central directory (a layout zipstream does not stream: zip64, bundle.json
+    not first, a member it does not list): its members (archive.check_zip), then bundle.json's sizes checked
+    before any other member is read."""
+    try:
+        with zipfile.ZipFile(zip_path) as zf:
+            infos = {i.filename: i for i in check_zip(zf, zip_path, descriptors=False) if not i.is_dir()}
+            info = infos.get(MANIFEST)
+            if info is None:
+                raise ManifestError(f"{zip_path.name} has no {MANIFEST}", why="every bundle carries its manifest at the root",
+                                    fix="this is not a llamabundle bundle")
+            if info.file_size > MAX_MANIFEST_BYTES:
+                raise ManifestError(f"{zip_path.name}: its {MANIFEST} is larger than {MAX_MANIFEST_BYTES >> 20} MiB",
+                                    why="a bundle.json is a few KiB")
+            m = manifest_mod.loads(zf.read(info), where=f"{zip_path.name}:{MANIFEST}")
+    except (zipfile.BadZipFile, OSError, EOFError, zlib.error, ValueError) as e:  # ValueError: a name not UTF-8
+        raise VerifyError(f"{zip_path.name} is not a readable zip", why=str(e),
+                                       fix="download it again; if it persists the published file is damaged") from None
+    sizes = {f.path: f.size for f in m.files}
+    for name, i in infos.items():
+        if name != MANIFEST and sizes.get(name) != i.file_size:
+            raise UnsafeArchive(f"{zip_path.name}: " + (f"member '{name}' is {i.file_size} bytes; {MANIFEST} says {sizes[name]}"
+                                if name in sizes else f"{name} is in the bundle but not in {MANIFEST}"),
+                                why=f"a bundle holds exactly the files its {MANIFEST} lists", fix="do not use this archive")
+    extract_zip(zip_path, dest, descriptors=False)
+
+
 def unpack(zip_path: Path, dest: Path, expect: Expect = ANYTHING) -> tuple[Manifest, ContentCheck]:
-    """Safely extract a bundle zip into dest (new directory) and check it against its manifest, in one read
-    of the zip (zipstream), or with archive.extract_zip for zips that cannot be streamed.
-    On any failure dest is not left behind."""
+    """Safely extract a bundle zip into dest (new directory) by extract()'s rules and check it against its
+    manifest. On any failure dest is not left behind."""
     tmp = tmp_beside(dest)
     try:
-        try:
-            members = zipstream.unpack_file(zip_path, tmp)
-            hashes: dict[str, str] | None = {m.name: m.sha256 for m in members}
-        except zipstream.NotStreamable:
-            extract_zip(zip_path, tmp)
-            hashes = None
+        hashes = extract(zip_path, tmp)
         manifest, check = check_unpacked(tmp, hashes=hashes, expect=expect)
         os.replace(tmp, dest)
         return manifest, check

@@ -18,6 +18,7 @@ import stat
 import struct
 import threading
 import zlib
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from io import BufferedWriter
 from pathlib import Path
@@ -92,8 +93,15 @@ class ZipStream:
     tail: bytearray | None
     tail_at: int
 
-    def __init__(self, dest: Path, *, label: str, max_total: int = MAX_TOTAL_BYTES) -> None:
-        self.dest, self.label, self.max_total = dest, label, max_total
+    sizes: Mapping[str, int] | None  # every file's size, from the first member (sizes_from)
+
+    def __init__(self, dest: Path, *, label: str, max_total: int = MAX_TOTAL_BYTES,
+                 sizes_from: tuple[str, Callable[[Path], Mapping[str, int]]] | None = None) -> None:
+        """`sizes_from`: (the name the first member must have, what reads every other member's size from it
+        once written): a zip whose first member is another, or a later member not listed there with its size,
+        is NotStreamable before that member's data is read (the caller then checks the whole zip from its
+        central directory, which also says what the member is)."""
+        self.dest, self.label, self.max_total, self.sizes_from = dest, label, max_total, sizes_from
         self._start()
 
     # ---------------------------------------------------------------------------------- feeding
@@ -176,6 +184,7 @@ class ZipStream:
         self.cur = None
         self.out = None
         self.tail = None
+        self.sizes = None
 
     def _to_tail(self, data: bytes | bytearray | memoryview) -> None:
         assert self.tail is not None
@@ -214,14 +223,21 @@ class ZipStream:
             return False
         if flags & 0x08 or csize == 0xFFFFFFFF or usize == 0xFFFFFFFF or method not in (0, 8):
             raise NotStreamable(f"flags {flags:#x}, method {method}")
-        if flags & 0x01:
-            raise UnsafeArchive(f"{self.label}: member at offset {self.pos} is encrypted", fix="do not use this archive")
         raw = bytes(self.buf[LOCAL_FMT.size:LOCAL_FMT.size + nlen])
-        name = raw.decode("utf-8" if flags & 0x800 else "cp437")
+        name = raw.decode("utf-8" if flags & 0x800 else "cp437", errors="replace")
+        if flags & 0x41:  # encrypted (or strongly so)
+            raise UnsafeArchive(f"{self.label}: member '{name}' is encrypted", why="llamabundle reads unencrypted members only",
+                                fix="do not use this archive")
         path = safe_name(name, Path(self.label))
         if name in self.names:
             raise UnsafeArchive(f"{self.label}: member '{name}' appears twice", fix="do not use this archive")
         self.layout.add(name, is_dir=name.endswith("/"))
+        if self.sizes_from is not None:
+            first, _ = self.sizes_from
+            if not self.members and name != first:
+                raise NotStreamable(f"the first member is {name}, not {first}")
+            if self.sizes is not None and not name.endswith("/") and self.sizes.get(name) != usize:
+                raise NotStreamable(f"{name} is not listed with {usize} bytes")  # refused from the central directory
         if len(self.members) >= MAX_MEMBERS:
             raise UnsafeArchive(f"{self.label}: more than {MAX_MEMBERS} members")
         if usize > RATIO_FLOOR and usize > MAX_RATIO * max(csize, 1):
@@ -284,6 +300,8 @@ class ZipStream:
         self.members.append(Member(name=cur["name"], offset=cur["offset"], crc=cur["crc"], csize=cur["csize"],
                                    usize=cur["usize"], sha256=cur["sha"].hexdigest()))
         self.cur = None
+        if self.sizes_from is not None and len(self.members) == 1:
+            self.sizes = self.sizes_from[1](self.dest)
 
     def _emit(self, data: bytes | memoryview) -> None:
         if not data:
@@ -322,7 +340,7 @@ class ZipStream:
             (_sig, made_by, _ver, flags, _method, _tm, _dt, crc, csize, usize, nlen, xlen, clen,
              _disk, _iattr, eattr, offset) = f
             raw = t[at + CENTRAL_FMT.size:at + CENTRAL_FMT.size + nlen]
-            name = raw.decode("utf-8" if flags & 0x800 else "cp437")
+            name = raw.decode("utf-8" if flags & 0x800 else "cp437", errors="replace")
             if (name, crc, csize, usize, offset) != (m.name, m.crc, m.csize, m.usize, m.offset):
                 raise bad
             mode = eattr >> 16 if made_by >> 8 == 3 else 0
@@ -390,10 +408,11 @@ class Pipelined:
         return self.inner.finish()
 
 
-def unpack_file(archive: Path, dest: Path) -> list[Member]:
+def unpack_file(archive: Path, dest: Path, *,
+                sizes_from: tuple[str, Callable[[Path], Mapping[str, int]]] | None = None) -> list[Member]:
     """Stream a zip file from disk through ZipStream (one read pass). Raises NotStreamable for layouts
     it does not stream; dest is left only on success."""
-    zs = ZipStream(dest, label=archive.name)
+    zs = ZipStream(dest, label=archive.name, sizes_from=sizes_from)
     try:
         with open(archive, "rb") as f:
             while chunk := f.read(OUT_CHUNK):

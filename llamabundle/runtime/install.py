@@ -22,10 +22,9 @@ from typing import Any
 from filelock import FileLock, Timeout
 
 from .. import backends, platforms, scratch
-from ..archive import extract_zip
 from ..backends.cuda import section as cuda_section
 from ..backends.cuda.section import CudaInfo
-from ..bundle import read_manifest
+from ..bundle import extract, read_manifest
 from ..bundle.manifest import Expect, Manifest, trust
 from ..digest import sha256_file
 from ..errors import StoreError, UsageError, VerifyError, disk_fix
@@ -352,7 +351,7 @@ def _install_locked(store: Store, entry: Entry, slot: Path, *, log: Log, platfor
         hook("downloaded")
         with log.step(f"extract and check {slot.name} ({key[:12]})"):
             try:
-                extract_zip(zip_path, stage / version)
+                extract(zip_path, stage / version)
             except VerifyError as e:
                 raise _invalid(key, e.what, e.why) from None
             hook("extracted")

@@ -3,6 +3,7 @@ traceback, never `internal error` (exit 70) for anything a user, a disk or a net
 
 The table below walks each command of the CLI with the inputs an outsider tries: missing, a directory, a
 FIFO, bytes that are not UTF-8, YAML of the wrong shape, a zip that is not one, a zip with a symbolic link,
+a zip crafted past zipfile's reach (an encrypted member, another method, a data descriptor: tests/craftedzips.py),
 bundle.json of the wrong shape or of another key, a store entry whose manifest is malformed, a --store or
 --out that is a regular file. A test also checks that no command of the CLI is left out of the table."""
 
@@ -20,6 +21,7 @@ import pytest
 
 from llamabundle import bundle, digest, keys
 from tests import bundles as tb
+from tests import craftedzips as cz
 from tests.clicontract import all_commands
 from tests.clirun import run
 
@@ -78,6 +80,8 @@ class World:
                     zf.writestr(info, data or b"/etc")
         elif kind.startswith("manifest:"):
             self._zip_with_manifest(p, MANIFESTS[kind.removeprefix("manifest:")](self.good))
+        elif kind.startswith("crafted:"):
+            p.write_bytes(cz.crafted(self.good_zip, kind.removeprefix("crafted:"), "llama-server"))
         elif kind == "regular-file":
             p.write_text("not a directory\n")
         else:
@@ -141,6 +145,7 @@ BUNDLE_INPUTS = [("missing", 2, "does not exist"), ("empty", 5, ""), ("notzip", 
                  ("symlink-zip", 5, "symbolic link"), ("binary", 5, ""), ("fifo", 2, "")]
 BUNDLE_INPUTS += [(f"manifest:{k}", 5, FIELD[k]) for k in MANIFESTS]
 BUNDLE_INPUTS += [(k, 5, "which is a file" if k != "dir-then-file" else "collides") for k in COLLIDING]
+BUNDLE_INPUTS += [(f"crafted:{k}", 5, cz.REFUSED[k]) for k in ("encrypted", "shrink", "aes", "descriptors", "local-name")]
 BUNDLE_COMMANDS = [["verify", "{p}"], ["publish", "{p}", "--store", "{store}"], ["deps", "{p}"],
                    ["verify", "{p}", "--level", "load"]]
 STORE_COMMANDS = [["check", str(LINUX), "--store", "{s}"], ["fetch", str(LINUX), "--store", "{s}", "--out", "{out}"],
