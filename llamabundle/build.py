@@ -14,7 +14,7 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
-from . import backends, data, platforms, proc
+from . import backends, data, platforms, proc, untrusted
 from .backends import Backend
 from .compilers import EXECUTABLES
 from .errors import BuildError, ToolchainError
@@ -280,6 +280,14 @@ class BuildResult:
     compiled: int  # ninja edges run (0 = everything was up to date)
 
 
+def _read_stamp(stamp: Path) -> object:
+    """What the build directory's stamp records (None: unreadable or damaged, so the build reconfigures)."""
+    try:
+        return untrusted.read(stamp)
+    except (OSError, ValueError):
+        return None
+
+
 def run_build(plan: BuildPlan, *, log: Log, env: Mapping[str, str], clean: bool = False,
               timeout: float | None = None) -> BuildResult:
     """Configure (when the stamp says so) and build; each step is stopped after `timeout` seconds."""
@@ -290,7 +298,7 @@ def run_build(plan: BuildPlan, *, log: Log, env: Mapping[str, str], clean: bool 
         wanted = {"configure": list(plan.configure), "files": dict(plan.files), **({"env": dict(plan.env)} if plan.env else {}),
                   **({"links": dict(plan.links), "commands": [list(c) for c in plan.commands]} if plan.links else {})}
     env = {**env, **dict(plan.env)}
-    configured = stamp.is_file() and (bd / "build.ninja").is_file() and json.loads(stamp.read_text()) == wanted
+    configured = stamp.is_file() and (bd / "build.ninja").is_file() and _read_stamp(stamp) == wanted
     if clean or (bd.exists() and not configured):
         shutil.rmtree(bd, ignore_errors=True)
     bd.mkdir(parents=True, exist_ok=True)

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from . import __version__, backends, scratch
+from . import __version__, backends, scratch, untrusted
 from .errors import DiskError, UsageError, disk_fix
 
 if TYPE_CHECKING:
@@ -338,12 +338,22 @@ verify it, and every file in it, before use. The same data as JSON: <a href="ind
 # ------------------------------------------------------------------------------------- writing
 
 
-def _is_previous_index(d: Path) -> bool:
+def _not_previous_index(d: Path) -> str | None:
+    """Why the directory `d` is not a previous index (None: it is one). Its index.json is read within
+    untrusted's limits: a file nested past them is not an index, never a crash."""
     try:
-        data = json.loads((d / "index.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return isinstance(data, dict) and data.get("site") == SITE
+        data = untrusted.read(d / "index.json")
+    except FileNotFoundError:
+        return "it has no index.json written by llamabundle index"
+    except OSError as e:
+        return f"its index.json cannot be read: {e.strerror or e}"
+    except untrusted.Untrusted as e:
+        return f"its index.json is {e}"
+    except ValueError:
+        return "its index.json is not JSON"
+    if not (isinstance(data, dict) and data.get("site") == SITE):
+        return "its index.json was not written by llamabundle index"
+    return None
 
 
 def check_out_dir(out: Path) -> bool:
@@ -358,10 +368,10 @@ def check_out_dir(out: Path) -> bool:
         empty = not any(out.iterdir())
     except OSError as e:
         raise DiskError(f"cannot read {out}", why=e.strerror or str(e), fix=disk_fix(e)) from None
-    if not empty and not _is_previous_index(out):
+    not_index = None if empty else _not_previous_index(out)
+    if not_index is not None:
         raise UsageError(f"--out {out} is a directory that is not a previous index",
-                         why="the index replaces its directory as a whole, and this one holds other files "
-                             "(it has no index.json written by llamabundle index)",
+                         why=f"the index replaces its directory as a whole, and this one holds other files ({not_index})",
                          fix="pass a new or empty directory, or one that llamabundle index wrote")
     return True
 

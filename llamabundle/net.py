@@ -19,14 +19,14 @@ import time
 from collections.abc import Callable, Iterator
 from http.client import HTTPException
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 from urllib.parse import urljoin, urlsplit
 
 import requests
 import urllib3
 from filelock import FileLock, Timeout
 
-from . import __version__
+from . import __version__, untrusted
 from .errors import LlamaBundleError, StoreError, VerifyError
 from .log import Log, ProgressHandle
 
@@ -165,6 +165,25 @@ def get_page(url: str, *, http: requests.Session, headers: dict[str, str] | None
             return r
     raise NetworkError(f"cannot read {url}", why=why or "no answer",
                        fix="check the network (and the mirror or index URL), then retry")
+
+
+def answered(r: requests.Response) -> str:
+    """What came back, for a message: the URL, the HTTP status, the content type and the first bytes."""
+    body = r.content
+    ctype = r.headers.get("Content-Type") or "no Content-Type"
+    return f"{r.url} answered HTTP {r.status_code} ({ctype}, {len(body)} bytes): {untrusted.preview(body)}"
+
+
+def answer_json(r: requests.Response, *, what: str, error: type[LlamaBundleError] = NetworkError, fix: str = "",
+                redact: Callable[[str], str] = lambda text: text, max_bytes: int = untrusted.MAX_BYTES) -> Any:
+    """An API answer's JSON value (read body). A body that is not JSON (an HTML page from a proxy or a wrong
+    URL, a cut one) or is past untrusted's limits is `error` (exit 6) naming `what` and what came back."""
+    try:
+        return untrusted.loads(r.content, max_bytes=max_bytes)
+    except ValueError as e:  # untrusted.Untrusted, json.JSONDecodeError, UnicodeDecodeError
+        limit = isinstance(e, untrusted.Untrusted)
+        raise error(redact(f"{what} is {e if limit else 'not JSON'}"),
+                    why=redact(answered(r) + ("" if limit else f"; {str(e)[:200]}")), fix=fix) from None
 
 
 def fetch_small(get: Callable[[dict[str, str]], requests.Response], *, what: str, source: str, size: int | None,
@@ -371,7 +390,7 @@ class _Download:
             self.meta.unlink(missing_ok=True)
             return
         try:
-            info = json.loads(self.meta.read_text(encoding="utf-8"))
+            info = untrusted.read(self.meta, max_bytes=64 << 10)
         except (OSError, ValueError):
             info = None  # resume without If-Range; sha256/size are verified at the end anyway
         if isinstance(info, dict):

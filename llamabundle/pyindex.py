@@ -9,16 +9,16 @@ then fetched with `net.download` against their pinned sha256.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
+from typing import Any
 from urllib.parse import urldefrag, urljoin
 
 import requests
 
-from . import net
+from . import net, untrusted
 from .errors import LlamaBundleError, VerifyError
 from .log import Log
 
@@ -62,26 +62,27 @@ def project_files(project: str, *, index_url: str | None, http: requests.Session
         raise IndexUnavailable(f"cannot read the package index page {url}", why=f"HTTP {r.status_code}",
                                fix="check LLAMABUNDLE_PIP_INDEX_URL (a simple index, like https://pypi.org/simple)")
     kind = r.headers.get("Content-Type", "").split(";")[0].strip().lower()
+    if _is_json(kind):  # an answer that is not JSON says what came back (status, content type, first bytes)
+        doc = net.answer_json(r, what=f"the package index page {url}", error=IndexUnavailable, max_bytes=MAX_PAGE,
+                              fix="check LLAMABUNDLE_PIP_INDEX_URL (a simple index, like https://pypi.org/simple)")
+        return json_files(doc, page_url=r.url or url)
     return parse_page(r.content, kind=kind, page_url=r.url or url)
+
+
+def _is_json(kind: str) -> bool:
+    return kind.endswith("+json") or kind == "application/json"
 
 
 def parse_page(body: bytes, *, kind: str, page_url: str) -> list[IndexFile]:
     """A project page in either form; file URLs made absolute against the page's URL."""
-    if kind.endswith("+json") or kind == "application/json":
+    if _is_json(kind):
         try:
-            doc = json.loads(body.decode("utf-8"))
-            files = doc["files"]
-            out = []
-            for f in files:
-                sha = f.get("hashes", {}).get("sha256")
-                size = f.get("size")
-                out.append(IndexFile(filename=str(f["filename"]), url=urljoin(page_url, str(f["url"])),
-                                     sha256=sha.lower() if isinstance(sha, str) else None,
-                                     size=size if isinstance(size, int) and not isinstance(size, bool) else None))
-            return out
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
-            raise IndexUnavailable(f"the package index page {page_url} is not valid PEP 691 JSON", why=str(e)[:200],
+            doc = untrusted.loads(body, max_bytes=MAX_PAGE)
+        except ValueError as e:
+            raise IndexUnavailable(f"the package index page {page_url} is not valid PEP 691 JSON",
+                                   why=f"{str(e)[:200]}: {untrusted.preview(body)}",
                                    fix="check LLAMABUNDLE_PIP_INDEX_URL") from None
+        return json_files(doc, page_url=page_url)
     parser = _Anchors()
     parser.feed(body.decode("utf-8", errors="replace"))
     out = []
@@ -91,6 +92,22 @@ def parse_page(body: bytes, *, kind: str, page_url: str) -> list[IndexFile]:
         name = text.strip() or url.rsplit("/", 1)[-1]
         out.append(IndexFile(filename=name, url=url, sha256=m.group(1).lower() if m else None, size=None))
     return out
+
+
+def json_files(doc: Any, *, page_url: str) -> list[IndexFile]:
+    """The files a PEP 691 project page's JSON value lists; file URLs made absolute against the page's URL."""
+    try:
+        out = []
+        for f in doc["files"]:
+            sha = f.get("hashes", {}).get("sha256")
+            size = f.get("size")
+            out.append(IndexFile(filename=str(f["filename"]), url=urljoin(page_url, str(f["url"])),
+                                 sha256=sha.lower() if isinstance(sha, str) else None,
+                                 size=size if isinstance(size, int) and not isinstance(size, bool) else None))
+        return out
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise IndexUnavailable(f"the package index page {page_url} is not valid PEP 691 JSON", why=str(e)[:200],
+                               fix="check LLAMABUNDLE_PIP_INDEX_URL") from None
 
 
 class _Anchors(HTMLParser):

@@ -17,6 +17,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, get_args
 
+from .. import untrusted
 from ..digest import sha256_file, sha256_json, walk
 from ..errors import VerifyError
 from ..recipe.model import Backend, Platform
@@ -284,7 +285,9 @@ def loads(raw: bytes | str, *, where: str = MANIFEST) -> Manifest:
         except UnicodeDecodeError as e:
             raise ManifestError(f"{where} is not UTF-8 text", why=str(e)) from None
     try:
-        data = json.loads(raw)
+        data = untrusted.loads(raw, max_bytes=MAX_MANIFEST_BYTES)
+    except untrusted.Untrusted as e:  # nested past the limit: refused before json.loads recurses
+        raise ManifestError(f"{where} is {e}", why="a bundle.json is a few KiB, nested at most 5 levels deep") from None
     except ValueError as e:
         raise ManifestError(f"{where} is not valid JSON", why=str(e)[:200]) from None
     try:

@@ -1,7 +1,8 @@
 """Strict YAML loading of a recipe into the frozen model: every problem is a RecipeError naming the file, the
 line and column, and the key path, with a "did you mean" where one is close. Anchors, aliases and explicit
-tags are refused, so what is read is what is pinned. Where each key path was set is kept on the recipe
-(Recipe.marks) for the checks made after loading (keys.check)."""
+tags are refused, so what is read is what is pinned, as is a file past the limits (MAX_RECIPE_BYTES, and
+MAX_RECIPE_DEPTH levels of nesting, refused before anything recurses). Where each key path was set is kept
+on the recipe (Recipe.marks) for the checks made after loading (keys.check)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from ..errors import RecipeError
 from .model import SCHEMA_VERSION, SOURCE_KINDS, TEMPLATE_FIELDS, Backend, Recipe, Source, recipe_error
 
 MAX_RECIPE_BYTES = 256 * 1024
+MAX_RECIPE_DEPTH = 64  # a shipped recipe nests 5 levels
 
 
 class _Ctx:
@@ -108,16 +110,17 @@ def parse_recipe(text: str, *, file: str = "<recipe>") -> Recipe:
 
 
 def _compose(text: str, ctx: _Ctx) -> Node:
-    # Aliases are refused before anything is built: no exponential expansion ("billion laughs").
+    # Aliases and deep nesting are refused in the event stream, before the composer (which recurses) builds
+    # anything: no exponential expansion ("billion laughs"), no RecursionError.
     try:
+        depth = 0
         for event in yaml.parse(text, Loader=yaml.SafeLoader):
-            if isinstance(event, yaml.AliasEvent):
-                m = event.start_mark  # always set by the parser; typed optional
-                line, col = (m.line + 1, m.column + 1) if m else (None, None)
-                where = f"{ctx.file}:{line}:{col}" if m else ctx.file
-                raise RecipeError(f"{where}: YAML aliases (*{event.anchor}) are not allowed in recipes",
-                                  why="a recipe is read as plain data; anchors, aliases and merge keys hide what is pinned",
-                                  fix="write the values out in full", file=ctx.file, line=line, col=col)
+            if isinstance(event, (yaml.AliasEvent, yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+                depth += not isinstance(event, yaml.AliasEvent)
+                if isinstance(event, yaml.AliasEvent) or depth > MAX_RECIPE_DEPTH:
+                    raise _refused(event, ctx)
+            elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+                depth -= 1
         docs = list(yaml.compose_all(text, Loader=yaml.SafeLoader))
     except yaml.MarkedYAMLError as e:
         m = e.problem_mark
@@ -132,6 +135,20 @@ def _compose(text: str, ctx: _Ctx) -> Node:
                           fix="a recipe is a single YAML mapping", file=ctx.file)
     _check_scalars(docs[0], ctx, "")
     return docs[0]
+
+
+def _refused(event: yaml.Event, ctx: _Ctx) -> RecipeError:
+    """An alias, or a mapping or list nested deeper than MAX_RECIPE_DEPTH, as the error naming where it is."""
+    m = event.start_mark  # always set by the parser; typed optional
+    line, col = (m.line + 1, m.column + 1) if m else (None, None)
+    where = f"{ctx.file}:{line}:{col}" if m else ctx.file
+    if isinstance(event, yaml.AliasEvent):
+        return RecipeError(f"{where}: YAML aliases (*{event.anchor}) are not allowed in recipes",
+                           why="a recipe is read as plain data; anchors, aliases and merge keys hide what is pinned",
+                           fix="write the values out in full", file=ctx.file, line=line, col=col)
+    return RecipeError(f"{where}: the recipe nests mappings and lists deeper than {MAX_RECIPE_DEPTH} levels",
+                       why="a recipe is nested a few levels deep (recipe.schema.json); deeper is refused before it is read",
+                       fix="check that the right file was passed", file=ctx.file, line=line, col=col)
 
 
 def _check_scalars(node: Node, ctx: _Ctx, path: str) -> None:

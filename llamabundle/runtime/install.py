@@ -21,7 +21,7 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
-from .. import backends, platforms, scratch
+from .. import backends, platforms, scratch, untrusted
 from ..backends.cuda import section as cuda_section
 from ..backends.cuda.section import CudaInfo
 from ..bundle import extract, read_manifest
@@ -37,6 +37,7 @@ from .results import utc_timestamp, write_atomic
 
 BUNDLES = "bundles"
 POINTER = "current"
+POINTER_BYTES = 64 << 10  # a pointer names a directory, a key, a time and a digest: some 300 bytes
 LOCK_TIMEOUT = 600
 STAGE = ".stage-"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,99}")
@@ -239,7 +240,7 @@ def list_installed(root: Path) -> list[Installed]:
 def _current(slot: Path) -> Installed | None:
     """The install the slot's pointer names, or None (no pointer, or what it names is gone)."""
     try:
-        ptr = json.loads((slot / POINTER).read_text(encoding="utf-8"))
+        ptr = untrusted.read(slot / POINTER, max_bytes=POINTER_BYTES)  # past the limits: damaged, as if absent
         version = ptr["dir"]
         if not isinstance(version, str) or not _NAME.fullmatch(version):
             return None

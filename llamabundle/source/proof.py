@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .. import untrusted
+
 MARKER = ".llamabundle-source.json"
 MARKER_FORMAT = 2  # 1 (no "format" field): commit, origin and commit_time only, trusted alone
 _HEX64 = re.compile(r"[0-9a-f]{64}")
@@ -136,7 +138,9 @@ def _int(value: Any, field: str, *, optional: bool = False) -> int | None:
 def parse_marker(text: str) -> Marker:
     """A marker from its JSON text; raises MarkerDamaged naming what is wrong."""
     try:
-        data = json.loads(text)
+        data = untrusted.loads(text)
+    except untrusted.Untrusted as e:  # past the limits: refused before json.loads recurses
+        raise MarkerDamaged(f"it is {e}") from None
     except ValueError as e:
         raise MarkerDamaged(f"it is not JSON ({e})") from None
     if not isinstance(data, dict):
@@ -185,7 +189,8 @@ def reprove(path: Path, commit: str) -> tuple[Marker | None, str | None]:
     if not marker_path.is_file():
         return None, ("it has no marker (an interrupted fetch)" if os.path.lexists(path) else None)
     try:
-        marker = parse_marker(marker_path.read_text(encoding="utf-8"))
+        with open(marker_path, "rb") as f:  # never more than the limit is read (parse_marker refuses that much)
+            marker = parse_marker(f.read(untrusted.MAX_BYTES + 1).decode("utf-8"))
     except (OSError, UnicodeDecodeError) as e:
         return None, f"its marker cannot be read ({e})"
     except MarkerDamaged as e:

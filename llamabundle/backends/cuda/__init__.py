@@ -13,7 +13,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ... import data
+from ... import data, untrusted
 from ...errors import ToolchainError, UsageError, VerifyError
 from ...platforms.base import Extra
 from ...reasons import Reason, Verdict
@@ -112,7 +112,6 @@ class Cuda(NoExtras):
     def given_toolkit(self, recipe: Recipe, *, build_dir: Path, toolkit_root: Path | None) -> Prepared | None:
         """The toolkit the build compiled with: CMake's record of nvcc is the recipe's toolkit's nvcc, and
         --toolkit-root is that toolkit (by its version.json, where it has one)."""
-        import json
         import re
 
         from .toolkit.layout import Toolkit
@@ -136,8 +135,8 @@ class Cuda(NoExtras):
         version_file = toolkit_root / "version.json"
         if version_file.is_file():
             try:
-                found = json.loads(version_file.read_text(encoding="utf-8"))["cuda"]["version"]
-            except (ValueError, KeyError, TypeError):
+                found = untrusted.read(version_file)["cuda"]["version"]
+            except (OSError, ValueError, KeyError, TypeError):
                 found = None
             if found is not None and str(found).split(".")[:2] != recipe.cuda.toolkit.split(".")[:2]:
                 raise UsageError(f"--toolkit-root {toolkit_root} is CUDA {found}, the recipe pins {recipe.cuda.toolkit}",

@@ -5,7 +5,6 @@ programs run through a `runner`, so all of it is testable on any OS."""
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
 import shutil
@@ -17,7 +16,7 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from ... import data, proc
+from ... import data, proc, untrusted
 from ...compilers import cl_version
 from ...deps.pe import DllClass, pe_policy
 from ...errors import RecipeError, ToolchainError
@@ -90,7 +89,7 @@ def vswhere_argv(vswhere: Path, version_range: str | None) -> list[str]:
 
 def parse_vswhere(text: str) -> tuple[VsInstance, ...]:
     try:
-        raw = json.loads(text)
+        raw = untrusted.loads(text)
         return tuple(VsInstance(instance_id=i["instanceId"], path=Path(i["installationPath"]),
                                 version=i["installationVersion"],
                                 display_version=i.get("catalog", {}).get("productDisplayVersion", i["installationVersion"]),

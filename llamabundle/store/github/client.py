@@ -16,7 +16,7 @@ from urllib.parse import quote, urljoin, urlsplit
 
 import requests
 
-from ... import net
+from ... import net, untrusted
 from ...bundle.manifest import MAX_MANIFEST_BYTES
 from ...errors import LlamaBundleError, StoreError
 from ...log import Log
@@ -183,8 +183,8 @@ class GitHubClient:
     def error(self, r: requests.Response, what: str) -> GitHubError:
         rid = r.headers.get("x-github-request-id")
         try:
-            body = r.json()
-        except ValueError:
+            body = untrusted.loads(r.content)
+        except ValueError:  # not JSON, or past the limits: the status alone
             body = {}
         body = body if isinstance(body, dict) else {}
         msg = str(body.get("message") or r.reason or "")
@@ -206,11 +206,10 @@ class GitHubClient:
                    errors=errors, why=why, fix=fix)
 
     def json(self, r: requests.Response, what: str) -> Any:
-        try:
-            return r.json()
-        except ValueError:
-            raise StoreError(f"GitHub answered something that is not JSON for {what}",
-                             why=f"HTTP {r.status_code}", fix="check GITHUB_API_URL (or LLAMABUNDLE_GITHUB_API_URL)") from None
+        """The answer's JSON; one that is not JSON (or past untrusted's limits) is a NetworkError (exit 6) that
+        says what came back: URL, status, content type, first bytes."""
+        return net.answer_json(r, what=f"GitHub's answer for {what}", redact=self.redact,
+                               fix="check GITHUB_API_URL (or LLAMABUNDLE_GITHUB_API_URL)")
 
     def redact(self, text: str) -> str:
         return text.replace(self.token, "***") if self.token else text

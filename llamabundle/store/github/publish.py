@@ -168,7 +168,7 @@ class Publisher:
         c = self.client
         try:
             r = c.api("GET", f"{c.repo_api}/releases/{rel_id}", ok=(200, 404), what="read our release")
-            rel = r.json() if r.status_code == 200 else None
+            rel = c.json(r, "our release") if r.status_code == 200 else None
         except Exception:  # noqa: BLE001 - the original error is what matters
             return None
         return rel if isinstance(rel, dict) and rel.get("draft") is False else None

@@ -44,7 +44,8 @@ class Releases:
         c = self.client
         for page in range(1, max_pages + 1):
             r = c.api("GET", f"{c.repo_api}/releases?per_page=100&page={page}", ok=(200,))
-            rels: list[dict[str, Any]] = r.json() if isinstance(r.json(), list) else []
+            listed = c.json(r, "the release list")
+            rels = [x for x in listed if isinstance(x, dict)] if isinstance(listed, list) else []
             for rel in rels:
                 tag = str(rel.get("tag_name") or "")
                 if not rel.get("draft") and tag.endswith((key[:12], key)):

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 import filelock
 
-from .... import platforms
+from .... import platforms, untrusted
 from ....errors import ToolchainError
 
 MARKER = ".llamabundle-toolkit.json"
@@ -80,8 +80,8 @@ def read_installed(root: Path) -> Toolkit | None:
     if not marker.is_file():
         return None
     try:
-        info = json.loads(marker.read_text())
-    except ValueError:
+        info = untrusted.read(marker)  # past untrusted's limits: a ValueError, so not installed
+    except (OSError, ValueError):
         return None
     tk = Toolkit(root=root, version=info["version"], source=info["source"], platform=info["platform"])
     files = sum(1 for p in root.rglob("*") if p.is_file() or p.is_symlink()) - 1  # minus the marker itself
@@ -109,7 +109,7 @@ def root_lock(cache_dir: Path, root: Path) -> filelock.FileLock:
 
 def read_marker(root: Path) -> dict[str, Any] | None:
     try:
-        info = json.loads((root / MARKER).read_text())
+        info = untrusted.read(root / MARKER)
     except (OSError, ValueError):
         return None
     return info if isinstance(info, dict) else None

@@ -14,7 +14,7 @@ from importlib import resources
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from .... import data
+from .... import data, untrusted
 from ....errors import ToolchainError
 
 PLATFORMS = ("linux-x86_64", "windows-x86_64")  # those NVIDIA ships toolkits for (a subset of platforms.NAMES)
@@ -92,7 +92,7 @@ def load_manifest(source: str | Path | Mapping[str, Any] | None = None, *, versi
     else:
         path = Path(source)
         try:
-            raw = json.loads(path.read_text(encoding="utf-8"))
+            raw = untrusted.read(path)
         except FileNotFoundError:
             raise ToolchainError(f"{path}: no such manifest file", fix="pass the path of a redistrib_*.json") from None
         except (OSError, ValueError) as e:

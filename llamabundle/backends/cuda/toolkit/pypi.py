@@ -148,7 +148,7 @@ def install_from_pypi(*, version: str, platform: str, components: Sequence[str],
         have = layout.read_installed(root)
         if have is not None:
             want = {r.component: r.version for r in records}
-            held = json.loads((root / layout.MARKER).read_text()).get("components")
+            held = (layout.read_marker(root) or {}).get("components")
             if (have.version, have.platform, have.source, held) != (version, platform, SOURCE, want):
                 raise ToolchainError(f"{root} holds another toolkit: CUDA {have.version} ({have.source}, {have.platform}) "
                                      f"with {', '.join(sorted(held or {}))}",

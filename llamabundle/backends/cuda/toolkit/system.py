@@ -3,13 +3,12 @@ equals the recipe's."""
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from .... import data, proc
+from .... import data, proc, untrusted
 from .layout import Toolkit
 
 DEFAULT_ROOTS = (Path("/usr/local/cuda"), Path("C:/Program Files/NVIDIA GPU Computing Toolkit/CUDA"))
@@ -36,8 +35,8 @@ def installed_version(root: Path, want: str | None = None) -> str | None:
     vj = root / "version.json"
     if vj.is_file():
         try:
-            return str(json.loads(vj.read_text())["cuda"]["version"])
-        except (ValueError, KeyError, TypeError):
+            return str(untrusted.read(vj)["cuda"]["version"])
+        except (OSError, ValueError, KeyError, TypeError):
             pass
     nvcc = root / "bin" / "nvcc"
     if nvcc.is_file():
