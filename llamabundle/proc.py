@@ -1,29 +1,33 @@
 """The one subprocess gateway: echoes `+ cmd`, finds the program first, streams output to a log,
 bounds every child in time, and on failure raises the caller's error class with the last lines of output.
 
-Every child runs in a process group of its own, so a timeout, an interrupt (Ctrl-C) or a failure
-ends the child *and* whatever it started (compilers under ninja, pip's build backends, git's
-helpers), whether or not they still print. A step that prints nothing for a while shows a heartbeat:
-the elapsed time on a terminal, a line every 30 s elsewhere (a CI log that stays silent for many
-minutes looks hung, and some CI systems kill silent jobs).
+Every child runs in a process group of its own; a timeout, an interrupt (Ctrl-C) or a failure ends it and all
+it started (compilers under ninja, pip's build backends), printing or not. On Linux that includes what left
+the group with setsid (a helper of nvidia-smi or llama-server): llamabundle is a child subreaper, the family is
+found in /proc and the orphans it adopts are reaped; and a child dies with llamabundle (PR_SET_PDEATHSIG).
+A step silent for a while shows a heartbeat: the elapsed time on a terminal, a line every 30 s elsewhere (a CI
+log silent for minutes looks hung, and some CI systems kill silent jobs).
 """
 
 from __future__ import annotations
 
 import collections
+import functools
 import os
 import queue
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+import weakref
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, cast
 
 from .errors import LlamaBundleError, ToolchainError
 from .log import Log
@@ -33,7 +37,15 @@ HEARTBEAT = 30.0  # seconds of silence between two "still running" lines on a pi
 KILL_GRACE = 5.0  # seconds between SIGTERM and SIGKILL of a process group
 DEFAULT_TIMEOUT = 3600.0  # seconds: no child runs unbounded; long steps (builds) pass their own
 ORPHAN_GRACE = 1.0  # seconds the output may stay open after the child exited (then its group is ended)
+REAP_WAIT = 2.0  # seconds a kill waits for the killed to be gone (and reaps those reparented to us)
+PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER = 1, 36  # <linux/prctl.h>
+_LINUX = sys.platform.startswith("linux")
 _EOF = object()
+# Our children not waited for yet: never reaped here (that would take their returncode from their Popen).
+_live: weakref.WeakSet[subprocess.Popen[Any]] = weakref.WeakSet()
+# Orphans of our children that were reparented to us (ppid is ours: no one else can reap them, so their pid
+# cannot be reused before we do) and left running: reaped when the next child starts, once they have exited.
+_adopted: set[int] = set()
 
 
 class Timeout(subprocess.TimeoutExpired):
@@ -49,35 +61,264 @@ def which(program: str, *, path: str | None = None, purpose: str = "", fix: str 
     return found
 
 
+@functools.cache
+def _prctl() -> Callable[..., int] | None:
+    """libc's prctl, resolved once (Linux); None elsewhere or where it cannot be."""
+    if not _LINUX:
+        return None
+    import ctypes
+
+    try:
+        f = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    f.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    f.restype = ctypes.c_int
+    return cast(Callable[..., int], f)
+
+
+@functools.cache
+def _subreaper() -> bool:
+    """Make llamabundle a child subreaper, once, before its first child: a descendant whose parent exits (a
+    helper that left with setsid, a daemon) is reparented to us instead of init, so a kill still finds it
+    (`_family`) and we reap it. The setting is not inherited by our children."""
+    prctl = _prctl()
+    return prctl is not None and prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+
+
+def _dies_with(parent: int, prctl: Callable[..., int]) -> Callable[[], None]:
+    """The child's last step before exec: it gets SIGKILL when llamabundle dies (PR_SET_PDEATHSIG).
+
+    PDEATHSIG fires when the *thread* that forked the child ends, not the process. It is set whatever the
+    thread: every function of this module waits for its child in the thread that started it (a timeout, an
+    interrupt or a failure kills and reaps it first), so that thread outlives the child; and no caller starts
+    children from a worker thread (the package's other threads, zipstream's and our output readers, start
+    none). A function that returned a running child would have to set it only from the main thread.
+    subprocess warns that preexec_fn is unsafe with threads (the forked child may need a lock another thread
+    held); this one takes none: a call through a ctypes function resolved in the parent, getppid and kill,
+    after Python's own fork handling (GIL, import lock), with glibc's fork-safe malloc. It makes subprocess
+    fork instead of vfork, a cost of no account here."""
+    sigkill = int(signal.SIGKILL)
+
+    def preexec() -> None:
+        try:
+            prctl(PR_SET_PDEATHSIG, sigkill, 0, 0, 0)
+            if os.getppid() != parent:  # llamabundle died between fork and prctl: no signal will come
+                os.kill(os.getpid(), sigkill)
+        except Exception:  # an error here would fail the start of the program itself
+            pass
+
+    return preexec
+
+
 def _group_kwargs() -> dict[str, Any]:
     if sys.platform == "win32":
         return {"creationflags": subprocess.CREATE_NEW_PROCESS_GROUP}
-    return {"start_new_session": True}
+    kwargs: dict[str, Any] = {"start_new_session": True}
+    prctl = _prctl()
+    if prctl is not None:
+        _subreaper()
+        kwargs["preexec_fn"] = _dies_with(os.getpid(), prctl)
+    return kwargs
 
 
-def kill_group(p: subprocess.Popen[Any], *, grace: float = KILL_GRACE) -> None:
-    """End the child and everything in its process group: SIGTERM, then SIGKILL after `grace` seconds."""
+def _popen(argv: list[str], **kwargs: Any) -> subprocess.Popen[str]:
+    """The child, in a process group of its own (and on Linux dying with us); adopted orphans that exited
+    since the last start are reaped first."""
+    _reap_adopted()
+    p: subprocess.Popen[str] = subprocess.Popen(argv, stdin=subprocess.DEVNULL, text=True, errors="replace",
+                                                **kwargs, **_group_kwargs())
+    _live.add(p)
+    return p
+
+
+def kill_group(p: subprocess.Popen[Any], *, grace: float = KILL_GRACE, spare: Iterable[int] = ()) -> None:
+    """End the child and everything it started: SIGTERM, then SIGKILL after `grace` seconds, to its process
+    group and, on Linux, to the rest of its family found in /proc (`_family`: what left the group with setsid
+    too), but `spare`. Those reparented to us are reaped."""
     if sys.platform == "win32":  # pragma: no cover - exercised on the Windows CI job only
         subprocess.run(["taskkill", "/F", "/T", "/PID", str(p.pid)], capture_output=True, check=False)
         p.wait()
         return
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(p.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            break
-        if sig == signal.SIGKILL:
-            break
-        try:
-            p.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            continue
-        try:  # the leader is gone; members that ignored SIGTERM still get SIGKILL
-            os.killpg(p.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        break
+    spared = set(spare)
+    family = _family(p) - spared
+    _signal(p, family, signal.SIGTERM)
+    try:
+        p.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        pass
+    family |= _family(p, family) - spared  # started since, or reparented to us when their parent ended
+    refused = _signal(p, family, signal.SIGKILL)  # the leader may be gone; those that ignored SIGTERM still get it
     p.wait()
+    _reap(family - refused)
+
+
+def _signal(p: subprocess.Popen[Any], family: Iterable[int], sig: int) -> set[int]:
+    """Send sig to p's process group and to each of `family`; the pids that refused it (another user's) are
+    returned: no use waiting for those to be gone."""
+    refused = set()
+    targets: list[tuple[Callable[[int, int], None], int]] = [(os.killpg, p.pid), *((os.kill, pid) for pid in family)]
+    for send, pid in targets:
+        try:
+            send(pid, sig)
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            refused.add(pid)
+    return refused
+
+
+def _stat(pid: int) -> tuple[str, int, int, int] | None:
+    """(state, ppid, process group, session) of pid from /proc, None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            line = f.read()
+        fields = line[line.rindex(b")") + 2:].split()
+        return fields[0].decode(), int(fields[1]), int(fields[2]), int(fields[3])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _table() -> dict[int, tuple[str, int, int, int]]:
+    """Every process in /proc: pid -> (state, ppid, process group, session)."""
+    table = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit() and (row := _stat(int(name))) is not None:
+            table[int(name)] = row
+    return table
+
+
+def _pipes(p: subprocess.Popen[Any]) -> set[int]:
+    """The inodes of the pipes we read p's output from."""
+    found = set()
+    for stream in (p.stdout, p.stderr):
+        try:
+            if stream is not None and stat.S_ISFIFO((st := os.fstat(stream.fileno())).st_mode):
+                found.add(st.st_ino)
+        except (OSError, ValueError):
+            pass
+    return found
+
+
+def _holds(pid: int, pipes: set[int]) -> bool:
+    """Whether pid holds the write end of one of `pipes` (a read end, say in a child forked from us while p
+    ran, is not p's output)."""
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if not (link.startswith("pipe:[") and link[6:-1].isdigit() and int(link[6:-1]) in pipes):
+                continue
+            with open(f"/proc/{pid}/fdinfo/{fd}") as f:
+                flags = next((int(ln.split()[1], 8) for ln in f if ln.startswith("flags:")), 0)
+        except (OSError, ValueError, IndexError):
+            continue
+        if flags & os.O_ACCMODE == os.O_WRONLY:
+            return True
+    return False
+
+
+def _family(p: subprocess.Popen[Any], known: Iterable[int] = (), *, holders: bool = True) -> set[int]:
+    """What p started that is still there, p itself not included (Linux; elsewhere nothing is found): its
+    descendants by parent links (from p only while it is unreaped: a reaped pid may be reused) and from `known`
+    (found before, reparented to us since), every member of a process group or session that one of them leads
+    (p's own, or one a descendant made with setsid) and, with `holders`, children of ours that hold p's output
+    pipe open (orphans adopted from an exited p, still printing). Never us, our ancestors or another live child."""
+    if not _LINUX:
+        return set()
+    try:
+        table = _table()
+    except OSError:
+        return set()
+    me = os.getpid()
+    spared = {me, *(q.pid for q in list(_live) if q is not p and q.returncode is None)}
+    up = table.get(me)
+    while up is not None and up[1] > 0 and up[1] not in spared:
+        spared.add(up[1])
+        up = table.get(up[1])
+    family = {p.pid, *known}
+    parents = set(family) if p.returncode is None else family - {p.pid}
+    pipes = _pipes(p) if holders else set()
+    if pipes:
+        for pid, (_, ppid, _, _) in table.items():
+            if ppid == me and pid not in spared and pid not in family and _holds(pid, pipes):
+                family.add(pid)
+                parents.add(pid)
+    grew = True
+    while grew:
+        grew = False
+        for pid, (_, ppid, pgid, sid) in table.items():
+            if pid not in family and pid not in spared and (ppid in parents or pgid in family or sid in family):
+                family.add(pid)
+                parents.add(pid)
+                grew = True
+    family.discard(p.pid)  # p is reaped by its Popen, never here
+    return family
+
+
+def _reap(family: Iterable[int], *, wait: float = REAP_WAIT) -> None:
+    """Wait a bounded while for the killed `family` to be gone, reaping those reparented to us (a subreaper's
+    orphans are its own to wait for). A live child of ours (a Popen not waited for yet) is never waited on.
+    Those still there at the end are left to `_reap_adopted` when they are our children."""
+    if not _LINUX:
+        return
+    me = os.getpid()
+    left = set(family) - {q.pid for q in list(_live) if q.returncode is None}
+    deadline = time.monotonic() + wait
+    while left:
+        for pid in list(left):
+            try:
+                ended = os.waitpid(pid, os.WNOHANG)[0] == pid
+            except ChildProcessError:  # not our child (now): gone, or a zombie whose parent lives on outside the
+                row = _stat(pid)  # family (a container's PID 1 may never reap it); else it is still to come to us
+                ended = row is None or (row[0] == "Z" and row[1] not in left)
+            if ended:
+                left.discard(pid)
+        if not left or time.monotonic() >= deadline:
+            break
+        time.sleep(0.01)
+    _adopted.update(pid for pid in left if (row := _stat(pid)) is not None and row[1] == me)
+
+
+def _reap_adopted() -> None:
+    """Reap the orphans reparented to us that were left running (`_adopted`) and have exited since."""
+    if not _adopted:
+        return
+    for pid in list(_adopted):
+        try:
+            if os.waitpid(pid, os.WNOHANG)[0] == 0:
+                continue
+        except ChildProcessError:
+            pass
+        _adopted.discard(pid)
+
+
+def _adopt(p: subprocess.Popen[Any]) -> None:
+    """Note, without killing them, the orphans p left that were reparented to us (`_adopted`)."""
+    me = os.getpid()
+    _adopted.update(pid for pid in _family(p) if (row := _stat(pid)) is not None and row[1] == me)
+
+
+def _nothing_left(p: subprocess.Popen[Any]) -> bool:
+    """Cheaply: nothing p started can be left (p is reaped, its group is empty and we have no child at all:
+    as a subreaper, anything left of it would be our child or a descendant of one)."""
+    if not _subreaper():
+        return False
+    try:
+        os.killpg(p.pid, 0)
+        return False
+    except ProcessLookupError:
+        pass
+    except PermissionError:
+        return False
+    try:
+        os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return True
+    return False
 
 
 def _reader(stream: IO[str], lines: queue.Queue[object]) -> None:
@@ -136,8 +377,7 @@ def _started(argv: list[str], *, cwd: Path | None, env: Mapping[str, str] | None
              stdout: int, stderr: int, raw_errors: bool = False) -> Iterator[subprocess.Popen[str]]:
     """The child, started in a process group of its own; the group is killed if the block raises."""
     try:
-        p = subprocess.Popen(argv, cwd=cwd, env=dict(env) if env is not None else None, stdout=stdout, stderr=stderr,
-                             stdin=subprocess.DEVNULL, text=True, errors="replace", bufsize=1, **_group_kwargs())
+        p = _popen(argv, cwd=cwd, env=dict(env) if env is not None else None, stdout=stdout, stderr=stderr, bufsize=1)
     except OSError as e:
         if raw_errors:
             raise
@@ -233,13 +473,12 @@ def run(
 
 
 def _reap_group(p: subprocess.Popen[Any]) -> None:
-    """A finished step leaves nothing behind: members of its group still running are killed."""
+    """A finished step leaves nothing behind: what is left of its group and family is killed (and reaped)."""
     if sys.platform == "win32":  # pragma: no cover
         return
-    try:
-        os.killpg(p.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+    family = set() if _nothing_left(p) else _family(p)
+    refused = _signal(p, family, signal.SIGKILL)
+    _reap(family - refused)
 
 
 def _tail_block(tail: collections.deque[str], log_path: Path | None) -> str:
@@ -310,8 +549,7 @@ def run_until(argv: Sequence[str], *, env: Mapping[str, str], cwd: Path, timeout
     stopped. Past `timeout` seconds: `Timeout`, with the lines seen as its output. A program that cannot be
     started raises OSError."""
     args = [str(a) for a in argv]
-    p = subprocess.Popen(args, cwd=cwd, env=dict(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                         stdin=subprocess.DEVNULL, text=True, errors="replace", **_group_kwargs())
+    p = _popen(args, cwd=cwd, env=dict(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     assert p.stdout is not None
     lines: queue.Queue[str | None] = queue.Queue()
     stream = p.stdout
@@ -347,8 +585,15 @@ def run_until(argv: Sequence[str], *, env: Mapping[str, str], cwd: Path, timeout
             complete = done(line)
     finally:
         if p.poll() is None:
-            kill_group(p, grace=0)
+            # What left p's tree but holds its output (wineserver: setsid, stderr kept) is stop()'s to end
+            # gracefully (a SIGKILLed wineserver loses what it had not saved); what stop() leaves is killed then.
+            held = _family(p) - _family(p, holders=False) if stop is not None else set()
+            kill_group(p, grace=0, spare=held)
             if stop is not None:
                 stop()
+            if held:
+                _reap(held - _signal(p, held, signal.SIGKILL))
+        else:
+            _adopt(p)
         reader.join(timeout=5)
     return Watched(lines=seen, returncode=None, stopped=True)
