@@ -339,6 +339,20 @@ def check_consistent(m: Manifest, expect: Expect = ANYTHING) -> None:
          f"it says llama.cpp {m.llama_cpp.commit[:12]}, its inputs say {str(inputs.get('commit'))[:12]}",
          "the manifest was edited"),
     ]
+    # what it claims to hold: the backends its inputs name (every key since the list was added to the inputs;
+    # without it, each section's toolkit is still checked against the inputs below), each backend's section
+    # only for a backend it holds
+    recorded_backends = inputs.get("backends")
+    if isinstance(recorded_backends, (list, tuple)):
+        allowed = sorted(str(b) for b in recorded_backends)
+        unclaimed = [s for s in m.sections if s not in allowed]
+        checks += [
+            (not m.backends or sorted(m.backends) == allowed,
+             f"it says backends {', '.join(m.backends)}, its inputs say {', '.join(allowed) or 'none'}",
+             "the manifest was edited: the backends a bundle holds are part of its key"),
+            (not unclaimed, f"it has a {', '.join(unclaimed)} section, its inputs name no such backend",
+             "the manifest was edited: a backend's section belongs to a backend the key names"),
+        ]
     for name in SECTIONS:  # a backend's toolkit: the one its section records is the one its inputs record
         if name in inputs:
             recorded = inputs[name].get("toolkit") if isinstance(inputs[name], Mapping) else None

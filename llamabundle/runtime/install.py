@@ -356,7 +356,10 @@ def _install_locked(store: Store, entry: Entry, slot: Path, *, log: Log, platfor
             except VerifyError as e:
                 raise _invalid(key, e.what, e.why) from None
             hook("extracted")
-            check_bundle(stage / version, key=key, platform=platform, commit=commit, toolkit=toolkit)
+            inside = check_bundle(stage / version, key=key, platform=platform, commit=commit, toolkit=toolkit)
+            if inside != entry.manifest:  # the same JSON, as fetch requires (every field is read from it)
+                raise _invalid(key, f"the bundle.json inside {entry.zip_name} is not the one {store.url} lists",
+                               "the store's manifest and the zip's disagree", fix="publish the bundle again")
         hook("verified")
         os.replace(stage / version, slot / version)
         hook("swapping")

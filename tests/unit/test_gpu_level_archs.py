@@ -37,7 +37,7 @@ def report_of(loaded: Loaded) -> verify.VerifyReport:
 
 def manifest(sass: tuple[str, ...], ptx: tuple[str, ...], *backends: str) -> Manifest:
     cuda = {"toolkit": "13.0.2", "archs": {"sass": list(sass), "ptx": list(ptx)}}
-    return SimpleNamespace(backends=backends, sections={"cuda": cuda})  # type: ignore[return-value]
+    return SimpleNamespace(backends=backends, sections={"cuda": cuda}, inputs={}, key="k" * 12)  # type: ignore[return-value]
 
 
 @pytest.fixture(autouse=True)

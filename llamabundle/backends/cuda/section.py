@@ -4,10 +4,21 @@ probe, doctor, the index and the app-side API; written by the backend from the s
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ...bundle.manifest import SCHEMA_STRINGS, Manifest, as_obj, as_str, as_strs, schema_maybe, schema_text
+from ...bundle.manifest import (
+    SCHEMA_STRINGS,
+    Manifest,
+    ManifestError,
+    as_obj,
+    as_str,
+    as_strs,
+    schema_maybe,
+    schema_text,
+)
+from .archs import split_archs
 
 NAME = "cuda"
 
@@ -25,11 +36,28 @@ class CudaInfo:
 
 
 def read(m: Manifest) -> CudaInfo | None:
-    """The bundle's CUDA section (None: it has none); a field of the wrong type is a ManifestError naming it."""
+    """The bundle's CUDA section (None: it has none); a field of the wrong type is a ManifestError naming it,
+    and so are SASS and PTX other than the archs its key inputs ask for (the claim is bound to the key;
+    verify proves it from ggml-cuda itself)."""
     c = m.sections.get(NAME)
     if c is None:
         return None
     archs = as_obj(c.get("archs", {}), "cuda.archs")
+    info = _info(c, archs)
+    asked = m.inputs.get(NAME)
+    if isinstance(asked, Mapping) and "archs" in asked:
+        try:
+            wanted = split_archs([str(a) for a in asked["archs"]])
+        except (ValueError, TypeError) as e:
+            raise ManifestError(f"bundle {m.key[:12]} refused: its inputs' CUDA archs are not archs", why=str(e)) from None
+        if info.archs_json() != wanted:
+            raise ManifestError(f"bundle {m.key[:12]} refused: it says SASS {list(info.sass)} and PTX {list(info.ptx)}, "
+                                f"its inputs ask for SASS {wanted['sass']} and PTX {wanted['ptx']}",
+                                why="the manifest was edited: the archs a bundle carries are part of its key")
+    return info
+
+
+def _info(c: Mapping[str, object], archs: Mapping[str, object]) -> CudaInfo:
     return CudaInfo(toolkit=as_str(c.get("toolkit"), "cuda.toolkit") or "",
                     sass=as_strs(archs.get("sass", []), "cuda.archs.sass"),
                     ptx=as_strs(archs.get("ptx", []), "cuda.archs.ptx"),
