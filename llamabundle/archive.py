@@ -229,9 +229,10 @@ def partial_prefix(dest: Path) -> str:
     return f".{dest.name}.partial-"
 
 
-def tmp_beside(dest: Path) -> Path:
-    """A new directory beside dest, owned by this process, after removing those of dead owners."""
-    if dest.exists():
+def tmp_beside(dest: Path, *, exist_ok: bool = False) -> Path:
+    """A new directory beside dest, owned by this process, after removing those of dead owners (dest must not
+    exist unless `exist_ok`: the caller then decides how to replace it)."""
+    if dest.exists() and not exist_ok:
         raise FileExistsError(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
     scratch.sweep(dest.parent, [partial_prefix(dest)])

@@ -23,9 +23,17 @@ def tmp_dir(cache_dir: Path) -> Path:
 
 
 def sweep(cache_dir: Path) -> None:
-    """Remove what killed runs left in the cache: their scratch directories in <cache>/tmp (never a live
-    run's). Every command that uses the cache calls this first."""
+    """Remove what killed runs left in the cache, whatever key it was for: their scratch directories in
+    <cache>/tmp, half-packed zips in out/ and half-copied downloads in fetched/<key>/ (never a live run's).
+    Every command that uses the cache calls this first."""
     scratch.sweep(tmp_dir(cache_dir), TMP_PREFIXES)
+    scratch.sweep_owned(cache_dir / "out")
+    try:
+        fetched = [d for d in (cache_dir / "fetched").iterdir() if d.is_dir()]
+    except OSError:
+        fetched = []
+    for d in fetched:
+        scratch.sweep_owned(d)
 
 
 def wine_prefix(cache_dir: Path) -> Path:

@@ -79,8 +79,44 @@ def disk_fix(e: OSError) -> str:
             errno.ENOENT: "check that the path exists"}.get(e.errno or 0, "check the path and its filesystem, then retry")
 
 
+_OWNERS: dict[str, str] = {}  # a directory the command line names -> whose it is, e.g. "--out"
+
+
+def own(path: object, whose: str) -> None:
+    """Name whose a directory is (the cache, --out, the install root, a store): a disk error under it says so."""
+    import os
+
+    _OWNERS[os.path.abspath(os.fspath(path))] = whose  # type: ignore[call-overload]
+
+
+def forget_owners() -> None:
+    _OWNERS.clear()
+
+
+def owner_of(path: str) -> str | None:
+    """Whose the deepest owned directory holding `path` is (None: no directory the command line names)."""
+    import os
+
+    full = os.path.abspath(path)
+
+    def holds(d: str) -> bool:  # (an --out is filled first beside it: .NAME.partial-<owner>)
+        partial = os.path.join(os.path.dirname(d), f".{os.path.basename(d)}.partial-")
+        return full == d or full.startswith(d.rstrip(os.sep) + os.sep) or full.startswith(partial)
+
+    hits = [d for d in _OWNERS if holds(d)]
+    return _OWNERS[max(hits, key=len)] if hits else None
+
+
+def in_whose(path: object) -> str:
+    """" (in the cache, …)" for a path under an owned directory, else ""."""
+    import os
+
+    whose = owner_of(os.fspath(path))  # type: ignore[call-overload]
+    return f" (in {whose})" if whose else ""
+
+
 def from_os_error(e: OSError, *, doing: str = "") -> DiskError:
-    """The OSError as one clear message naming the path that failed, why, and what to do."""
+    """The OSError as one clear message naming the path that failed, whose it is (own()), why, and what to do."""
     if e.filename is None and (isinstance(e, (ConnectionError, TimeoutError))
                                or type(e).__module__.split(".")[0] in ("requests", "urllib3", "http", "ssl")):
         return DiskError(f"a network connection failed{' while trying to ' + doing if doing else ''}",
@@ -89,4 +125,6 @@ def from_os_error(e: OSError, *, doing: str = "") -> DiskError:
     what = f"cannot {doing} {path}" if doing else f"cannot use {path}"
     if e.filename2 is not None:
         what += f" (and {e.filename2})"
+    if e.filename is not None:
+        what += in_whose(path)
     return DiskError(what, why=e.strerror or str(e), fix=disk_fix(e))

@@ -393,10 +393,12 @@ def write_site(out: Path, site: Site) -> bool:
     try:
         stage = scratch.make_dir(parent, stage_prefix)
         try:
-            for name, text in (("index.json", json.dumps(site_json(site), indent=2, sort_keys=True) + "\n"),
+            # paths the C locale decoded with surrogate escapes (a store at /tmp/störe under LC_ALL=C) are
+            # written back as their own bytes: UTF-8 whatever the locale
+            for name, text in (("index.json", json.dumps(site_json(site), indent=2, sort_keys=True, ensure_ascii=False) + "\n"),
                                ("index.html", render_html(site))):
                 at = stage / name
-                with open(at, "x", encoding="utf-8", newline="\n") as f:
+                with open(at, "x", encoding="utf-8", errors="surrogateescape", newline="\n") as f:
                     f.write(text)
                     f.flush()
                     os.fsync(f.fileno())

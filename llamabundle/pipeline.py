@@ -220,16 +220,15 @@ def _from_store(entry: Entry, *, store: Store, settings: Settings, log: Log, out
     expect = expect or Expect(key=entry.key)
     manifest_mod.check_consistent(entry.manifest, expect)  # before a byte is downloaded
     level = level or verify_level_for(entry.manifest.platform)
-    if out is not None and out.exists():
-        out.rmdir()  # empty (checked before any work)
     if out is not None:
-        tmp = tmp_beside(out)
+        tmp = tmp_beside(out, exist_ok=True)  # (an empty --out, or one another run of this key fills meanwhile)
     else:
         tmp = scratch.make_dir(cache.tmp_dir(settings.cache_dir), cache.UNPACK_PREFIX)
-    # messages name --out (or the stored zip), never the directory the bundle is checked in before the rename
-    naming = Naming.of([tmp], out if out is not None else entry.location, is_zip=out is None, partial=False)
-    stream = zipstream.Pipelined(bundle_mod.stream(tmp, label=entry.zip_name))
-    try:
+    stream: zipstream.Pipelined | None = None
+    try:  # from here on an interrupt leaves nothing behind
+        # messages name --out (or the stored zip), never the directory the bundle is checked in before the rename
+        naming = Naming.of([tmp], out if out is not None else entry.location, is_zip=out is None, partial=False)
+        stream = zipstream.Pipelined(bundle_mod.stream(tmp, label=entry.zip_name))
         with log.step("fetch from the store"):
             try:
                 zip_path = store.fetch(entry, dest, sink=stream)
@@ -254,9 +253,10 @@ def _from_store(entry: Entry, *, store: Store, settings: Settings, log: Log, out
                 raise
             _log_report(report, log)
         if out is not None:
-            os.replace(tmp, out)
+            place(tmp, out, entry.manifest, log)
     finally:
-        stream.close()
+        if stream is not None:
+            stream.close()
         shutil.rmtree(tmp, ignore_errors=True)
     outcome = BuildOutcome(key=entry.key, hit=True, zip_path=zip_path, manifest=entry.manifest, verify=report,
                            store=store.url, location=entry.location)
@@ -268,8 +268,9 @@ def _from_store(entry: Entry, *, store: Store, settings: Settings, log: Log, out
 
 def fetch(key: str, *, store: Store, settings: Settings, log: Log, out: Path, level: Level = Level.STATIC,
           expect: Expect | None = None) -> BuildOutcome:
-    """The store's bundle `key`, trusted against `expect` (a recipe's: key, platform, commit, toolkit)."""
-    check_out(out)
+    """The store's bundle `key`, trusted against `expect` (a recipe's: key, platform, commit, toolkit). An --out
+    that already holds this very bundle (another fetch of it finished first) is a success, not a clash."""
+    check_out(out, bundle_ok=True)
     sweep_cache(settings)
     entry = store.lookup(key)
     if entry is None:
@@ -277,13 +278,36 @@ def fetch(key: str, *, store: Store, settings: Settings, log: Log, out: Path, le
     return _from_store(entry, store=store, settings=settings, log=log, out=out, level=level, expect=expect)
 
 
-def check_out(out: Path | None) -> None:
-    """--out must be a new or empty directory whose parent can be written; checked before any work."""
+def place(tmp: Path, out: Path, manifest: Manifest, log: Log) -> None:
+    """Move the checked bundle in `tmp` to `out` (missing or empty). Another run that put this very bundle
+    there first (the same bundle.json, every file as it lists) is a success too: concurrent fetches of one key
+    into one --out all end with it."""
+    try:
+        if out.is_dir() and not any(out.iterdir()):
+            out.rmdir()
+        os.replace(tmp, out)
+        return
+    except OSError as e:
+        placed = e
+    try:
+        there = bundle_mod.read_manifest(out)
+        same = there == manifest and manifest_mod.check_files(out, there) is not None
+    except (LlamaBundleError, OSError):
+        same = False
+    if not same:
+        raise UsageError(f"--out {out} exists and is not empty", why=f"it does not hold this bundle ({placed.strerror or placed})",
+                         fix="pass a new or empty directory")
+    log.info(f"{out} already holds this bundle (put there by another run meanwhile)")
+
+
+def check_out(out: Path | None, *, bundle_ok: bool = False) -> None:
+    """--out must be a new or empty directory whose parent can be written; checked before any work.
+    `bundle_ok`: it may hold a bundle (fetch: `place` accepts it at the end if it is the one fetched)."""
     if out is None:
         return
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} is not a directory", fix="pass a new or empty directory")
-    if out.is_dir() and any(out.iterdir()):
+    if out.is_dir() and any(out.iterdir()) and not (bundle_ok and (out / bundle_mod.MANIFEST).is_file()):
         raise UsageError(f"--out {out} exists and is not empty", fix="pass a new or empty directory")
     parent = out.parent
     while not parent.exists() and parent != parent.parent:

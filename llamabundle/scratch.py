@@ -155,6 +155,25 @@ def sweep(directory: Path, prefixes: Iterable[str], *, on_removed: Callable[[Pat
     return removed
 
 
+_TAIL = re.compile(r"[.-](\d+-\d+-[0-9a-f]{6})(?:\.[a-z]+)?$")  # ...<sep><owner token>[.part|.tmp]
+
+
+def sweep_owned(directory: Path) -> list[Path]:
+    """Remove the hidden entries of `directory` that name a dead owner, whatever made them (`.NAME.<owner>.part`,
+    `.NAME.part-<owner>`, `.NAME.partial-<owner>`): what a killed fetch, pack or unpack left beside any key's files."""
+    removed: list[Path] = []
+    try:
+        names = [n for n in os.listdir(directory) if n.startswith(".")]
+    except OSError:
+        return removed
+    for name in names:
+        m = _TAIL.search(name)
+        if m is None:
+            continue
+        removed += sweep(directory, [name[:m.start(1)]])
+    return removed
+
+
 def _size(path: Path) -> int:
     if not path.is_dir() or path.is_symlink():
         try:

@@ -19,6 +19,7 @@ DEFAULT_GITHUB_API_URL = "https://api.github.com"
 DEFAULT_CUDA_REDIST_URL = "https://developer.download.nvidia.com/compute/cuda/redist"
 DEFAULT_CONNECT_TIMEOUT = 10.0
 DEFAULT_BUILD_TIMEOUT = 6 * 3600.0
+ZIP_EPOCH_FIRST, ZIP_EPOCH_LAST = 315532800, 4354819199  # 1980-01-01 and 2107-12-31T23:59:59Z: a zip's dates
 
 _N = TypeVar("_N", int, float)
 
@@ -54,8 +55,8 @@ class Settings:
     LLAMABUNDLE_CONNECT_TIMEOUT     [connect_timeout] seconds to wait for a connection (> 0, default 10)
     LLAMABUNDLE_BUILD_TIMEOUT       [build_timeout] seconds one cmake configure or build may run (> 0,
                                     default 21600)
-    SOURCE_DATE_EPOCH               [source_date_epoch] timestamp of built_at and the zip's entries (default:
-                                    the pinned commit's date)
+    SOURCE_DATE_EPOCH               [source_date_epoch] timestamp of built_at and the zip's entries, 1980-01-01
+                                    to 2107-12-31 (what a zip can date; default: the pinned commit's date)
     GITHUB_ACTIONS                  [github_actions] "true": groups, annotations, step outputs and summary
     GITHUB_OUTPUT                   [github_output] step outputs file (only under GITHUB_ACTIONS=true)
     GITHUB_STEP_SUMMARY             [github_step_summary] step summary file (only under GITHUB_ACTIONS=true)
@@ -107,7 +108,9 @@ class Settings:
 
         cache = env.get("LLAMABUNDLE_CACHE_DIR") or platformdirs.user_cache_dir("llamabundle", appauthor=False)
         data = env.get("LLAMABUNDLE_DATA_DIR")
-        sde = number("SOURCE_DATE_EPOCH", int, None, lambda v: v >= 0, "a Unix timestamp (whole seconds, e.g. 1700000000)")
+        sde = number("SOURCE_DATE_EPOCH", int, None, lambda v: ZIP_EPOCH_FIRST <= v <= ZIP_EPOCH_LAST,
+                     f"a Unix timestamp from {ZIP_EPOCH_FIRST} (1980-01-01) to {ZIP_EPOCH_LAST} (2107-12-31), "
+                     "the dates a zip can hold")
         actions = env.get("GITHUB_ACTIONS") == "true"
         installer = env.get("LLAMABUNDLE_CUDA_INSTALLER")
         workspace = env.get("GITHUB_WORKSPACE")

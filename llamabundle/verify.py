@@ -16,7 +16,7 @@ from typing import Any
 from . import backends, cache, opscheck, platforms, scratch
 from . import bundle as bundle_mod
 from .bundle.manifest import ANYTHING, Expect, Manifest
-from .errors import LlamaBundleError, UsageError, VerifyError
+from .errors import DiskError, LlamaBundleError, UsageError, VerifyError, disk_fix
 from .platforms.load import clean_env, run_list_devices
 
 
@@ -115,9 +115,13 @@ def verify_bundle(path: Path, *, level: Level, cache_dir: Path, require_gpu: boo
     wine_prefix = wine_prefix or cache.wine_prefix(cache_dir)
     try:
         tmp = scratch.make_dir(base, cache.VERIFY_PREFIX)
-    except OSError as e:
-        raise UsageError(f"cannot make a scratch directory in {base}", why=e.strerror or str(e),
-                         fix="free space there, or point LLAMABUNDLE_CACHE_DIR at a writable disk") from None
+    except OSError as cache_error:  # verify needs no cache: a read-only or full one sends it to the system's temp
+        system = Path(tempfile.gettempdir())
+        try:
+            tmp = scratch.make_dir(system, "llamabundle-verify-")
+        except OSError as e:
+            raise DiskError(f"cannot make a scratch directory in {base} (the cache) or {system}",
+                            why=f"{cache_error.strerror or cache_error}; {e.strerror or e}", fix=disk_fix(e)) from None
     try:
         naming = Naming.of([tmp / "bundle"], path, is_zip=path.is_file())
         try:

@@ -16,6 +16,7 @@ from .. import __version__, scratch
 from ..archive import UnsafeArchive, check_zip, extract_zip, tmp_beside
 from ..digest import sha256_file, walk
 from ..errors import VerifyError
+from ..settings import ZIP_EPOCH_FIRST, ZIP_EPOCH_LAST
 from . import manifest as manifest_mod
 from . import zipstream
 from .manifest import (
@@ -55,7 +56,8 @@ def file_entries(root: Path, roles: Mapping[str, str],
 
 
 def built_at(source_date_epoch: int | None) -> str:
-    when = dt.datetime.fromtimestamp(source_date_epoch, dt.UTC) if source_date_epoch is not None else dt.datetime.now(dt.UTC)
+    when = (dt.datetime.fromtimestamp(min(max(source_date_epoch, 0), ZIP_EPOCH_LAST), dt.UTC) if source_date_epoch is not None
+            else dt.datetime.now(dt.UTC))
     return when.replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
 
@@ -72,10 +74,11 @@ def read_manifest(root: Path) -> Manifest:
 
 
 def pack(root: Path, zip_path: Path, *, source_date_epoch: int | None = None) -> Path:
-    """Deterministic zip of root: sorted entries, fixed timestamps, normalised modes, bundle.json first."""
+    """Deterministic zip of root: sorted entries, fixed timestamps (SOURCE_DATE_EPOCH held to what a zip can
+    date: a commit's date past 2107 does not stop the pack), normalised modes, bundle.json first."""
     when = ZIP_EPOCH_DEFAULT
     if source_date_epoch is not None:
-        t = dt.datetime.fromtimestamp(max(source_date_epoch, 315532800), dt.UTC)
+        t = dt.datetime.fromtimestamp(min(max(source_date_epoch, ZIP_EPOCH_FIRST), ZIP_EPOCH_LAST), dt.UTC)
         when = (t.year, t.month, t.day, t.hour, t.minute, t.second)
     names = sorted(walk(root), key=lambda n: (n != MANIFEST, n))
     zip_path.parent.mkdir(parents=True, exist_ok=True)
@@ -134,9 +137,9 @@ def extract_unstreamed(zip_path: Path, dest: Path) -> None:
         with zipfile.ZipFile(zip_path) as zf:
             infos = {i.filename: i for i in check_zip(zf, zip_path, descriptors=False) if not i.is_dir()}
             info = infos.get(MANIFEST)
-            if info is None:
-                raise ManifestError(f"{zip_path.name} has no {MANIFEST}", why="every bundle carries its manifest at the root",
-                                    fix="this is not a llamabundle bundle")
+            if info is None:  # extracted by the rules above; the check of the unpacked tree then says it has none
+                extract_zip(zip_path, dest, descriptors=False)
+                return
             if info.file_size > MAX_MANIFEST_BYTES:
                 raise ManifestError(f"{zip_path.name}: its {MANIFEST} is larger than {MAX_MANIFEST_BYTES >> 20} MiB",
                                     why="a bundle.json is a few KiB")

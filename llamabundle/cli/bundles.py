@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 
 from .context import Ctx, pass_ctx
-from .options import JSON_OPT, RECIPE_ARG, STORE_OPT
+from .options import JSON_OPT, RECIPE_ARG, STORE_OPT, owned
 from .output import emit
 
 LEVELS = ("static", "load", "gpu", "ops")  # verify.Level, spelled out so that the CLI starts without importing it
@@ -48,7 +48,7 @@ def check(c: Ctx, recipe_path: Path, store_url: str | None, as_json: bool) -> No
 @click.option("--force", is_flag=True, help="Build even when the store has this key.")
 @click.option("--publish/--no-publish", default=None,
               help="Store the result (default: yes for a local directory store, no for github:).")
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), help="Leave the unpacked bundle in this new directory.")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), callback=owned("--out"), help="Leave the unpacked bundle in this new directory.")
 @click.option("--jobs", "-j", type=click.IntRange(1), help="Parallel compile jobs (default: ninja's).")
 @click.option("--clean", is_flag=True, help="Remove the cached build directory first.")
 @click.option("--toolkit-source", type=click.Choice(["redist", "pypi", "installer", "system"]),
@@ -91,7 +91,7 @@ def build(c: Ctx, recipe_path: Path, store_url: str | None, force: bool, publish
 @click.command()
 @click.argument("what", metavar="RECIPE|KEY")
 @STORE_OPT
-@click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path), help="New directory to unpack into.")
+@click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path), callback=owned("--out"), help="New directory to unpack into.")
 @click.option("--level", type=click.Choice(LEVELS), default="static", show_default=True,
               help="Verification level (load runs llama-server from the bundle; gpu also wants a CUDA device).")
 @JSON_OPT
@@ -162,7 +162,7 @@ def publish(c: Ctx, path: Path, store_url: str | None, as_json: bool) -> None:
 @click.command("bundle")
 @RECIPE_ARG
 @click.argument("build_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
-@click.option("--out", required=True, type=click.Path(path_type=Path),
+@click.option("--out", required=True, type=click.Path(path_type=Path), callback=owned("--out"),
               help="A new or empty directory (the bundle unpacked there), or a path ending in .zip.")
 @click.option("--toolkit-root", type=click.Path(exists=True, file_okay=False, path_type=Path),
               help="The CUDA toolkit the build used (its bin/ and lib/): where the CUDA DLLs and libraries come from.")

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from .. import errors
 from ..log import Log, actions_report
 from ..settings import Settings
 
@@ -29,6 +30,9 @@ class Ctx:
     def __init__(self, *, debug: bool, quiet: bool) -> None:
         self.env = environment()
         self.settings = Settings.from_env(self.env)
+        errors.forget_owners()  # a new command line (several run in one process under the tests)
+        errors.own(self.settings.cache_dir, "the cache, LLAMABUNDLE_CACHE_DIR")
+        errors.own(self.settings.data_dir, "the install root, LLAMABUNDLE_DATA_DIR")
         self.log = Log(quiet=quiet, github_actions=self.settings.github_actions,
                        workspace=self.settings.github_workspace)
         self.debug = debug
@@ -37,8 +41,11 @@ class Ctx:
         """The store; given a keyed recipe, a GitHub store looks its release up by the recipe's tag."""
         from ..store import open_store
 
-        return open_store(url or self.settings.store or str(self.settings.cache_dir / "store"),
-                          settings=self.settings, log=self.log, tags={keyed.key: keyed.tag} if keyed else None)
+        store = open_store(url or self.settings.store or str(self.settings.cache_dir / "store"),
+                           settings=self.settings, log=self.log, tags={keyed.key: keyed.tag} if keyed else None)
+        if store.url and "://" not in store.url and not store.url.startswith("github:"):
+            errors.own(store.url, "the store")
+        return store
 
     @property
     def runtime_cache(self) -> Path:

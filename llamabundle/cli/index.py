@@ -9,13 +9,13 @@ from pathlib import Path
 import click
 
 from .context import Ctx, pass_ctx
-from .options import JSON_OPT, STORE_OPT
+from .options import JSON_OPT, STORE_OPT, owned
 from .output import emit
 
 
 @click.command("index")
 @STORE_OPT
-@click.option("--out", required=True, metavar="DIR", type=click.Path(path_type=Path),
+@click.option("--out", required=True, metavar="DIR", type=click.Path(path_type=Path), callback=owned("--out"),
               help="The site's directory: new, empty, or a previous index (replaced as a whole, atomically).")
 @JSON_OPT
 @pass_ctx

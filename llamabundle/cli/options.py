@@ -12,7 +12,20 @@ import click
 JSON_OPT = click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON (schema 1) on stdout.")
 STORE_OPT = click.option("--store", "store_url", metavar="URL",
                          help="Bundle store: a directory, file://DIR or github:OWNER/REPO (default: $LLAMABUNDLE_STORE or <cache>/store).")
-DEST_OPT = click.option("--dest", type=click.Path(file_okay=False, path_type=Path),
+
+
+def owned(whose: str) -> Any:
+    """A click callback naming whose the directory a path option gives is (errors.own): a disk error under it says so."""
+    def callback(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+        if value is not None:
+            from ..errors import own
+
+            own(value, whose)
+        return value
+    return callback
+
+
+DEST_OPT = click.option("--dest", type=click.Path(file_okay=False, path_type=Path), callback=owned("the install root, --dest"),
                         help="Install root (default: $LLAMABUNDLE_DATA_DIR or the user data directory).")
 SMI_OPT = click.option("--nvidia-smi", "nvidia_smi", metavar="PATH", help="The nvidia-smi to run (default: the one on PATH).")
 RECIPE_ARG = click.argument("recipe_path", metavar="RECIPE", type=click.Path(dir_okay=False, path_type=Path))

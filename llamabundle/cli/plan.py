@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from ..runtime.dryrun import DeviceMemory, Launch
 from ..runtime.gguf_model import MiB, kv_types
 from .context import Ctx, pass_ctx
-from .options import JSON_OPT, InputFile
+from .options import JSON_OPT, InputFile, owned
 from .output import emit
 
 
@@ -43,7 +43,7 @@ from .output import emit
 @click.option("--bundle", type=click.Path(file_okay=False, exists=True, path_type=Path),
               help="Size each rung with this unpacked bundle's llamabundle-memory (llama.cpp's own dry run; "
                    "default: the installed GPU bundle probe would pick).")
-@click.option("--dest", type=click.Path(file_okay=False, path_type=Path),
+@click.option("--dest", type=click.Path(file_okay=False, path_type=Path), callback=owned("the install root, --dest"),
               help="Install root to find that bundle in (default: $LLAMABUNDLE_DATA_DIR or the user data directory).")
 @click.option("--closed-form", is_flag=True, help="Use llamabundle's closed-form estimate only: run no dry run.")
 @JSON_OPT

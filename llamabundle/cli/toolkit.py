@@ -17,7 +17,7 @@ import click
 
 from ..errors import ToolchainError, UsageError
 from .context import Ctx, pass_ctx
-from .options import InputFile
+from .options import InputFile, owned
 from .output import emit
 
 if TYPE_CHECKING:
@@ -139,7 +139,7 @@ def plan_cmd(c: Ctx, recipe_path: Path | None, version: str | None, components: 
 
 @toolkit_group.command("install")
 @_options
-@click.option("--dest", type=click.Path(file_okay=False, path_type=Path),
+@click.option("--dest", type=click.Path(file_okay=False, path_type=Path), callback=owned("--dest"),
               help="Install here (a new or empty directory) instead of the cache's content-addressed root.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON (schema 1) on stdout.")
 @pass_ctx

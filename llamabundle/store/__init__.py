@@ -51,6 +51,10 @@ def open_store(url: str, *, settings: StoreSettings | None = None, log: Log | No
                            connect_timeout=settings.connect_timeout, log=log, tags=tags)
     if "://" in url and not url.startswith("file://"):
         raise UsageError(f"store '{url}' has an unknown scheme", fix="use a directory path, file://PATH or github:OWNER/REPO")
+    path = url.removeprefix("file://")
+    if not path.strip():
+        raise UsageError(f"store '{url}' names no directory", why="an empty path would mean the current directory",
+                         fix="give the store's directory: a path, or file:///absolute/path")
     from .local import LocalStore
 
-    return LocalStore(Path(url.removeprefix("file://")).expanduser())
+    return LocalStore(Path(path).expanduser())

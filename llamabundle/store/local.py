@@ -21,7 +21,7 @@ from filelock import FileLock, Timeout
 from .. import scratch
 from ..bundle import MANIFEST
 from ..bundle.manifest import Expect, Manifest, ManifestError, check_consistent, loads
-from ..errors import StoreError, UsageError, VerifyError, disk_fix
+from ..errors import StoreError, UsageError, VerifyError, disk_fix, in_whose
 from . import sums as sums_grammar
 from .base import Entry, Published
 
@@ -286,8 +286,8 @@ def _write_text(path: Path, text: str) -> None:
 
 
 def _write_error(path: Path, e: OSError, *, what: str = "") -> StoreError:
-    return StoreError(what or f"cannot write {path}", why=f"{e.strerror or e} ({path})" if what else (e.strerror or str(e)),
-                      fix=disk_fix(e))
+    return StoreError((what or f"cannot write {path}") + in_whose(path),
+                      why=f"{e.strerror or e} ({path})" if what else (e.strerror or str(e)), fix=disk_fix(e))
 
 
 def _unlink(path: Path) -> None:

@@ -161,11 +161,19 @@ def test_check_publish_check_fetch(tmp_path: Path, capsys: pytest.CaptureFixture
     assert code == 0, err
     assert (empty / "LICENSE").read_bytes() == FILES["LICENSE"]
 
-    # an existing non-empty --out is refused and left alone
+    # an --out that already holds this very bundle is a success (another fetch of it may have finished first)
     code, out, err = run(capsys, "fetch", LINUX_KEY, "--store", store, "--out", dest)
-    assert code == 2
-    assert f"--out {dest} exists and is not empty" in err
+    assert code == 0 and "already holds this bundle" in err, err
     assert sorted(p.name for p in dest.iterdir()) == ["LICENSE", "bundle.json", "llama-server"]
+    # any other non-empty --out is refused and left alone
+    (empty / "bundle.json").write_text("{}")
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine\n")
+    for taken in (other, empty):
+        code, out, err = run(capsys, "fetch", LINUX_KEY, "--store", store, "--out", taken)
+        assert code == 2 and f"--out {taken} exists and is not empty" in err, err
+    assert sorted(p.name for p in other.iterdir()) == ["notes.txt"]
 
 
 def test_fetch_of_a_missing_key_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -154,6 +154,44 @@ def test_three_fetches_of_one_key_into_one_cache_all_succeed(tmp_path: Path) -> 
             tmp_path / "unpacked" / "payload.bin")
 
 
+def test_three_fetches_of_one_key_into_one_out_all_succeed_with_one_result(tmp_path: Path) -> None:
+    store, key = stored(tmp_path, payload=8 << 20)
+    out = tmp_path / "out"
+    procs = [cli(tmp_path, "fetch", key, "--store", store, "--out", out) for _ in range(3)]
+    results = [finish(p) for p in procs]
+    assert [c for c, _ in results] == [0, 0, 0], results  # was 0 6 6: the later two found --out filled
+    assert digest.sha256_file(out / "payload.bin") == digest.sha256_file(tmp_path / "unpacked" / "payload.bin")
+    assert sorted(p.name for p in out.iterdir()) == ["HANG", "LICENSE", "bundle.json", "llama-server", "payload.bin"] or \
+        sorted(p.name for p in out.iterdir()) == ["LICENSE", "bundle.json", "llama-server", "payload.bin"]
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".out.")] == []
+    code, text = finish(cli(tmp_path, "fetch", key, "--store", store, "--out", out))  # again, later: the same
+    assert code == 0 and "already holds this bundle" in text, text
+
+
+def test_what_a_killed_fetch_left_under_another_key_is_removed_by_the_next_fetch(tmp_path: Path) -> None:
+    store, key = stored(tmp_path)
+    other = tmp_path / "cache" / "fetched" / ("e" * 64)
+    other.mkdir(parents=True)
+    dead = other / ".linux-x86_64-cpu.zip.4194303-1-abcdef.part"  # an owner that no longer runs (pid past pid_max)
+    dead.write_bytes(b"x" * 1000)
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        from llamabundle.scratch import start_time
+
+        live = other / f".linux-x86_64-cpu.zip.{sleeper.pid}-{start_time(sleeper.pid)}-abcdef.part"
+        live.write_bytes(b"y")
+        half_packed = tmp_path / "cache" / "out" / ".linux-x86_64-cpu-0123.zip.part-4194303-1-fedcba"
+        half_packed.parent.mkdir(parents=True)
+        half_packed.write_bytes(b"z")
+        code, text = finish(cli(tmp_path, "fetch", key, "--store", store, "--out", tmp_path / "out"))
+        assert code == 0, text
+        assert not dead.exists() and not half_packed.exists()  # was kept for good: only its own key's dir was swept
+        assert live.exists()  # never a live run's
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
 def test_two_builds_that_hit_the_store_at_once_both_succeed(tmp_path: Path) -> None:
     store, key = stored(tmp_path, payload=8 << 20)
     procs = [cli(tmp_path, "build", LINUX, "--store", store, "--out", tmp_path / f"out{i}") for i in range(2)]
@@ -192,7 +230,7 @@ def test_fetch_into_a_full_out_filesystem_names_out_and_leaves_nothing(tmp_path:
     full = tmpfs("size=1m")
     code, text = finish(cli(tmp_path, "fetch", key, "--store", store, "--out", full / "out"))
     assert code == 6, text
-    assert f"{full}/" in text and "No space left on device" in text
+    assert f"{full}/" in text and "No space left on device" in text and "(in --out)" in text
     assert str(tmp_path / "cache") not in text.split("fix:")[0]  # the full disk is --out's, not the cache's
     assert list(full.iterdir()) == []
 
@@ -214,8 +252,32 @@ def test_a_cache_on_a_full_disk_names_the_cache(tmp_path: Path, tmpfs) -> None: 
                         str(tmp_path / "out")], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 6, r.stderr
     assert f"{full}/cache" in r.stderr and "Traceback" not in r.stderr
+    assert "(in the cache, LLAMABUNDLE_CACHE_DIR)" in r.stderr
     assert not (tmp_path / "out").exists()
     assert not [p for p in (full / "cache" / "fetched" / key).iterdir()] if (full / "cache" / "fetched" / key).exists() else True
+
+
+def test_install_onto_a_full_disk_is_the_disk_not_the_bundle(tmp_path: Path, tmpfs) -> None:  # type: ignore[no-untyped-def]
+    store, key = stored(tmp_path, payload=4 << 20)
+    full = tmpfs("size=1m")
+    code, text = finish(cli(tmp_path, "install", "--key", key, "--store", store, "--dest", full / "apps"))
+    assert code == 6, text  # was 5, "bundle invalid": the bundle is fine
+    assert f"{full}/apps/" in text and "No space left on device" in text and "(in the install root, --dest)" in text
+    assert "bundle_invalid" not in text
+    left = [p.relative_to(full).as_posix() for p in full.rglob("*")]
+    assert [p for p in left if not p.startswith("apps/bundles/.locks") and p not in ("apps", "apps/bundles",
+                                                                                     "apps/bundles/linux-x86_64-cpu")] == []
+
+
+def test_verify_of_a_zip_needs_no_cache_so_a_read_only_one_does_not_stop_it(tmp_path: Path, tmpfs) -> None:  # type: ignore[no-untyped-def]
+    zip_path, key = linux_bundle(tmp_path)
+    ro = tmpfs("ro,size=1m")
+    env = {**env_for(tmp_path), "LLAMABUNDLE_CACHE_DIR": str(ro / "cache")}
+    for level in ("static", "load"):
+        r = subprocess.run([sys.executable, "-m", "llamabundle", "verify", str(zip_path), "--level", level], env=env,
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr  # was 2: "cannot make a scratch directory in <cache>/tmp"
+        assert f"key {key[:12]}" in r.stdout
 
 
 # ---------------------------------------------------------------------------------- GitHub, through the CLI

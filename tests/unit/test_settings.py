@@ -137,9 +137,9 @@ def test_empty_values_are_unset(tmp_path: Path) -> None:
     ("LLAMABUNDLE_CONNECT_TIMEOUT", "inf", "a number of seconds greater than 0 (e.g. 10)"),
     ("LLAMABUNDLE_BUILD_TIMEOUT", "6h", "a number of seconds greater than 0 (e.g. 21600)"),
     ("LLAMABUNDLE_BUILD_TIMEOUT", "-5", "a number of seconds greater than 0 (e.g. 21600)"),
-    ("SOURCE_DATE_EPOCH", "yesterday", "a Unix timestamp (whole seconds, e.g. 1700000000)"),
-    ("SOURCE_DATE_EPOCH", "1.5", "a Unix timestamp (whole seconds, e.g. 1700000000)"),
-    ("SOURCE_DATE_EPOCH", "-1", "a Unix timestamp (whole seconds, e.g. 1700000000)"),
+    ("SOURCE_DATE_EPOCH", "yesterday", "a Unix timestamp from 315532800 (1980-01-01) to 4354819199 (2107-12-31), the dates a zip can hold"),
+    ("SOURCE_DATE_EPOCH", "1.5", "a Unix timestamp from 315532800 (1980-01-01) to 4354819199 (2107-12-31), the dates a zip can hold"),
+    ("SOURCE_DATE_EPOCH", "-1", "a Unix timestamp from 315532800 (1980-01-01) to 4354819199 (2107-12-31), the dates a zip can hold"),
 ])
 def test_a_bad_number_is_the_same_usage_error(var: str, value: str, wanted: str) -> None:
     e = pytest.raises(UsageError, Settings.from_env, {var: f" {value}"}).value
