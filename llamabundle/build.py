@@ -311,7 +311,7 @@ def run_build(plan: BuildPlan, *, log: Log, env: Mapping[str, str], clean: bool 
             f.parent.mkdir(parents=True, exist_ok=True)
             f.write_text(text, encoding="utf-8")
     log_path = bd / LOG_NAME
-    log_path.write_text("")
+    log_path.write_text("", encoding="utf-8")
     fix = f"read the full log at {log_path}; fix the toolchain or the recipe's cmake: options"
     for command in plan.commands:  # cheap (a launcher's helper): made every time, so it is never missing
         proc.run(list(command), log=log, error=BuildError, what="a compiler launcher's helper did not compile",
@@ -320,7 +320,7 @@ def run_build(plan: BuildPlan, *, log: Log, env: Mapping[str, str], clean: bool 
         with log.step("configure (cmake)"):
             proc.run(plan.configure, log=log, error=BuildError, what="cmake configure failed", label="cmake configure", fix=fix,
                      env=env, log_path=log_path, timeout=timeout)
-        stamp.write_text(json.dumps(wanted))
+        stamp.write_text(json.dumps(wanted), encoding="utf-8")
     compiled = 0
     with log.step(f"build {len(plan.targets)} targets (ninja)"), log.progress("compile") as bar:
         def on_line(line: str) -> None:
@@ -408,7 +408,7 @@ def build_ops_tool(plan: BuildPlan, dest: Path, *, log: Log, env: Mapping[str, s
 def compiler_of(build_dir: Path) -> str:
     """'GNU 12.2.0' from CMake's own record of the C++ compiler it used."""
     for f in sorted(build_dir.glob("CMakeFiles/*/CMakeCXXCompiler.cmake")):
-        text = f.read_text()
+        text = f.read_text(encoding="utf-8", errors="replace")
         cid = re.search(r'set\(CMAKE_CXX_COMPILER_ID "([^"]*)"\)', text)
         ver = re.search(r'set\(CMAKE_CXX_COMPILER_VERSION "([^"]*)"\)', text)
         if cid and ver:

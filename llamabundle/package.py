@@ -118,7 +118,7 @@ def copy_licenses(source_dir: Path, stage: Path) -> dict[str, str]:
 def llama_version(build_dir: Path) -> str | None:
     """'b<N>' from the build's generated build-info, when llama.cpp knew its build number."""
     for f in build_dir.glob("common/build-info.cpp"):
-        m = re.search(r"LLAMA_BUILD_NUMBER\s*=\s*(\d+)", f.read_text())
+        m = re.search(r"LLAMA_BUILD_NUMBER\s*=\s*(\d+)", f.read_text(encoding="utf-8", errors="replace"))
         if m and int(m.group(1)) > 0:
             return f"b{m.group(1)}"
     return None

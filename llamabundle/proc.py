@@ -126,7 +126,7 @@ def _popen(argv: list[str], **kwargs: Any) -> subprocess.Popen[str]:
     """The child, in a process group of its own (and on Linux dying with us); adopted orphans that exited
     since the last start are reaped first."""
     _reap_adopted()
-    p: subprocess.Popen[str] = subprocess.Popen(argv, stdin=subprocess.DEVNULL, text=True, errors="replace",
+    p: subprocess.Popen[str] = subprocess.Popen(argv, stdin=subprocess.DEVNULL, text=True, encoding="utf-8", errors="replace",
                                                 **kwargs, **_group_kwargs())
     _live.add(p)
     return p

@@ -44,7 +44,7 @@ def read_build_tree(build_dir: Path) -> BuildTree:
     if not cache_file.is_file():
         raise UsageError(f"{build_dir} is not a CMake build directory", why=f"it has no {CMAKE_CACHE}",
                          fix="pass the directory you ran `cmake -B` with")
-    entries = dict(re.findall(r"^([A-Za-z_][A-Za-z0-9_]*):[A-Z]+=(.*)$", cache_file.read_text(errors="replace"), re.M))
+    entries = dict(re.findall(r"^([A-Za-z_][A-Za-z0-9_]*):[A-Z]+=(.*)$", cache_file.read_text(encoding="utf-8", errors="replace"), re.M))
     source = entries.get("CMAKE_HOME_DIRECTORY") or entries.get("llama.cpp_SOURCE_DIR")
     if not source or not Path(source).is_dir():
         raise UsageError(f"the source tree of {build_dir} is not here",
@@ -52,7 +52,7 @@ def read_build_tree(build_dir: Path) -> BuildTree:
                          fix="run `llamabundle bundle` where the build's source tree is (its licences go into the bundle)")
     commit = None
     for f in sorted(build_dir.glob("common/build-info.cpp")):
-        m = re.search(r'LLAMA_COMMIT\s*=\s*"([0-9a-f]+)"', f.read_text(errors="replace"))
+        m = re.search(r'LLAMA_COMMIT\s*=\s*"([0-9a-f]+)"', f.read_text(encoding="utf-8", errors="replace"))
         commit = m.group(1) if m else None
     versions = sorted(f.parent.name for f in build_dir.glob("CMakeFiles/*/CMakeCXXCompiler.cmake"))
     return BuildTree(build_dir=build_dir, source_dir=Path(source), cmake=entries.get("CMAKE_COMMAND", "cmake"),

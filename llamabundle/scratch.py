@@ -33,7 +33,7 @@ def start_time(pid: int) -> int | None:
         return _windows_start_time(pid)
     elif sys.platform.startswith("linux"):
         try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
+            stat = Path(f"/proc/{pid}/stat").read_text(encoding="utf-8", errors="replace")
         except (FileNotFoundError, ProcessLookupError):
             return None
         except OSError:

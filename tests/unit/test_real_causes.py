@@ -92,3 +92,31 @@ def test_index_writes_utf8_under_the_c_locale_for_a_store_path_that_is_not_ascii
     site = tmp_path / "site-ü"
     assert json.loads((site / "index.json").read_text(encoding="utf-8"))["store"] == str(store)
     assert str(store) in (site / "index.html").read_text(encoding="utf-8")
+
+
+def test_every_text_file_the_tool_opens_names_its_encoding() -> None:
+    """read_text, write_text, open() in text mode and Popen(text=True) without encoding= follow the locale
+    (ASCII under LC_ALL=C and PYTHONUTF8=0): every one in the package says UTF-8 (or is binary)."""
+    import ast
+
+    loose = []
+    for path in sorted((ROOT / "llamabundle").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.Call):
+                continue
+            f = node.func
+            name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+            kw = {k.arg for k in node.keywords}
+            if "encoding" in kw:
+                continue
+            if name in ("read_text", "write_text"):
+                loose.append(f"{path.relative_to(ROOT)}:{node.lineno} {name}")
+            elif name == "open" and isinstance(f, ast.Name):
+                mode = node.args[1] if len(node.args) > 1 else next((k.value for k in node.keywords if k.arg == "mode"), None)
+                modes = [mode.body, mode.orelse] if isinstance(mode, ast.IfExp) else [mode]
+                if not all(isinstance(m, ast.Constant) and "b" in str(m.value) for m in modes) and not (
+                        node.args and isinstance(node.args[0], ast.JoinedStr) and "/proc/" in ast.unparse(node.args[0])):
+                    loose.append(f"{path.relative_to(ROOT)}:{node.lineno} open")
+            elif name == "Popen" and "text" in kw:
+                loose.append(f"{path.relative_to(ROOT)}:{node.lineno} Popen(text=True)")
+    assert loose == []

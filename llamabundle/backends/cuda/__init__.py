@@ -123,7 +123,7 @@ class Cuda(NoExtras):
                              fix="pass the CUDA toolkit's root directory (the one with bin/ and lib/)")
         nvcc = None
         for f in sorted(build_dir.glob("CMakeFiles/*/CMakeCUDACompiler.cmake")):
-            m = re.search(r'set\(CMAKE_CUDA_COMPILER_VERSION "([^"]*)"\)', f.read_text(errors="replace"))
+            m = re.search(r'set\(CMAKE_CUDA_COMPILER_VERSION "([^"]*)"\)', f.read_text(encoding="utf-8", errors="replace"))
             nvcc = m.group(1) if m else nvcc
         want = str(data.cuda_manifest(recipe.cuda.toolkit)["cuda_nvcc"]["version"])
         if nvcc is None:

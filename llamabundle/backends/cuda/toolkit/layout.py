@@ -64,14 +64,14 @@ def write_version_json(root: Path, *, version: str, components: Mapping[str, str
     data: dict[str, Any] = {"cuda": {"name": "CUDA SDK", "version": version}}
     for name, comp_version in sorted(components.items()):
         data[name] = {"name": name, "version": comp_version}
-    (root / "version.json").write_text(json.dumps(data, indent=3, sort_keys=True) + "\n")
+    (root / "version.json").write_text(json.dumps(data, indent=3, sort_keys=True) + "\n", encoding="utf-8")
 
 
 def write_marker(root: Path, *, version: str, platform: str, source: str, components: Mapping[str, str]) -> None:
     files = sum(1 for p in root.rglob("*") if p.is_file() or p.is_symlink())
     (root / MARKER).write_text(json.dumps({"version": version, "platform": platform, "source": source,
                                            "components": dict(sorted(components.items())), "files": files},
-                                          indent=1, sort_keys=True) + "\n")
+                                          indent=1, sort_keys=True) + "\n", encoding="utf-8")
 
 
 def read_installed(root: Path) -> Toolkit | None:
