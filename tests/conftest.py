@@ -1,7 +1,7 @@
 """The test tiers, and how pytest-xdist shares them among its workers (pyproject: `-n auto --dist loadgroup`).
 unit (tests/unit) is hermetic and spread over every worker; `lint` (ruff, mypy, actionlint, zizmor over the
 tree) runs on one worker; `race` (tests that kill, interrupt or race real processes) run one at a time on one
-worker, so that they never race each other for the CPU; `e2e` (tests/e2e: real builds) keeps the tests of
+worker, so that they never race each other for the CPU, and so do the fault matrix's (`faults`); `e2e` (tests/e2e: real builds) keeps the tests of
 the one shared CPU build (`first_build`) on one worker and each other e2e module on one worker, so that each
 build is made once. `-m "not e2e"` runs the unit tier; `-n 0` runs serially."""
 
@@ -20,7 +20,7 @@ def group_of(item: pytest.Item) -> str | None:
     if item.get_closest_marker("e2e"):
         fixtures = getattr(item, "fixturenames", ())
         return "e2e-cpu-build" if SHARED_BUILD in fixtures else f"e2e-{item.path.stem}"
-    for mark in ("lint", "race"):
+    for mark in ("lint", "race", "faults"):
         if item.get_closest_marker(mark):
             return mark
     return None
