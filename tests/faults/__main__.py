@@ -25,7 +25,8 @@ def _cell(o: Outcome | None) -> str:
         return ""
     if o.code is None:
         return "skipped"
-    return str(o.code) + (" traceback" if o.traceback else "")
+    return (str(o.code) + (" traceback" if o.traceback else "") + (f", {o.left_bytes} bytes left" if o.left_bytes else "")
+            + (f", {len(o.procs)} running" if o.procs else ""))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -326,7 +326,7 @@ def _three_fetches(w: World) -> Outcome:
 
 @case("kills", "SIGINT while fetch unpacks beside --out", 130)
 def _interrupted_fetch(w: World) -> Outcome:
-    z, manifest = w.good_zip(payload=48 << 20)
+    z, manifest = w.good_zip(payload=96 << 20)  # an unpack long enough to be interrupted on a fast machine
     store, key = w.store_with(z, manifest)
     p = w.start("fetch", key, "--store", store, "--out", w.tmp / "out")
     wait_for(lambda: list(w.tmp.glob(".out.partial-*")), procs=[p], name="the unpack beside --out")
