@@ -1,10 +1,15 @@
 """The cache directory's layout (LLAMABUNDLE_CACHE_DIR): where sources, build trees, built zips, fetched
-bundles, locks and scratch directories lie, and the sweep of what killed runs left there."""
+bundles, locks and scratch directories lie, the sweep of what killed runs left there, and the bound
+(LLAMABUNDLE_CACHE_MAX): what a prune may remove, least recently used first."""
 
 from __future__ import annotations
 
 import hashlib
+import os
+import shutil
+import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 from . import scratch
@@ -14,7 +19,8 @@ STAGE_PREFIX = "stage-"  # a bundle being collected and packed
 REPRO_PREFIX = "repro-"  # the second build of --check-reproducible
 UNPACK_PREFIX = "unpack-"  # a fetched bundle being checked
 VERIFY_PREFIX = "verify-"  # verify's copies of the bundles it runs
-TMP_PREFIXES = (STAGE_PREFIX, REPRO_PREFIX, UNPACK_PREFIX, VERIFY_PREFIX, SOURCE_PREFIX)  # what commands make in tmp/
+PRUNE_PREFIX = "prune-"  # an entry a prune moved aside to remove
+TMP_PREFIXES = (STAGE_PREFIX, REPRO_PREFIX, UNPACK_PREFIX, VERIFY_PREFIX, SOURCE_PREFIX, PRUNE_PREFIX)  # what commands make in tmp/
 
 
 def tmp_dir(cache_dir: Path) -> Path:
@@ -43,6 +49,12 @@ def wine_prefix(cache_dir: Path) -> Path:
 
 def lock_dir(cache_dir: Path) -> Path:
     return cache_dir / "locks"
+
+
+def build_lock(cache_dir: Path, key: str) -> Path:
+    """Held by the one process that makes a key's bundle (its build tree, its zip in out/), and by a prune
+    that removes that build tree."""
+    return lock_dir(cache_dir) / f"build-{key[:16]}.lock"
 
 
 def fixed_dir(cache_dir: Path) -> Path:
@@ -74,3 +86,121 @@ def out_zip(cache_dir: Path, name: str, key: str) -> Path:
 def fetched_dir(cache_dir: Path, key: str) -> Path:
     """Where a bundle fetched from a store is kept."""
     return cache_dir / "fetched" / key
+
+
+# ------------------------------------------------------------------------------------------ the bound
+
+PRUNABLE = ("fetched", "out", "build", "downloads")  # what a prune may remove; sources and toolkits stay
+FRESH = 120.0  # seconds: an entry used this recently may belong to a run going on now, and is kept
+
+
+@dataclass(frozen=True)
+class Entry:
+    area: str
+    path: Path
+    size: int
+    used: float  # when last used (its mtime: the tool touches what it uses)
+    with_it: tuple[Path, ...] = ()  # removed with it (a zip's .test-backend-ops and .second.zip beside it)
+
+    def to_json(self) -> dict[str, object]:
+        return {"area": self.area, "path": str(self.path), "bytes": self.size, "used": self.used}
+
+
+def size_of(path: Path) -> int:
+    if path.is_symlink() or not path.is_dir():
+        try:
+            return path.lstat().st_size
+        except OSError:
+            return 0
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(root, f)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def usage(cache_dir: Path) -> dict[str, int]:
+    """Bytes under each top-level directory of the cache."""
+    try:
+        return {d.name: size_of(d) for d in sorted(cache_dir.iterdir()) if d.is_dir() and not d.is_symlink()}
+    except OSError:
+        return {}
+
+
+def entries(cache_dir: Path) -> list[Entry]:
+    """What a prune may remove, least recently used first: each fetched bundle, built zip (with its
+    siblings), build tree and download."""
+    found: list[Entry] = []
+    for area in PRUNABLE:
+        try:
+            items = sorted(p for p in (cache_dir / area).iterdir() if not p.name.startswith("."))
+        except OSError:
+            continue
+        for p in items:
+            if area == "out" and p.suffix != ".zip" or p.name.endswith(".second.zip"):
+                continue  # a zip's siblings go with it
+            with_it = tuple(q for q in (p.with_name(p.name + ".test-backend-ops"),
+                                        p.with_name(p.name.removesuffix(".zip") + ".second.zip")) if q.exists())
+            try:
+                used = p.stat().st_mtime
+            except OSError:
+                continue
+            found.append(Entry(area=area, path=p, size=size_of(p) + sum(size_of(q) for q in with_it), used=used,
+                               with_it=with_it))
+    return sorted(found, key=lambda e: e.used)
+
+
+def touch(path: Path) -> None:
+    """Mark what a run used as used now (the bound removes the least recently used first)."""
+    try:
+        os.utime(path)
+    except OSError:
+        pass
+
+
+def prune(cache_dir: Path, *, limit: int, keep: Iterable[str] = (), dry_run: bool = False,
+          now: float | None = None) -> list[Entry]:
+    """Remove the least recently used entries until the cache holds at most `limit` bytes, or none is left to
+    remove: never one of the keys in `keep` (what this run made or fetched), one used in the last FRESH
+    seconds, nor a build tree whose build lock another process holds (it is building there). Returns what
+    was (with `dry_run`: would be) removed."""
+    from filelock import FileLock, Timeout
+
+    kept = [k[:12] for k in keep]
+    now = time.time() if now is None else now
+    total = sum(usage(cache_dir).values())
+    removed: list[Entry] = []
+    for e in entries(cache_dir):
+        if total <= limit:
+            break
+        if any(k in e.path.name for k in kept) or now - e.used < FRESH:
+            continue
+        lock = FileLock(str(build_lock(cache_dir, e.path.name))) if e.area == "build" else None
+        try:
+            if lock is not None:
+                lock_dir(cache_dir).mkdir(parents=True, exist_ok=True)
+                lock.acquire(timeout=0)
+        except (Timeout, OSError):
+            continue
+        try:
+            if not dry_run:
+                for p in (e.path, *e.with_it):
+                    if p.is_dir() and not p.is_symlink():
+                        # moved aside first: no run finds half of it under its name
+                        aside = scratch.owned(tmp_dir(cache_dir), PRUNE_PREFIX)
+                        tmp_dir(cache_dir).mkdir(parents=True, exist_ok=True)
+                        os.replace(p, aside)
+                        shutil.rmtree(aside, ignore_errors=True)
+                    else:
+                        p.unlink(missing_ok=True)
+        except OSError:
+            continue
+        finally:
+            if lock is not None:
+                lock.release()
+        removed.append(e)
+        total -= e.size
+    return removed

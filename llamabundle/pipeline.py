@@ -92,9 +92,33 @@ def verify_level_for(platform: str) -> Level:
     return Level.LOAD if platform == platforms.host_name() else Level.STATIC
 
 
+def bound_cache(settings: Settings, log: Log, *, keep: str) -> None:
+    """Hold the cache to LLAMABUNDLE_CACHE_MAX after a build or fetch added to it: the least recently used
+    fetched bundles, built zips, build trees and downloads go first (never this key's, nor one in use)."""
+    if settings.cache_max is None:
+        return
+    removed = cache.prune(settings.cache_dir, limit=settings.cache_max, keep=[keep])
+    if removed:
+        freed = sum(e.size for e in removed) / 1e6
+        log.info(f"cache over LLAMABUNDLE_CACHE_MAX ({settings.cache_max / 1e9:.1f} GB): removed the {len(removed)} "
+                 f"least recently used ({freed:.1f} MB): " + ", ".join(f"{e.area}/{e.path.name}" for e in removed[:5])
+                 + (" …" if len(removed) > 5 else ""))
+
+
 def build(keyed: Keyed, *, settings: Settings, store: Store, log: Log, env: Mapping[str, str], force: bool = False,
           publish: bool = True, out: Path | None = None, jobs: int | None = None, clean: bool = False,
           toolkit_source: str | None = None, check_reproducible: bool = False, ops_tool: bool = False) -> BuildOutcome:
+    """build_once, then the cache held to its bound (bound_cache)."""
+    outcome = build_once(keyed, settings=settings, store=store, log=log, env=env, force=force, publish=publish, out=out,
+                         jobs=jobs, clean=clean, toolkit_source=toolkit_source, check_reproducible=check_reproducible,
+                         ops_tool=ops_tool)
+    bound_cache(settings, log, keep=keyed.key)
+    return outcome
+
+
+def build_once(keyed: Keyed, *, settings: Settings, store: Store, log: Log, env: Mapping[str, str], force: bool = False,
+               publish: bool = True, out: Path | None = None, jobs: int | None = None, clean: bool = False,
+               toolkit_source: str | None = None, check_reproducible: bool = False, ops_tool: bool = False) -> BuildOutcome:
     """Fetch the recipe's bundle from the store, or build it. `ops_tool` builds it (even on a hit) and llama.cpp's
     test-backend-ops from the same tree beside the zip (`<zip>.test-backend-ops`, for verify --level ops).
     `check_reproducible` builds it (again, even on a
@@ -131,7 +155,7 @@ def making(settings: Settings, key: str, log: Log) -> Iterator[None]:
     its zip in out/ are the cache's, not the process's; another waits, saying so."""
     locks = cache.lock_dir(settings.cache_dir)
     locks.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(str(locks / f"build-{key[:16]}.lock"))
+    lock = FileLock(str(cache.build_lock(settings.cache_dir, key)))
     try:
         lock.acquire(timeout=0)
     except Timeout:
@@ -168,6 +192,7 @@ def _build_locked(keyed: Keyed, *, settings: Settings, store: Store, log: Log, e
     plan = plan_build(recipe, host, source_dir=src.path, build_dir=build_dir, tools=tools, jobs=jobs,
                       toolkit_roots=made.toolkit_roots, env=toolchain.env, fixed_root=cache.fixed_dir(settings.cache_dir))
     result = run_build(plan, log=log, env=build_env, clean=clean, timeout=settings.build_timeout)
+    cache.touch(build_dir)  # used now (the bound removes the least recently used first)
     configure_log = result.log_path.read_text(encoding="utf-8", errors="replace")
     for backend in backends.of(recipe):
         backend.after_configure(recipe, host, configure_log)
@@ -232,6 +257,7 @@ def _from_store(entry: Entry, *, store: Store, settings: Settings, log: Log, out
         with log.step("fetch from the store"):
             try:
                 zip_path = store.fetch(entry, dest, sink=stream)
+                cache.touch(dest)  # used now (the bound removes the least recently used first)
                 try:
                     hashes: dict[str, str] | None = {m.name: m.sha256 for m in stream.finish()}
                 except zipstream.NotStreamable:
@@ -275,7 +301,9 @@ def fetch(key: str, *, store: Store, settings: Settings, log: Log, out: Path, le
     entry = store.lookup(key)
     if entry is None:
         raise UsageError(f"no bundle with key {key[:12]} in {store.url}", fix="build it first: llamabundle build RECIPE")
-    return _from_store(entry, store=store, settings=settings, log=log, out=out, level=level, expect=expect)
+    outcome = _from_store(entry, store=store, settings=settings, log=log, out=out, level=level, expect=expect)
+    bound_cache(settings, log, keep=entry.key)
+    return outcome
 
 
 def place(tmp: Path, out: Path, manifest: Manifest, log: Log) -> None:

@@ -19,6 +19,20 @@ DEFAULT_GITHUB_API_URL = "https://api.github.com"
 DEFAULT_CUDA_REDIST_URL = "https://developer.download.nvidia.com/compute/cuda/redist"
 DEFAULT_CONNECT_TIMEOUT = 10.0
 DEFAULT_BUILD_TIMEOUT = 6 * 3600.0
+DEFAULT_CACHE_MAX = 50 << 30
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_size(text: str) -> int | None:
+    """Bytes from "123", "500M", "50G", "1.5T" (None: "off"); ValueError for anything else."""
+    t = text.strip().upper().removesuffix("B").removesuffix("I")
+    if t in ("OFF", "NONE"):
+        return None
+    unit = t[-1:] if t[-1:] in _UNITS and t[-1:] else ""
+    value = float(t[: len(t) - len(unit)])
+    if not value >= 0 or value == float("inf"):
+        raise ValueError(text)
+    return int(value * _UNITS[unit])
 ZIP_EPOCH_FIRST, ZIP_EPOCH_LAST = 315532800, 4354819199  # 1980-01-01 and 2107-12-31T23:59:59Z: a zip's dates
 
 _N = TypeVar("_N", int, float)
@@ -55,6 +69,8 @@ class Settings:
     LLAMABUNDLE_CONNECT_TIMEOUT     [connect_timeout] seconds to wait for a connection (> 0, default 10)
     LLAMABUNDLE_BUILD_TIMEOUT       [build_timeout] seconds one cmake configure or build may run (> 0,
                                     default 21600)
+    LLAMABUNDLE_CACHE_MAX           [cache_max] the cache's bound: bytes, or with K, M, G or T (default 50G;
+                                    "off": none); build and fetch then prune the least recently used
     SOURCE_DATE_EPOCH               [source_date_epoch] timestamp of built_at and the zip's entries, 1980-01-01
                                     to 2107-12-31 (what a zip can date; default: the pinned commit's date)
     GITHUB_ACTIONS                  [github_actions] "true": groups, annotations, step outputs and summary
@@ -81,6 +97,7 @@ class Settings:
     cuda_installer: Path | None = None  # $LLAMABUNDLE_CUDA_INSTALLER: a local copy of the Windows installer
     cuda_installer_sha256: str | None = None  # $LLAMABUNDLE_CUDA_INSTALLER_SHA256
     build_timeout: float = DEFAULT_BUILD_TIMEOUT  # seconds one cmake configure or build may run before it is stopped
+    cache_max: int | None = DEFAULT_CACHE_MAX  # bytes the cache may hold (None: no bound)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:
@@ -103,6 +120,16 @@ class Settings:
             value = number(name, float, default, lambda v: 0 < v < float("inf"), wanted)
             assert value is not None
             return value
+
+        def cache_max(raw: str | None) -> int | None:
+            if raw is None or not raw.strip():
+                return DEFAULT_CACHE_MAX
+            try:
+                return parse_size(raw)
+            except ValueError:
+                wanted = "a size in bytes, or with K, M, G or T (e.g. 50G), or off"
+                raise UsageError(f"LLAMABUNDLE_CACHE_MAX={raw!r} is not {wanted}", why="LLAMABUNDLE_CACHE_MAX is read from the environment",
+                                 fix=f"set LLAMABUNDLE_CACHE_MAX to {wanted}, or unset it") from None
 
         import platformdirs
 
@@ -137,4 +164,5 @@ class Settings:
             cuda_installer_sha256=env.get("LLAMABUNDLE_CUDA_INSTALLER_SHA256") or None,
             build_timeout=seconds("LLAMABUNDLE_BUILD_TIMEOUT", DEFAULT_BUILD_TIMEOUT,
                                   "a number of seconds greater than 0 (e.g. 21600)"),
+            cache_max=cache_max(env.get("LLAMABUNDLE_CACHE_MAX")),
         )

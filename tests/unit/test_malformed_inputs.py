@@ -186,6 +186,9 @@ OTHER: list[tuple[list[str], int, str]] = [
     (["toolkit", "plan", "--manifest", "{binary}", "--version", "12.8.1", "--components", "cudart"], 3, ""),
     (["recipe", "schema", "extra-arg"], 2, ""),
     (["recipe", "list", "--frob"], 2, ""),
+    (["cache", "list", "--frob"], 2, ""),
+    (["cache", "prune", "--max", "lots"], 2, "not a size"),
+    (["cache", "prune", "--max", "off"], 2, "give a size"),
     (["bundle", str(LINUX), "{dir}", "--out", "{out}"], 2, "is not a CMake build directory"),
     (["bundle", str(LINUX), "{missing}", "--out", "{out}"], 2, "does not exist"),
     (["bundle", str(LINUX), "{file}", "--out", "{out}"], 2, "is a file"),
@@ -259,7 +262,7 @@ def test_other_malformed_inputs(tmp_path: Path, argv: list[str], code: int, text
 
 
 def test_the_walk_covers_every_command() -> None:
-    walked = {" ".join(a[:2]) if a[0] in ("recipe", "toolkit") else a[0]
+    walked = {" ".join(a[:2]) if a[0] in ("recipe", "toolkit", "cache") else a[0]
               for a in [*RECIPE_COMMANDS, *BUNDLE_COMMANDS, *STORE_COMMANDS, *(o[0] for o in OTHER)]}
-    commands = {" ".join(c) for c in all_commands() if c and not (len(c) == 1 and c[0] in ("recipe", "toolkit"))}
+    commands = {" ".join(c) for c in all_commands() if c and not (len(c) == 1 and c[0] in ("recipe", "toolkit", "cache"))}
     assert commands - walked == set(), "add malformed inputs for these commands"

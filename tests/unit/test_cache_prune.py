@@ -1,0 +1,125 @@
+"""The cache's bound (issue 30): LLAMABUNDLE_CACHE_MAX (default 50G) holds it after every build and fetch, and
+`llamabundle cache list|prune` show and trim it. A prune removes the least recently used fetched bundles,
+built zips (with their siblings), build trees and downloads; never this run's key, one used in the last two
+minutes, nor a build tree whose build lock another process holds. Every fetched zip stayed for good before."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+from filelock import FileLock
+
+from llamabundle import cache
+from llamabundle.errors import UsageError
+from llamabundle.settings import DEFAULT_CACHE_MAX, Settings
+from tests import bundles as tb
+from tests.clicontract import valid
+from tests.clirun import run
+
+OLD = time.time() - 10 * 86400
+
+
+def _fill(c: Path, rel: str, size: int, age_days: float) -> Path:
+    p = c / rel
+    p.parent.mkdir(parents=True, exist_ok=True)
+    if rel.endswith("/"):
+        p.mkdir(parents=True, exist_ok=True)
+        (p / "data.bin").write_bytes(b"\0" * size)
+    else:
+        p.write_bytes(b"\0" * size)
+    t = time.time() - age_days * 86400
+    os.utime(p, (t, t))
+    return p
+
+
+def test_prune_removes_the_least_recently_used_first_and_spares_what_is_in_use(tmp_path: Path) -> None:
+    c = tmp_path / "cache"
+    oldest = _fill(c, "fetched/" + "a" * 64 + "/", 1000, 9)
+    zip_ = _fill(c, "out/linux-x86_64-cpu-bbbbbbbbbbbb.zip", 1000, 8)
+    ops = _fill(c, "out/linux-x86_64-cpu-bbbbbbbbbbbb.zip.test-backend-ops", 500, 8)
+    busy = _fill(c, "build/" + "c" * 16 + "-12345678/", 1000, 7)
+    kept = _fill(c, "fetched/" + "d" * 64 + "/", 1000, 6)  # this run's key
+    download = _fill(c, "downloads/cuda_nvcc.tar.xz", 1000, 5)
+    fresh = _fill(c, "fetched/" + "e" * 64 + "/", 1000, 0)  # used a moment ago: perhaps by a run going on now
+    source = _fill(c, "src/" + "f" * 40 + "/", 5000, 30)  # sources and toolkits stay
+    assert [e.path for e in cache.entries(c)] == [oldest, zip_, busy, kept, download, fresh]
+    (c / "locks").mkdir()
+    with FileLock(str(cache.build_lock(c, "c" * 64))):  # another process builds in that tree
+        removed = cache.prune(c, limit=0, keep=["d" * 64])
+    assert [e.path for e in removed] == [oldest, zip_, download]
+    assert removed[1].size == 1500 and not ops.exists()  # the zip's sibling goes with it
+    assert not oldest.exists() and not zip_.exists() and not download.exists()
+    assert busy.exists() and kept.exists() and fresh.exists() and source.exists()
+    assert not any((c / "tmp").iterdir())  # what was moved aside to be removed is gone too
+    removed = cache.prune(c, limit=0)  # the lock released: the build tree goes now
+    assert [e.path for e in removed] == [busy, kept] and fresh.exists()
+
+
+def test_prune_stops_at_the_limit_and_a_dry_run_removes_nothing(tmp_path: Path) -> None:
+    c = tmp_path / "cache"
+    a = _fill(c, "fetched/" + "a" * 64 + "/", 1000, 3)
+    b = _fill(c, "fetched/" + "b" * 64 + "/", 1000, 2)
+    assert [e.path for e in cache.prune(c, limit=1500, dry_run=True)] == [a] and a.exists()
+    assert [e.path for e in cache.prune(c, limit=1500)] == [a] and b.exists()
+    assert cache.prune(c, limit=1500) == []
+
+
+@pytest.mark.parametrize(("raw", "want"), [("", DEFAULT_CACHE_MAX), ("500M", 500 << 20), ("50G", 50 << 30),
+                                           ("1.5T", int(1.5 * (1 << 40))), ("123", 123), ("off", None)])
+def test_the_bound_is_read_from_the_environment(raw: str, want: int | None) -> None:
+    assert Settings.from_env({"LLAMABUNDLE_CACHE_MAX": raw}).cache_max == want
+
+
+@pytest.mark.parametrize("raw", ["lots", "-1G", "G", "nan"])
+def test_a_bad_bound_is_a_usage_error(raw: str) -> None:
+    with pytest.raises(UsageError, match="LLAMABUNDLE_CACHE_MAX"):
+        Settings.from_env({"LLAMABUNDLE_CACHE_MAX": raw})
+
+
+def test_fetch_holds_the_cache_to_its_bound(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    from llamabundle.store.local import LocalStore
+
+    c = tmp_path / "cache"
+    monkeypatch.setenv("LLAMABUNDLE_CACHE_DIR", str(c))
+    store = LocalStore(tmp_path / "store")
+    keys = []
+    for tag in ("one", "two"):
+        z, m = tb.make_zip(tmp_path / tag, {"LICENSE": os.urandom(100_000)}, {"LICENSE": "license"},
+                           inputs=tb.inputs_for(tag), name=f"b-{tag}")
+        from llamabundle import bundle
+        store.publish(z, bundle.manifest_mod.loads(json.dumps(m)))
+        keys.append(m["key"])
+    code, out, err = run(capsys, "fetch", keys[0], "--store", store.root, "--out", tmp_path / "o1")
+    assert code == 0, err
+    first = c / "fetched" / keys[0]
+    os.utime(first, (OLD, OLD))  # used long ago
+    monkeypatch.setenv("LLAMABUNDLE_CACHE_MAX", "150K")  # room for one fetched zip
+    code, out, err = run(capsys, "fetch", keys[1], "--store", store.root, "--out", tmp_path / "o2")
+    assert code == 0, err
+    assert "cache over LLAMABUNDLE_CACHE_MAX" in err and f"fetched/{keys[0]}" in err
+    assert not first.exists() and (c / "fetched" / keys[1]).is_dir()  # this run's stays
+
+
+def test_cache_list_and_prune_on_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    c = tmp_path / "cache"
+    monkeypatch.setenv("LLAMABUNDLE_CACHE_DIR", str(c))
+    a = _fill(c, "fetched/" + "a" * 64 + "/", 1000, 3)
+    _fill(c, "src/" + "f" * 40 + "/", 700, 3)
+    code, out, err = run(capsys, "cache", "list", "--json")
+    assert code == 0, err
+    listed = valid("cache-list", json.loads(out))
+    assert listed["areas"]["fetched"] == 1000 and listed["areas"]["src"] == 700
+    assert [e["path"] for e in listed["entries"]] == [str(a)]
+    code, out, err = run(capsys, "cache", "prune", "--max", "0", "--dry-run", "--json")
+    assert code == 0 and valid("cache-prune", json.loads(out))["removed"][0]["path"] == str(a) and a.exists()
+    code, out, err = run(capsys, "cache", "prune", "--max", "0")
+    assert code == 0 and f"removed fetched/{a.name}" in out and not a.exists()
+    assert "sources and toolkits" in out  # what is left, and why
+    code, out, err = run(capsys, "cache", "prune", "--max", "lots")
+    assert code == 2 and "not a size" in err
