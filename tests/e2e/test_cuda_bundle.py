@@ -218,6 +218,11 @@ def test_verify_catches_archs_that_differ_from_the_recipe(cuda_bundle: dict[str,
     manifest["inputs"]["cuda"]["archs"] = ["75-virtual", "90-real", "120a-real"]
     manifest["key"] = hashlib.sha256(canonical_json(manifest["inputs"]).encode()).hexdigest()  # consistent again
     _rewrite_manifest(copy, manifest)
+    with pytest.raises(VerifyError) as e:  # the section's claim no longer matches the archs its key names
+        verify_bundle(copy, level=Level.STATIC, cache_dir=tmp_path / "cache")
+    assert "it says SASS ['90'] and PTX ['75'], its inputs ask for SASS ['90', '120a']" in e.value.what
+    manifest["cuda"]["archs"]["sass"] = ["90", "120a"]  # the claim edited to match: ggml-cuda itself proves it wrong
+    _rewrite_manifest(copy, manifest)
     with pytest.raises(VerifyError) as e:
         verify_bundle(copy, level=Level.STATIC, cache_dir=tmp_path / "cache")
     assert "SASS ['90']" in e.value.what and "'120a'" in e.value.why
