@@ -106,26 +106,10 @@ class Entry:
         return {"area": self.area, "path": str(self.path), "bytes": self.size, "used": self.used}
 
 
-def size_of(path: Path) -> int:
-    if path.is_symlink() or not path.is_dir():
-        try:
-            return path.lstat().st_size
-        except OSError:
-            return 0
-    total = 0
-    for root, _dirs, files in os.walk(path):
-        for f in files:
-            try:
-                total += os.lstat(os.path.join(root, f)).st_size
-            except OSError:
-                pass
-    return total
-
-
 def usage(cache_dir: Path) -> dict[str, int]:
     """Bytes under each top-level directory of the cache."""
     try:
-        return {d.name: size_of(d) for d in sorted(cache_dir.iterdir()) if d.is_dir() and not d.is_symlink()}
+        return {d.name: scratch.size_of(d) for d in sorted(cache_dir.iterdir()) if d.is_dir() and not d.is_symlink()}
     except OSError:
         return {}
 
@@ -148,7 +132,7 @@ def entries(cache_dir: Path) -> list[Entry]:
                 used = p.stat().st_mtime
             except OSError:
                 continue
-            found.append(Entry(area=area, path=p, size=size_of(p) + sum(size_of(q) for q in with_it), used=used,
+            found.append(Entry(area=area, path=p, size=scratch.size_of(p) + sum(scratch.size_of(q) for q in with_it), used=used,
                                with_it=with_it))
     return sorted(found, key=lambda e: e.used)
 

@@ -141,7 +141,7 @@ def sweep(directory: Path, prefixes: Iterable[str], *, on_removed: Callable[[Pat
             continue
         if owner_alive(name[len(prefix):], mtime=st.st_mtime):
             continue
-        size = _size(path)
+        size = size_of(path)
         try:
             if path.is_dir() and not path.is_symlink():
                 shutil.rmtree(path)
@@ -174,7 +174,8 @@ def sweep_owned(directory: Path) -> list[Path]:
     return removed
 
 
-def _size(path: Path) -> int:
+def size_of(path: Path) -> int:
+    """Bytes of a file, or of every file under a directory (links not followed)."""
     if not path.is_dir() or path.is_symlink():
         try:
             return path.lstat().st_size
