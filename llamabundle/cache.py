@@ -137,6 +137,28 @@ def entries(cache_dir: Path) -> list[Entry]:
     return sorted(found, key=lambda e: e.used)
 
 
+BOUND_EVERY = 600.0  # seconds between two measures of the whole cache by the bound
+
+
+def bound_due(cache_dir: Path, *, now: float | None = None) -> bool:
+    """Whether the bound should measure the cache now (then it is stamped as measured): at most every
+    BOUND_EVERY seconds, so that a cache hit does not walk every file of the cache each time."""
+    stamp = lock_dir(cache_dir) / "bound.stamp"
+    now = time.time() if now is None else now
+    try:
+        if now - stamp.stat().st_mtime < BOUND_EVERY:
+            return False
+    except OSError:
+        pass
+    try:
+        stamp.parent.mkdir(parents=True, exist_ok=True)
+        stamp.touch()
+        os.utime(stamp, (now, now))
+    except OSError:
+        return False
+    return True
+
+
 def touch(path: Path) -> None:
     """Mark what a run used as used now (the bound removes the least recently used first)."""
     try:

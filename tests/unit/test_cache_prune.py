@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -80,6 +81,12 @@ def test_a_bad_bound_is_a_usage_error(raw: str) -> None:
         Settings.from_env({"LLAMABUNDLE_CACHE_MAX": raw})
 
 
+def test_the_cache_is_measured_at_most_every_few_minutes(tmp_path: Path) -> None:
+    c = tmp_path / "cache"
+    assert cache.bound_due(c, now=1000.0) and not cache.bound_due(c, now=1000.0 + cache.BOUND_EVERY - 1)
+    assert cache.bound_due(c, now=1000.0 + cache.BOUND_EVERY + 1)
+
+
 def test_fetch_holds_the_cache_to_its_bound(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     from llamabundle.store.local import LocalStore
@@ -99,6 +106,11 @@ def test_fetch_holds_the_cache_to_its_bound(tmp_path: Path, capsys: pytest.Captu
     first = c / "fetched" / keys[0]
     os.utime(first, (OLD, OLD))  # used long ago
     monkeypatch.setenv("LLAMABUNDLE_CACHE_MAX", "150K")  # room for one fetched zip
+    code, out, err = run(capsys, "fetch", keys[1], "--store", store.root, "--out", tmp_path / "o0")
+    assert code == 0 and "cache over" not in err and first.exists()  # measured at most every BOUND_EVERY seconds
+    shutil.rmtree(tmp_path / "o0")
+    stamp = c / "locks" / "bound.stamp"
+    os.utime(stamp, (OLD, OLD))  # the last measure long ago
     code, out, err = run(capsys, "fetch", keys[1], "--store", store.root, "--out", tmp_path / "o2")
     assert code == 0, err
     assert "cache over LLAMABUNDLE_CACHE_MAX" in err and f"fetched/{keys[0]}" in err
