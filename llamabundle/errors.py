@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 
 class LlamaBundleError(Exception):
     """Root of every error the tool reports. Printed once by the CLI, without a traceback."""
@@ -82,11 +84,9 @@ def disk_fix(e: OSError) -> str:
 _OWNERS: dict[str, str] = {}  # a directory the command line names -> whose it is, e.g. "--out"
 
 
-def own(path: object, whose: str) -> None:
+def own(path: str | os.PathLike[str], whose: str) -> None:
     """Name whose a directory is (the cache, --out, the install root, a store): a disk error under it says so."""
-    import os
-
-    _OWNERS[os.path.abspath(os.fspath(path))] = whose  # type: ignore[call-overload]
+    _OWNERS[os.path.abspath(path)] = whose
 
 
 def forget_owners() -> None:
@@ -95,8 +95,6 @@ def forget_owners() -> None:
 
 def owner_of(path: str) -> str | None:
     """Whose the deepest owned directory holding `path` is (None: no directory the command line names)."""
-    import os
-
     full = os.path.abspath(path)
 
     def holds(d: str) -> bool:  # (an --out is filled first beside it: .NAME.partial-<owner>)
@@ -107,11 +105,9 @@ def owner_of(path: str) -> str | None:
     return _OWNERS[max(hits, key=len)] if hits else None
 
 
-def in_whose(path: object) -> str:
+def in_whose(path: str | os.PathLike[str]) -> str:
     """" (in the cache, …)" for a path under an owned directory, else ""."""
-    import os
-
-    whose = owner_of(os.fspath(path))  # type: ignore[call-overload]
+    whose = owner_of(os.fspath(path))
     return f" (in {whose})" if whose else ""
 
 
