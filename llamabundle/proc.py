@@ -2,10 +2,10 @@
 bounds every child in time, and on failure raises the caller's error class with the last lines of output.
 
 Every child runs in a process group of its own; a timeout, an interrupt (Ctrl-C) or a failure ends it and all
-it started (compilers under ninja, pip's build backends), printing or not. On Linux that includes what left
-the group with setsid (a helper of nvidia-smi or llama-server): llamabundle is a child subreaper, the family is
-found in /proc and the orphans it adopts are reaped; and a child dies with llamabundle (PR_SET_PDEATHSIG).
-A step silent for a while shows a heartbeat: the elapsed time on a terminal, a line every 30 s elsewhere (a CI
+it started, printing or not. On Linux that includes what left the group with setsid (a helper of nvidia-smi or
+llama-server): llamabundle is a child subreaper, the family is found in /proc and adopted orphans are reaped;
+and each child runs under a guard (`_guard`, a subreaper too) that ends its whole family when llamabundle dies,
+even by SIGKILL. A step silent for a while shows a heartbeat: the elapsed time on a terminal, a line every 30 s elsewhere (a CI
 log silent for minutes looks hung, and some CI systems kill silent jobs).
 """
 
@@ -15,6 +15,7 @@ import collections
 import functools
 import os
 import queue
+import select
 import shutil
 import signal
 import stat
@@ -24,10 +25,10 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, cast
+from typing import IO, Any, NoReturn, cast
 
 from .errors import LlamaBundleError, ToolchainError
 from .log import Log
@@ -38,7 +39,7 @@ KILL_GRACE = 5.0  # seconds between SIGTERM and SIGKILL of a process group
 DEFAULT_TIMEOUT = 3600.0  # seconds: no child runs unbounded; long steps (builds) pass their own
 ORPHAN_GRACE = 1.0  # seconds the output may stay open after the child exited (then its group is ended)
 REAP_WAIT = 2.0  # seconds a kill waits for the killed to be gone (and reaps those reparented to us)
-PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER = 1, 36  # <linux/prctl.h>
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER = 1, 4, 36  # <linux/prctl.h>
 _LINUX = sys.platform.startswith("linux")
 _EOF = object()
 # Our children not waited for yet: never reaped here (that would take their returncode from their Popen).
@@ -86,29 +87,137 @@ def _subreaper() -> bool:
     return prctl is not None and prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
 
 
-def _dies_with(parent: int, prctl: Callable[..., int]) -> Callable[[], None]:
-    """The child's last step before exec: it gets SIGKILL when llamabundle dies (PR_SET_PDEATHSIG).
+@functools.cache
+def _life() -> int | None:
+    """The read end of a pipe whose write end only llamabundle holds (both close on exec; a guard closes its
+    copy of the write end first thing): it reads end-of-file once llamabundle is gone, however it died."""
+    try:
+        r, w = os.pipe()
+    except OSError:
+        return None
+    _LIFE_WRITE.append(w)  # held, never written, till the process ends
+    return r
 
-    PDEATHSIG fires when the *thread* that forked the child ends, not the process. It is set whatever the
-    thread: every function of this module waits for its child in the thread that started it (a timeout, an
-    interrupt or a failure kills and reaps it first), so that thread outlives the child; and no caller starts
-    children from a worker thread (the package's other threads, zipstream's and our output readers, start
-    none). A function that returned a running child would have to set it only from the main thread.
+
+_LIFE_WRITE: list[int] = []
+GUARD_END_WAIT = 10.0  # seconds a guard spends ending the family of a dead llamabundle
+
+
+def _guarded(parent: int, prctl: Callable[..., int], life: int | None) -> Callable[[], None]:
+    """The child's last step before exec: it forks. The fork goes on to exec the program, dying with the guard
+    (PR_SET_PDEATHSIG); the child itself stays as the program's guard (`_guard`) and never returns, so the
+    Popen's pid is the guard's: its exit status is the program's, its process group the program's too.
+    Without a life pipe, or where the fork fails, the child execs the program itself, dying with llamabundle.
+
     subprocess warns that preexec_fn is unsafe with threads (the forked child may need a lock another thread
-    held); this one takes none: a call through a ctypes function resolved in the parent, getppid and kill,
-    after Python's own fork handling (GIL, import lock), with glibc's fork-safe malloc. It makes subprocess
-    fork instead of vfork, a cost of no account here."""
+    held). This one runs after Python's own fork handling (GIL, import lock), with glibc's fork-safe malloc,
+    and takes no lock of ours: prctl through a ctypes function resolved in the parent, fork, signal dispositions,
+    select and /proc reads. It makes subprocess fork instead of vfork, a cost of no account here."""
     sigkill = int(signal.SIGKILL)
 
     def preexec() -> None:
+        guard, program = parent, 0
+        if life is not None:
+            try:
+                guard, program = os.getpid(), os.fork()
+            except OSError:
+                guard, program = parent, 0
+        if program:
+            _guard(program, life, prctl)  # never returns
         try:
             prctl(PR_SET_PDEATHSIG, sigkill, 0, 0, 0)
-            if os.getppid() != parent:  # llamabundle died between fork and prctl: no signal will come
+            if os.getppid() != guard:  # the guard (or llamabundle) died between fork and prctl: no signal will come
                 os.kill(os.getpid(), sigkill)
         except Exception:  # an error here would fail the start of the program itself
             pass
 
     return preexec
+
+
+def _guard(program: int, life: int | None, prctl: Callable[..., int]) -> NoReturn:
+    """Stand between llamabundle and `program` until it exits, then exit as it did (its code, or killed by its
+    signal). A subreaper, so nothing the program starts can leave the guard's tree; when `life` reads
+    end-of-file (llamabundle died), end that whole tree and exit. It ignores SIGINT, SIGTERM and SIGHUP (a kill
+    of the process group reaches the program itself; the guard follows it out), holds none of the program's
+    output and no file of llamabundle's."""
+    code = 255
+    try:
+        for ignored in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(ignored, signal.SIG_IGN)
+        prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        keep = life if life is not None else 2
+        os.closerange(3, keep)
+        os.closerange(keep + 1, 1 << 20)
+        try:
+            watch: int | None = os.pidfd_open(program)
+        except (AttributeError, OSError):
+            watch = None
+        status = None
+        while status is None:
+            ready = select.select([fd for fd in (life, watch) if fd is not None], [], [],
+                                  1.0 if watch is not None else 0.05)[0]
+            if life is not None and life in ready:
+                _end_tree(os.getpid())
+                os._exit(137)
+            status = _reap_children(program)
+        if os.WIFEXITED(status):
+            code = os.WEXITSTATUS(status)
+        else:
+            sig = os.WTERMSIG(status)
+            code = 128 + sig
+            with suppress(Exception):
+                prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # no core of the guard
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, [sig])
+                signal.signal(sig, signal.SIG_DFL)
+            os.kill(os.getpid(), sig)
+    except BaseException:
+        pass
+    os._exit(code)
+
+
+def _reap_children(program: int) -> int | None:
+    """Reap the guard's children that have exited (the program, or orphans of it that ended): the program's
+    wait status once it has exited, else None."""
+    status = None
+    while True:
+        try:
+            pid, st = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return status
+        if pid == 0:
+            return status
+        if pid == program:
+            status = st
+
+
+def _end_tree(me: int) -> None:
+    """Kill every descendant of `me` (a subreaper: its descendants are its children's trees and nothing else)
+    and reap them, within GUARD_END_WAIT seconds."""
+    deadline = time.monotonic() + GUARD_END_WAIT
+    while time.monotonic() < deadline:
+        try:
+            table = _table()
+        except OSError:
+            table = {}
+        tree, grew = {me}, True
+        while grew:
+            grew = False
+            for pid, (_, ppid, _, _) in table.items():
+                if ppid in tree and pid not in tree:
+                    tree.add(pid)
+                    grew = True
+        for pid in tree - {me}:
+            with suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        try:
+            while os.waitpid(-1, os.WNOHANG)[0] > 0:
+                pass
+        except ChildProcessError:
+            return  # no child left: no descendant either
+        time.sleep(0.01)
 
 
 def _group_kwargs() -> dict[str, Any]:
@@ -118,7 +227,7 @@ def _group_kwargs() -> dict[str, Any]:
     prctl = _prctl()
     if prctl is not None:
         _subreaper()
-        kwargs["preexec_fn"] = _dies_with(os.getpid(), prctl)
+        kwargs["preexec_fn"] = _guarded(os.getpid(), prctl, _life())
     return kwargs
 
 
@@ -257,6 +366,13 @@ def _family(p: subprocess.Popen[Any], known: Iterable[int] = (), *, holders: boo
                 grew = True
     family.discard(p.pid)  # p is reaped by its Popen, never here
     return family
+
+
+def _detached_holders(p: subprocess.Popen[Any]) -> set[int]:
+    """Those of p's family that left its session (setsid) and hold its output open: a daemon it started
+    (wineserver), reparented to p's guard or to us."""
+    pipes = _pipes(p)
+    return {pid for pid in _family(p) if (row := _stat(pid)) is not None and row[3] != p.pid and _holds(pid, pipes)}
 
 
 def _reap(family: Iterable[int], *, wait: float = REAP_WAIT) -> None:
@@ -587,7 +703,7 @@ def run_until(argv: Sequence[str], *, env: Mapping[str, str], cwd: Path, timeout
         if p.poll() is None:
             # What left p's tree but holds its output (wineserver: setsid, stderr kept) is stop()'s to end
             # gracefully (a SIGKILLed wineserver loses what it had not saved); what stop() leaves is killed then.
-            held = _family(p) - _family(p, holders=False) if stop is not None else set()
+            held = _detached_holders(p) if stop is not None else set()
             kill_group(p, grace=0, spare=held)
             if stop is not None:
                 stop()

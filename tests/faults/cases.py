@@ -26,9 +26,15 @@ from tests.processes import wait_for, wait_text
 ROOT = Path(__file__).resolve().parents[2]
 LINUX = ROOT / "recipes" / "linux-x86_64-cpu.yaml"
 NESTED = b"[" * 100_000 + b"]" * 100_000
-# a llama-server that answers the load check, or (HANG names a file) writes its pid there and sleeps
-SERVER = b"""#!/bin/sh
-if [ -n "$(ls "$(dirname "$0")"/HANG 2>/dev/null)" ]; then echo $$ > "$(cat "$(dirname "$0")"/HANG)"; exec sleep 600; fi
+# a llama-server that answers the load check, or (HANG names a file) starts a helper that leaves with setsid
+# (its pid in HANG.helper), then writes its own pid to HANG and sleeps
+SERVER = rb"""#!/bin/sh
+if [ -n "$(ls "$(dirname "$0")"/HANG 2>/dev/null)" ]; then
+  m="$(cat "$(dirname "$0")"/HANG)"
+  setsid sh -c "echo \$\$ > '$m.helper.tmp' && mv '$m.helper.tmp' '$m.helper' && exec sleep 600" &
+  while [ ! -s "$m.helper" ]; do sleep 0.01; done
+  echo $$ > "$m"; exec sleep 600
+fi
 echo "load_backend: loaded CPU backend from $(dirname "$0")/libggml-cpu.so" >&2
 echo "Available devices:"
 exit 0
@@ -335,13 +341,14 @@ def _interrupted_fetch(w: World) -> Outcome:
     return Outcome(code=p.returncode, text=out)
 
 
-@case("kills", "llamabundle SIGKILLed during the load check (its llama-server; then one more verify)", -9)
+@case("kills", "llamabundle SIGKILLed during the load check (its llama-server and the server's setsid helper; "
+      "then one more verify)", -9)
 def _killed_parent(w: World) -> Outcome:
     marker = w.tmp / "server.pid"
     z, _ = w.good_zip(hang=marker)
     p = w.start("verify", z, "--level", "load")
     pid = int(wait_text(marker, procs=[p]))
-    w.pids.append(pid)
+    w.pids += [pid, int(wait_text(marker.with_name(marker.name + ".helper"), procs=[p]))]
     os.kill(p.pid, signal.SIGKILL)  # llamabundle alone, as an OOM killer or `kill -9` would
     out, _ = p.communicate(timeout=60)
     after = w.cli("verify", z)  # the next run that uses the cache removes what the killed one left there

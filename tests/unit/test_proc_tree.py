@@ -1,11 +1,12 @@
 """Children die with their parent (Linux): a tool whose child leaves its process group with setsid is ended
 whole on a timeout, on an interrupt and when its step is stopped; the orphans llamabundle adopts as a child
-subreaper are reaped (no zombie of ours is left, and no other child's exit status is taken); a child dies
-when llamabundle itself is killed (PR_SET_PDEATHSIG), whichever thread started it. Real processes, no mocks."""
+subreaper are reaped (no zombie of ours is left, and no other child's exit status is taken); what a child
+started dies when llamabundle itself is killed (the child's guard), whichever thread started it. Real processes, no mocks."""
 
 from __future__ import annotations
 
 import io
+import json
 import os
 import signal
 import subprocess
@@ -184,10 +185,9 @@ def test_run_until_leaves_a_detached_holder_of_the_output_to_stop_then_ends_it(p
 
 
 PARENT = """\
-import sys, threading
+import json, sys, threading
 from llamabundle import proc
-pidfile, where = sys.argv[1], sys.argv[2]
-argv = ["sh", "-c", f"echo $$ > {pidfile}.tmp && mv {pidfile}.tmp {pidfile} && exec sleep 300"]
+argv, where = json.loads(sys.argv[1]), sys.argv[2]
 if where == "thread":
     t = threading.Thread(target=proc.capture, args=(argv,), kwargs={"timeout": 600})
     t.start()
@@ -196,17 +196,68 @@ else:
     proc.capture(argv, timeout=600)
 """
 
+# What a killed llamabundle may leave: its child itself; a grandchild under it (a compiler under ninja), whose
+# parent dies with llamabundle; a grandchild that left the group and session with setsid (a helper of
+# llama-server). Each writes the pid that must be gone.
+DESCENDANTS = {
+    "child": lambda pidfile: ["sh", "-c", f"echo $$ > {pidfile}.tmp && mv {pidfile}.tmp {pidfile} && exec sleep 300"],
+    "grandchild": lambda pidfile: ["sh", "-c", f"sleep 300 & echo $! > {pidfile}.tmp && mv {pidfile}.tmp {pidfile}; wait"],
+    "setsid grandchild": lambda pidfile: tool(pidfile, "hang"),
+}
+
 
 @pytest.mark.parametrize("where", ["main", "thread"])
-def test_a_child_dies_when_llamabundle_is_killed(pidfile: Path, where: str) -> None:
-    """SIGKILL of the process that started the child (nothing in it can clean up): the child dies too."""
-    parent = subprocess.Popen([sys.executable, "-c", PARENT, str(pidfile), where], cwd=ROOT, start_new_session=True)
+@pytest.mark.parametrize("who", list(DESCENDANTS))
+def test_what_a_child_started_dies_when_llamabundle_is_killed(pidfile: Path, where: str, who: str) -> None:
+    """SIGKILL of the process that started the child (nothing in it can clean up): the child's guard ends the
+    child and all it started, whichever thread started it."""
+    argv = DESCENDANTS[who](pidfile)
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, json.dumps(argv), where], cwd=ROOT, start_new_session=True)
     try:
         pid = int(wait_text(pidfile, procs=[parent], timeout=30))
         os.kill(parent.pid, signal.SIGKILL)
         parent.wait(timeout=10)
-        assert _gone(pid, reap=True), f"the child {pid} outlived its killed parent: {_stat(pid)}"
+        assert _gone(pid, reap=True), f"the {who} {pid} outlived its killed llamabundle: {_stat(pid)}"
     finally:
         if parent.poll() is None:
             parent.kill()
             parent.wait()
+
+
+def _children(pid: int) -> list[int]:
+    return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def test_the_guard_exits_as_its_program_did_and_holds_nothing(tmp_path: Path) -> None:
+    """The Popen's pid is the guard's: it reports the program's exit code or the signal that killed it, a program
+    that cannot start is the OSError subprocess gives, and the guard holds none of the program's output (a
+    capture returns as soon as the program exits)."""
+    assert proc.capture(["sh", "-c", "echo out; echo err >&2; exit 7"]).returncode == 7
+    done = proc.capture(["sh", "-c", "kill -TERM $$"])
+    assert done.returncode == -signal.SIGTERM
+    assert proc.capture(["sh", "-c", "kill -KILL $$"]).returncode == -signal.SIGKILL
+    with pytest.raises(FileNotFoundError):
+        proc.capture([str(tmp_path / "no-such-program")])
+    (tmp_path / "plain").write_text("not a program")
+    with pytest.raises(PermissionError):
+        proc.capture([str(tmp_path / "plain")])
+    p = proc._popen(["sleep", "30"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        wait_for(lambda: len(_children(p.pid)) == 1, timeout=10, name="the guard's program to start")
+        program = _children(p.pid)[0]
+        assert Path(f"/proc/{program}/cmdline").read_bytes().split(b"\0")[0] == b"sleep"
+        guard_fds = {os.readlink(f"/proc/{p.pid}/fd/{fd}") for fd in os.listdir(f"/proc/{p.pid}/fd")}
+        assert not any(link.startswith("pipe:") and link != _pipe_of(proc._life()) for link in guard_fds), guard_fds
+        os.kill(program, signal.SIGTERM)
+        assert p.wait(timeout=10) == -signal.SIGTERM
+    finally:
+        proc.kill_group(p, grace=0)
+        if p.stdout:
+            p.stdout.close()
+        if p.stderr:
+            p.stderr.close()
+
+
+def _pipe_of(fd: int | None) -> str:
+    assert fd is not None
+    return os.readlink(f"/proc/self/fd/{fd}")
