@@ -7,10 +7,15 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+if sys.platform != "win32":  # Windows has no flock: sources, toolkits and downloads are never pruned there
+    import fcntl
 
 from . import scratch
 
@@ -90,8 +95,61 @@ def fetched_dir(cache_dir: Path, key: str) -> Path:
 
 # ------------------------------------------------------------------------------------------ the bound
 
-PRUNABLE = ("fetched", "out", "build", "downloads")  # what a prune may remove; sources and toolkits stay
+PRUNABLE = ("fetched", "out", "build", "downloads", "src", "toolkits")  # what a prune may remove
+SHARED = ("downloads", "src", "toolkits")  # what any build may use: removed only while no run holds `in_use`
 FRESH = 120.0  # seconds: an entry used this recently may belong to a run going on now, and is kept
+IN_USE = "in-use.lock"
+
+
+def _lock_file(cache_dir: Path) -> int | None:
+    """An open descriptor of the cache's in-use lock file (None where flock is missing, or it cannot be made)."""
+    if sys.platform == "win32":
+        return None
+    try:
+        lock_dir(cache_dir).mkdir(parents=True, exist_ok=True)
+        return os.open(lock_dir(cache_dir) / IN_USE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError:
+        return None
+
+
+@contextmanager
+def in_use(cache_dir: Path) -> Iterator[None]:
+    """Held, shared, by every run that may read the cache's sources, toolkits and downloads while it lasts (a
+    build, `bundle`, `toolkit install`): a prune removes those only while it holds the lock alone."""
+    fd = _lock_file(cache_dir)
+    if fd is None or sys.platform == "win32":
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _alone(cache_dir: Path) -> int | None:
+    """The in-use lock held exclusively (its descriptor: closing it releases it), or None when a run holds it
+    shared now, or where there is no flock (then sources, toolkits and downloads are never pruned)."""
+    fd = _lock_file(cache_dir)
+    if fd is None or sys.platform == "win32":
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def touch_used(cache_dir: Path, path: Path) -> None:
+    """Mark the cache entry holding `path` (a source tree, a toolkit root) as used now; a path outside the
+    cache (the user's own toolkit) is left alone."""
+    try:
+        parts = path.resolve().relative_to(cache_dir.resolve()).parts
+    except (OSError, ValueError):
+        return
+    if len(parts) >= 2 and parts[0] in PRUNABLE:
+        touch(cache_dir / parts[0] / parts[1])
 
 
 @dataclass(frozen=True)
@@ -171,42 +229,59 @@ def prune(cache_dir: Path, *, limit: int, keep: Iterable[str] = (), dry_run: boo
           now: float | None = None) -> list[Entry]:
     """Remove the least recently used entries until the cache holds at most `limit` bytes, or none is left to
     remove: never one of the keys in `keep` (what this run made or fetched), one used in the last FRESH
-    seconds, nor a build tree whose build lock another process holds (it is building there). Returns what
-    was (with `dry_run`: would be) removed."""
-    from filelock import FileLock, Timeout
-
+    seconds, a build tree whose build lock another process holds (it is building there), nor a source,
+    toolkit or download while a run holds `in_use`. Returns what was (with `dry_run`: would be) removed."""
     kept = [k[:12] for k in keep]
     now = time.time() if now is None else now
     total = sum(usage(cache_dir).values())
     removed: list[Entry] = []
-    for e in entries(cache_dir):
-        if total <= limit:
-            break
-        if any(k in e.path.name for k in kept) or now - e.used < FRESH:
-            continue
-        lock = FileLock(str(build_lock(cache_dir, e.path.name))) if e.area == "build" else None
-        try:
-            if lock is not None:
-                lock_dir(cache_dir).mkdir(parents=True, exist_ok=True)
-                lock.acquire(timeout=0)
-        except (Timeout, OSError):
-            continue
-        try:
-            if not dry_run:
-                for p in (e.path, *e.with_it):
-                    if p.is_dir() and not p.is_symlink():
-                        # moved aside first: no run finds half of it under its name
-                        aside = scratch.owned(tmp_dir(cache_dir), PRUNE_PREFIX)
-                        tmp_dir(cache_dir).mkdir(parents=True, exist_ok=True)
-                        os.replace(p, aside)
-                        shutil.rmtree(aside, ignore_errors=True)
-                    else:
-                        p.unlink(missing_ok=True)
-        except OSError:
-            continue
-        finally:
-            if lock is not None:
-                lock.release()
-        removed.append(e)
-        total -= e.size
+    alone: int | None = -1  # the in-use lock held alone (-1: not asked yet; None: it cannot be)
+    try:
+        for e in entries(cache_dir):
+            if total <= limit:
+                break
+            if any(k in e.path.name for k in kept) or now - e.used < FRESH:
+                continue
+            if e.area in SHARED:
+                if alone == -1:
+                    alone = _alone(cache_dir)
+                if alone is None:
+                    continue
+            if _remove(cache_dir, e, dry_run=dry_run):
+                removed.append(e)
+                total -= e.size
+    finally:
+        if alone is not None and alone >= 0:
+            os.close(alone)
     return removed
+
+
+def _remove(cache_dir: Path, e: Entry, *, dry_run: bool) -> bool:
+    """Remove e (with its siblings), a build tree only if its build lock can be had at once; whether it was
+    (with `dry_run`: could be) removed."""
+    from filelock import FileLock, Timeout
+
+    lock = FileLock(str(build_lock(cache_dir, e.path.name))) if e.area == "build" else None
+    try:
+        if lock is not None:
+            lock_dir(cache_dir).mkdir(parents=True, exist_ok=True)
+            lock.acquire(timeout=0)
+    except (Timeout, OSError):
+        return False
+    try:
+        if not dry_run:
+            for p in (e.path, *e.with_it):
+                if p.is_dir() and not p.is_symlink():
+                    # moved aside first: no run finds half of it under its name
+                    aside = scratch.owned(tmp_dir(cache_dir), PRUNE_PREFIX)
+                    tmp_dir(cache_dir).mkdir(parents=True, exist_ok=True)
+                    os.replace(p, aside)
+                    shutil.rmtree(aside, ignore_errors=True)
+                else:
+                    p.unlink(missing_ok=True)
+    except OSError:
+        return False
+    finally:
+        if lock is not None:
+            lock.release()
+    return True

@@ -94,7 +94,8 @@ def verify_level_for(platform: str) -> Level:
 
 def bound_cache(settings: Settings, log: Log, *, keep: str) -> None:
     """Hold the cache to LLAMABUNDLE_CACHE_MAX after a build or fetch added to it: the least recently used
-    fetched bundles, built zips, build trees and downloads go first (never this key's, nor one in use). The
+    fetched bundles, built zips, build trees, downloads, sources and toolkits go first (never this key's, nor
+    one in use). The
     cache is measured at most every BOUND_EVERY seconds (a walk of every file: not on each cache hit)."""
     if settings.cache_max is None or not cache.bound_due(settings.cache_dir):
         return
@@ -153,7 +154,8 @@ def build_once(keyed: Keyed, *, settings: Settings, store: Store, log: Log, env:
 @contextmanager
 def making(settings: Settings, key: str, log: Log) -> Iterator[None]:
     """One process at a time makes the bundle of a key with a cache (`build`, `bundle`): its build tree and
-    its zip in out/ are the cache's, not the process's; another waits, saying so."""
+    its zip in out/ are the cache's, not the process's; another waits, saying so. Meanwhile the cache's
+    sources, toolkits and downloads are in use (no prune removes them)."""
     locks = cache.lock_dir(settings.cache_dir)
     locks.mkdir(parents=True, exist_ok=True)
     lock = FileLock(str(cache.build_lock(settings.cache_dir, key)))
@@ -163,7 +165,8 @@ def making(settings: Settings, key: str, log: Log) -> Iterator[None]:
         log.info(f"another llamabundle process is making {key[:12]} with this cache; waiting for it")
         lock.acquire()
     try:
-        yield
+        with cache.in_use(settings.cache_dir):
+            yield
     finally:
         lock.release()
 
@@ -193,7 +196,8 @@ def _build_locked(keyed: Keyed, *, settings: Settings, store: Store, log: Log, e
     plan = plan_build(recipe, host, source_dir=src.path, build_dir=build_dir, tools=tools, jobs=jobs,
                       toolkit_roots=made.toolkit_roots, env=toolchain.env, fixed_root=cache.fixed_dir(settings.cache_dir))
     result = run_build(plan, log=log, env=build_env, clean=clean, timeout=settings.build_timeout)
-    cache.touch(build_dir)  # used now (the bound removes the least recently used first)
+    for used in (build_dir, src.path, *made.toolkit_roots.values()):  # used now (the bound removes the least recently used first)
+        cache.touch_used(settings.cache_dir, used)
     configure_log = result.log_path.read_text(encoding="utf-8", errors="replace")
     for backend in backends.of(recipe):
         backend.after_configure(recipe, host, configure_log)

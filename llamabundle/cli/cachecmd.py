@@ -35,8 +35,8 @@ def _size(raw: str | None) -> int | None:
 @JSON_OPT
 @pass_ctx
 def list_cmd(c: Ctx, as_json: bool) -> None:
-    """Bytes per area, and each entry a prune may remove (fetched bundles, built zips, build trees, downloads),
-    least recently used first."""
+    """Bytes per area, and each entry a prune may remove (fetched bundles, built zips, build trees, downloads,
+    sources, toolkits), least recently used first."""
     from .. import cache
 
     areas = cache.usage(c.settings.cache_dir)
@@ -62,9 +62,9 @@ def list_cmd(c: Ctx, as_json: bool) -> None:
 @JSON_OPT
 @pass_ctx
 def prune_cmd(c: Ctx, max_size: str | None, dry_run: bool, as_json: bool) -> None:
-    """Remove the least recently used fetched bundles, built zips, build trees and downloads until the cache
-    holds at most SIZE. Sources and toolkits stay; so does anything used in the last two minutes, and a build
-    tree another process is building in."""
+    """Remove the least recently used fetched bundles, built zips, build trees, downloads, sources and toolkits
+    until the cache holds at most SIZE. Anything used in the last two minutes stays; so does a build tree
+    another process is building in, and every source, toolkit and download while a build runs on this cache."""
     from .. import cache
 
     limit = _size(max_size)
@@ -84,7 +84,7 @@ def prune_cmd(c: Ctx, max_size: str | None, dry_run: bool, as_json: bool) -> Non
         click.echo(f"{verb} {e.area}/{e.path.name} ({e.size / 1e6:.1f} MB)")
     freed = sum(e.size for e in removed)
     click.echo(f"{verb} {len(removed)} entries, {freed / 1e6:.1f} MB; the cache holds {left / 1e6:.1f} MB"
-               + (f" (over {limit / 1e6:.1f} MB: what is left is in use, recent, or sources and toolkits)"
+               + (f" (over {limit / 1e6:.1f} MB: what is left is this run's, recent, or in use by a build running now)"
                   if left > limit and not dry_run else ""))
 
 

@@ -21,6 +21,7 @@ from .options import InputFile, owned
 from .output import emit
 
 if TYPE_CHECKING:
+    from .. import cache
     from ..backends.cuda.toolkit import installer as installer_src
     from ..backends.cuda.toolkit import resolve
     from ..backends.cuda.toolkit.manifest import Manifest
@@ -155,7 +156,8 @@ def install_cmd(c: Ctx, recipe_path: Path | None, version: str | None, component
     plan = _toolkit_plan(recipe_path, version, components, platform, source, manifest_path, installer_path,
                          installer_sha256)
     start = time.monotonic()
-    result = resolve.install_planned(plan, settings=c.settings, log=c.log, dest=dest, installer=installer_path)
+    with cache.in_use(c.settings.cache_dir):  # its downloads and toolkit root are not pruned under it
+        result = resolve.install_planned(plan, settings=c.settings, log=c.log, dest=dest, installer=installer_path)
     took = time.monotonic() - start
     if isinstance(plan, ToolkitPlan):
         assert isinstance(result, redist.InstallResult)

@@ -16,6 +16,7 @@ from filelock import FileLock
 
 from llamabundle import cache
 from llamabundle.errors import UsageError
+from llamabundle.log import Log
 from llamabundle.settings import DEFAULT_CACHE_MAX, Settings
 from tests import bundles as tb
 from tests.clicontract import valid
@@ -39,25 +40,76 @@ def _fill(c: Path, rel: str, size: int, age_days: float) -> Path:
 
 def test_prune_removes_the_least_recently_used_first_and_spares_what_is_in_use(tmp_path: Path) -> None:
     c = tmp_path / "cache"
+    source = _fill(c, "src/" + "f" * 40 + "/", 5000, 30)  # sources, toolkits, downloads: while no build uses them
     oldest = _fill(c, "fetched/" + "a" * 64 + "/", 1000, 9)
     zip_ = _fill(c, "out/linux-x86_64-cpu-bbbbbbbbbbbb.zip", 1000, 8)
     ops = _fill(c, "out/linux-x86_64-cpu-bbbbbbbbbbbb.zip.test-backend-ops", 500, 8)
+    toolkit = _fill(c, "toolkits/cuda-13.0.2-linux-x86_64-pypi-0123456789abcdef/", 2000, 7.5)
     busy = _fill(c, "build/" + "c" * 16 + "-12345678/", 1000, 7)
     kept = _fill(c, "fetched/" + "d" * 64 + "/", 1000, 6)  # this run's key
     download = _fill(c, "downloads/cuda_nvcc.tar.xz", 1000, 5)
     fresh = _fill(c, "fetched/" + "e" * 64 + "/", 1000, 0)  # used a moment ago: perhaps by a run going on now
-    source = _fill(c, "src/" + "f" * 40 + "/", 5000, 30)  # sources and toolkits stay
-    assert [e.path for e in cache.entries(c)] == [oldest, zip_, busy, kept, download, fresh]
+    assert [e.path for e in cache.entries(c)] == [source, oldest, zip_, toolkit, busy, kept, download, fresh]
     (c / "locks").mkdir()
-    with FileLock(str(cache.build_lock(c, "c" * 64))):  # another process builds in that tree
+    with FileLock(str(cache.build_lock(c, "c" * 64))), cache.in_use(c):  # another run builds in that tree
         removed = cache.prune(c, limit=0, keep=["d" * 64])
-    assert [e.path for e in removed] == [oldest, zip_, download]
+    assert [e.path for e in removed] == [oldest, zip_]
     assert removed[1].size == 1500 and not ops.exists()  # the zip's sibling goes with it
-    assert not oldest.exists() and not zip_.exists() and not download.exists()
-    assert busy.exists() and kept.exists() and fresh.exists() and source.exists()
+    assert not oldest.exists() and not zip_.exists()
+    assert busy.exists() and kept.exists() and fresh.exists() and source.exists() and toolkit.exists() and download.exists()
     assert not any((c / "tmp").iterdir())  # what was moved aside to be removed is gone too
-    removed = cache.prune(c, limit=0)  # the lock released: the build tree goes now
-    assert [e.path for e in removed] == [busy, kept] and fresh.exists()
+    removed = cache.prune(c, limit=0)  # the locks released: the build tree, the source, toolkit and download go now
+    assert [e.path for e in removed] == [source, toolkit, busy, kept, download] and fresh.exists()
+
+
+HOLDER = """\
+import sys, time
+from pathlib import Path
+from llamabundle import cache
+with cache.in_use(Path(sys.argv[1])):
+    print("held", flush=True)
+    time.sleep(300)
+"""
+
+
+def test_a_source_used_by_a_running_build_in_another_process_stays(tmp_path: Path) -> None:
+    """The in-use lock is an flock: a process that holds it shared (a build: pipeline.making) keeps every source,
+    toolkit and download from any prune; once it is gone (killed, even), they go."""
+    import subprocess
+    import sys
+
+    c = tmp_path / "cache"
+    source = _fill(c, "src/" + "f" * 40 + "/", 5000, 30)
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(c)], cwd=Path(__file__).resolve().parents[2],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        assert cache.prune(c, limit=0) == [] and source.exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    assert [e.path for e in cache.prune(c, limit=0)] == [source] and not source.exists()
+
+
+def test_a_build_holds_the_in_use_lock_while_it_makes_its_bundle(tmp_path: Path) -> None:
+    from llamabundle.pipeline import making
+
+    c = tmp_path / "cache"
+    source = _fill(c, "src/" + "f" * 40 + "/", 5000, 30)
+    with making(Settings.from_env({"LLAMABUNDLE_CACHE_DIR": str(c)}), "a" * 64, Log(quiet=True)):
+        assert cache.prune(c, limit=0) == [] and source.exists()
+    assert [e.path for e in cache.prune(c, limit=0)] == [source]
+
+
+def test_what_a_build_uses_is_marked_used_and_nothing_outside_the_cache_is_touched(tmp_path: Path) -> None:
+    c = tmp_path / "cache"
+    root = _fill(c, "toolkits/cuda-13.0.2-x/", 10, 30)
+    mine = tmp_path / "my-cuda"
+    mine.mkdir()
+    os.utime(mine, (OLD, OLD))
+    cache.touch_used(c, root / "bin" / "nvcc")
+    cache.touch_used(c, mine)
+    assert time.time() - root.stat().st_mtime < 60 and mine.stat().st_mtime == pytest.approx(OLD)
 
 
 def test_prune_stops_at_the_limit_and_a_dry_run_removes_nothing(tmp_path: Path) -> None:
@@ -127,11 +179,11 @@ def test_cache_list_and_prune_on_the_command_line(tmp_path: Path, capsys: pytest
     assert code == 0, err
     listed = valid("cache-list", json.loads(out))
     assert listed["areas"]["fetched"] == 1000 and listed["areas"]["src"] == 700
-    assert [e["path"] for e in listed["entries"]] == [str(a)]
+    assert [e["path"] for e in listed["entries"]] == [str(a), str(c / "src" / ("f" * 40))]
     code, out, err = run(capsys, "cache", "prune", "--max", "0", "--dry-run", "--json")
     assert code == 0 and valid("cache-prune", json.loads(out))["removed"][0]["path"] == str(a) and a.exists()
     code, out, err = run(capsys, "cache", "prune", "--max", "0")
     assert code == 0 and f"removed fetched/{a.name}" in out and not a.exists()
-    assert "sources and toolkits" in out  # what is left, and why
+    assert not (c / "src").exists() or not any((c / "src").iterdir())  # no build uses it: it goes too
     code, out, err = run(capsys, "cache", "prune", "--max", "lots")
     assert code == 2 and "not a size" in err
