@@ -5,6 +5,7 @@ LlamaBundleError its own). Under --json a failure's JSON object is printed on st
 
 from __future__ import annotations
 
+import codecs
 import signal
 import sys
 import traceback
@@ -55,9 +56,35 @@ def _terminated(signum: int, frame: object) -> None:
     raise KeyboardInterrupt  # SIGTERM (a CI cancel, `kill`) cleans up as Ctrl-C does: children ended, exit 130
 
 
+def _raw_bytes(e: UnicodeError) -> tuple[bytes, int]:
+    """Encoding error handler of our output: a file name's undecodable byte (a surrogate escape) is written as
+    that byte, anything else unencodable as a backslash escape."""
+    assert isinstance(e, UnicodeEncodeError)
+    out = bytearray()
+    for ch in e.object[e.start:e.end]:
+        o = ord(ch)
+        out += bytes([o - 0xDC00]) if 0xDC80 <= o <= 0xDCFF else ch.encode("ascii", "backslashreplace")
+    return bytes(out), e.end
+
+
+def utf8_output() -> None:
+    """Write stdout and stderr as UTF-8 whatever the locale (LC_ALL=C with PYTHONUTF8=0 makes them ASCII): a
+    path that is not ASCII is then printed as its own bytes, not as `\\udcc3` escapes or `??`."""
+    codecs.register_error("llamabundle-raw", _raw_bytes)
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None and codecs.lookup(stream.encoding or "ascii").name != "utf-8":
+            try:
+                reconfigure(encoding="utf-8", errors="llamabundle-raw")
+            except (ValueError, OSError):
+                pass
+
+
 def main(argv: list[str] | None = None) -> NoReturn:
     """Run `llamabundle` with `argv` (default: sys.argv[1:]) and exit with the command's exit code."""
     args = sys.argv[1:] if argv is None else argv
+    if argv is None:
+        utf8_output()
     if argv is None and hasattr(signal, "SIGTERM"):
         signal.signal(signal.SIGTERM, _terminated)
     try:  # for how an error is printed; a bad setting is reported by the command itself

@@ -1,7 +1,8 @@
 """Errors name the real cause (issue 30): a SOURCE_DATE_EPOCH no zip can date is a usage error before any work
 (it crashed the pack after the whole build, exit 70), `--store file://` without a path is a usage error (it
 meant the current directory), a disk error names whose directory failed, a pack of a commit dated past 2107
-still packs, and `index` writes its files as UTF-8 under LC_ALL=C (it crashed on a store path that is not ASCII)."""
+still packs, and `index` writes its files as UTF-8 under LC_ALL=C (it crashed on a store path that is not ASCII)
+and prints such a path as its own bytes."""
 
 from __future__ import annotations
 
@@ -84,7 +85,7 @@ def test_index_writes_utf8_under_the_c_locale_for_a_store_path_that_is_not_ascii
     store = tmp_path / "störe"
     zip_path, _m = tb.make_zip(tmp_path, {"LICENSE": b"MIT\n"}, {"LICENSE": "license"})
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LLAMABUNDLE_CACHE_DIR": str(tmp_path / "cache"),
-           "HOME": str(tmp_path), "LC_ALL": "C", "PYTHONUTF8": "0"}
+           "HOME": str(tmp_path), "LC_ALL": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0"}
     env.pop("LANG", None)
     for argv in (["publish", str(zip_path), "--store", str(store)], ["index", "--store", str(store), "--out", str(tmp_path / "site-ü")]):
         r = subprocess.run([sys.executable, "-m", "llamabundle", *argv], env=env, capture_output=True, timeout=120)
@@ -92,6 +93,9 @@ def test_index_writes_utf8_under_the_c_locale_for_a_store_path_that_is_not_ascii
     site = tmp_path / "site-ü"
     assert json.loads((site / "index.json").read_text(encoding="utf-8"))["store"] == str(store)
     assert str(store) in (site / "index.html").read_text(encoding="utf-8")
+    # what it printed names the path as its own bytes, on stdout (click) and stderr (the log), not \udcc3 or ??
+    assert os.fsencode(store) in r.stdout and os.fsencode(store) in r.stderr, (r.stdout, r.stderr)
+    assert b"\\udc" not in r.stdout + r.stderr and b"st??re" not in r.stdout + r.stderr
 
 
 def test_every_text_file_the_tool_opens_names_its_encoding() -> None:
