@@ -78,13 +78,18 @@ class World:
 
     # ------------------------------------------------------------------------------------------ inputs
 
-    def good_zip(self, *, payload: int = 0, hang: Path | None = None, **fields: object) -> tuple[Path, dict[str, object]]:
-        """A bundle zip of the shipped Linux CPU recipe's inputs (its key is that recipe's)."""
+    def good_zip(self, *, payload: int = 0, parts: int = 0, hang: Path | None = None,
+                 **fields: object) -> tuple[Path, dict[str, object]]:
+        """A bundle zip of the shipped Linux CPU recipe's inputs (its key is that recipe's); `payload` bytes in
+        one file, and `parts` small files more (an unpack that takes a while, file by file)."""
         files = {"llama-server": SERVER, "LICENSE": b"MIT License\n" * 200}
         roles = {"llama-server": "exe", "LICENSE": "license"}
         if payload:
             files["payload.bin"] = os.urandom(payload)
             roles["payload.bin"] = "runtime"
+        for i in range(parts):
+            files[f"part-{i}.bin"] = os.urandom(512)
+            roles[f"part-{i}.bin"] = "runtime"
         if hang is not None:
             files["HANG"] = str(hang).encode()
             roles["HANG"] = "runtime"
@@ -332,7 +337,7 @@ def _three_fetches(w: World) -> Outcome:
 
 @case("kills", "SIGINT while fetch unpacks beside --out", 130)
 def _interrupted_fetch(w: World) -> Outcome:
-    z, manifest = w.good_zip(payload=96 << 20)  # an unpack long enough to be interrupted on a fast machine
+    z, manifest = w.good_zip(parts=20_000)  # an unpack long enough to be interrupted on a fast machine
     store, key = w.store_with(z, manifest)
     p = w.start("fetch", key, "--store", store, "--out", w.tmp / "out")
     wait_for(lambda: list(w.tmp.glob(".out.partial-*")), procs=[p], name="the unpack beside --out")
