@@ -237,6 +237,8 @@ def _popen(argv: list[str], **kwargs: Any) -> subprocess.Popen[str]:
     _reap_adopted()
     p: subprocess.Popen[str] = subprocess.Popen(argv, stdin=subprocess.DEVNULL, text=True, encoding="utf-8", errors="replace",
                                                 **kwargs, **_group_kwargs())
+    if sys.platform == "win32":  # pragma: no cover
+        _join_job(p)
     _live.add(p)
     return p
 
@@ -244,9 +246,10 @@ def _popen(argv: list[str], **kwargs: Any) -> subprocess.Popen[str]:
 def kill_group(p: subprocess.Popen[Any], *, grace: float = KILL_GRACE, spare: Iterable[int] = ()) -> None:
     """End the child and everything it started: SIGTERM, then SIGKILL after `grace` seconds, to its process
     group and, on Linux, to the rest of its family found in /proc (`_family`: what left the group with setsid
-    too), but `spare`. Those reparented to us are reaped."""
+    too), but `spare`. Those reparented to us are reaped. On Windows: its job object (`_join_job`) is ended."""
     if sys.platform == "win32":  # pragma: no cover - exercised on the Windows CI job only
-        subprocess.run(["taskkill", "/F", "/T", "/PID", str(p.pid)], capture_output=True, check=False)
+        if not _close_job(p, kill=True):
+            subprocess.run(["taskkill", "/F", "/T", "/PID", str(p.pid)], capture_output=True, check=False)
         p.wait()
         return
     spared = set(spare)
@@ -591,6 +594,7 @@ def run(
 def _reap_group(p: subprocess.Popen[Any]) -> None:
     """A finished step leaves nothing behind: what is left of its group and family is killed (and reaped)."""
     if sys.platform == "win32":  # pragma: no cover
+        _close_job(p, kill=False)  # what is left in the child's job dies with it
         return
     family = set() if _nothing_left(p) else _family(p)
     refused = _signal(p, family, signal.SIGKILL)
@@ -713,3 +717,68 @@ def run_until(argv: Sequence[str], *, env: Mapping[str, str], cwd: Path, timeout
             _adopt(p)
         reader.join(timeout=5)
     return Watched(lines=seen, returncode=None, stopped=True)
+
+
+# ------------------------------------------------------------------------------------------ Windows: job objects
+
+_jobs: dict[int, int] = {}  # a child's pid -> the handle of its job object (Windows)
+JOB_OBJECT_LIMIT_KILL_ON_JOB_CLOSE, JOB_OBJECT_EXTENDED_LIMIT_INFORMATION = 0x2000, 9  # <winnt.h>
+
+if sys.platform == "win32":  # pragma: no cover - exercised on the Windows CI job only
+    def _join_job(p: subprocess.Popen[Any]) -> None:
+        """Windows: put the child in a job object of its own that kills every process in it when its handle closes
+        (JOB_OBJECT_LIMIT_KILL_ON_JOB_CLOSE): when `kill_group` or `_reap_group` closes it, and when llamabundle
+        dies (the system closes its handles). What the child starts joins the job, whatever becomes of the child,
+        where taskkill /T follows parent links only. Where a job cannot be made, the kill falls back to taskkill."""
+        import ctypes
+        from ctypes import wintypes
+
+        class Basic(ctypes.Structure):
+            _fields_ = [("PerProcessUserTimeLimit", ctypes.c_int64), ("PerJobUserTimeLimit", ctypes.c_int64),
+                        ("LimitFlags", wintypes.DWORD), ("MinimumWorkingSetSize", ctypes.c_size_t),
+                        ("MaximumWorkingSetSize", ctypes.c_size_t), ("ActiveProcessLimit", wintypes.DWORD),
+                        ("Affinity", ctypes.c_size_t), ("PriorityClass", wintypes.DWORD), ("SchedulingClass", wintypes.DWORD)]
+
+        class Counters(ctypes.Structure):
+            _fields_ = [(name, ctypes.c_uint64) for name in ("ReadOperationCount", "WriteOperationCount", "OtherOperationCount",
+                                                              "ReadTransferCount", "WriteTransferCount", "OtherTransferCount")]
+
+        class Extended(ctypes.Structure):
+            _fields_ = [("BasicLimitInformation", Basic), ("IoInfo", Counters), ("ProcessMemoryLimit", ctypes.c_size_t),
+                        ("JobMemoryLimit", ctypes.c_size_t), ("PeakProcessMemoryUsed", ctypes.c_size_t),
+                        ("PeakJobMemoryUsed", ctypes.c_size_t)]
+
+        try:
+            k32 = ctypes.WinDLL("kernel32", use_last_error=True)  # type: ignore[attr-defined]
+            k32.CreateJobObjectW.restype = wintypes.HANDLE
+            k32.CreateJobObjectW.argtypes = [ctypes.c_void_p, wintypes.LPCWSTR]
+            k32.SetInformationJobObject.argtypes = [wintypes.HANDLE, ctypes.c_int, ctypes.c_void_p, wintypes.DWORD]
+            k32.AssignProcessToJobObject.argtypes = [wintypes.HANDLE, wintypes.HANDLE]
+            k32.CloseHandle.argtypes = [wintypes.HANDLE]
+            job = k32.CreateJobObjectW(None, None)
+            if not job:
+                return
+            info = Extended()
+            info.BasicLimitInformation.LimitFlags = JOB_OBJECT_LIMIT_KILL_ON_JOB_CLOSE
+            if (k32.SetInformationJobObject(job, JOB_OBJECT_EXTENDED_LIMIT_INFORMATION, ctypes.byref(info), ctypes.sizeof(info))
+                    and k32.AssignProcessToJobObject(job, int(p._handle))):  # type: ignore[attr-defined]
+                _jobs[p.pid] = job
+            else:
+                k32.CloseHandle(job)
+        except (OSError, AttributeError, ValueError):
+            pass
+
+
+    def _close_job(p: subprocess.Popen[Any], *, kill: bool) -> bool:
+        """Windows: end what is left in the child's job (with `kill`, the child too, at once) by closing it;
+        whether it had one."""
+        job = _jobs.pop(p.pid, None)
+        if job is None:
+            return False
+        import ctypes
+
+        k32 = ctypes.WinDLL("kernel32", use_last_error=True)  # type: ignore[attr-defined]
+        if kill:
+            k32.TerminateJobObject(ctypes.c_void_p(job), 1)
+        k32.CloseHandle(ctypes.c_void_p(job))
+        return True
