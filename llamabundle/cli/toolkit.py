@@ -21,7 +21,6 @@ from .options import InputFile, owned
 from .output import emit
 
 if TYPE_CHECKING:
-    from .. import cache
     from ..backends.cuda.toolkit import installer as installer_src
     from ..backends.cuda.toolkit import resolve
     from ..backends.cuda.toolkit.manifest import Manifest
@@ -148,6 +147,7 @@ def install_cmd(c: Ctx, recipe_path: Path | None, version: str | None, component
                 source: str | None, manifest_path: Path | None, installer_path: Path | None, installer_sha256: str | None,
                 dest: Path | None, as_json: bool) -> None:
     """Install the toolkit (reused when already installed and intact); print its root."""
+    from .. import cache
     from ..backends.cuda.toolkit import installer as installer_src
     from ..backends.cuda.toolkit import redist, resolve
     from ..backends.cuda.toolkit.layout import Toolkit
