@@ -1,7 +1,9 @@
-"""The GitHub Actions workflows: actionlint and zizmor find nothing, every action is pinned by commit SHA, and
-release.yml builds exactly the shipped recipes, only on a store miss, on runners that can build them (bare
-windows-2022 for MSVC, ubuntu-24.04 for mingw-w64), with the CUDA archives and the compiler cache kept across
-runs and the build log kept when a build fails."""
+"""The GitHub Actions workflows: actionlint and zizmor (pedantic) find nothing, every action is pinned by commit
+SHA, and release.yml builds exactly the shipped recipes, only on a store miss, on runners that can build them
+(a Windows image whose MSVC the recipe's CUDA accepts, ubuntu-24.04 for mingw-w64), in legs that may only read;
+a publish job of its own verifies, publishes and attests what they built. The extracted CUDA toolkit and the
+compiler cache are kept across runs within a budget that fits GitHub's 10 GB, and the build log is kept when
+a build fails."""
 
 from __future__ import annotations
 
@@ -86,6 +88,12 @@ def release_steps() -> list[dict[str, Any]]:
     return steps
 
 
+def publish_job() -> dict[str, Any]:
+    job = load(RELEASE)["jobs"]["publish"]
+    assert isinstance(job, dict)
+    return job
+
+
 def release_matrix() -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = release_job()["strategy"]["matrix"]["include"]
     return rows
@@ -145,7 +153,8 @@ def test_zizmor_finds_nothing() -> None:
                     "which provides the zizmor binary", pytrace=False)
     env = {k: v for k, v in os.environ.items() if k not in {"GH_TOKEN", "GITHUB_TOKEN", "ZIZMOR_GITHUB_TOKEN"}}
     # --strict-collection: a workflow zizmor cannot read is a failure, never silently left out
-    cmd = [zizmor, "--offline", "--strict-collection", "--no-progress", "--color=never", *map(str, workflow_files())]
+    cmd = [zizmor, "--offline", "--pedantic", "--strict-collection", "--no-progress", "--color=never",
+           *map(str, workflow_files())]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, check=False, env=env)
     out = (proc.stdout + proc.stderr).strip()
     assert proc.returncode == 0, f"zizmor exited {proc.returncode}:\n{out}"
@@ -189,9 +198,13 @@ def test_release_triggers_and_permissions() -> None:
     wf = load(RELEASE)
     assert wf["on"]["release"]["types"] == ["published"]
     assert "workflow_dispatch" in wf["on"]
-    # nothing for the workflow as a whole; the writes only where the publishing job needs them
+    # nothing for the workflow as a whole; the legs that run llama.cpp's build only read; the writes only in the
+    # job that publishes, which runs after them and builds nothing
     assert wf["permissions"] == {}
-    assert release_job()["permissions"] == {"contents": "write", "id-token": "write", "attestations": "write"}
+    assert set(wf["jobs"]) == {"bundle", "publish"}
+    assert release_job()["permissions"] == {"contents": "read"}
+    assert publish_job()["permissions"] == {"contents": "write", "id-token": "write", "attestations": "write"}
+    assert publish_job()["needs"] == "bundle" and condition(publish_job()) == "!cancelled()"
 
 
 def test_release_matrix_is_exactly_the_shipped_recipes() -> None:
@@ -228,15 +241,10 @@ def test_release_checks_then_builds_only_on_a_miss() -> None:
     build = step_running(steps, "llamabundle build")
     assert condition(build) == ON_MISS
     assert steps.index(check) < steps.index(build)
-    assert '--store "$STORE" --publish --json' in build["run"]
+    assert '--store "$STORE" --no-publish --json' in build["run"]  # the leg cannot write: publish does
     assert build["env"]["GITHUB_TOKEN"] == "${{ secrets.GITHUB_TOKEN }}"
     assert build.get("id") == "build" and 'echo "zip=' in build["run"]
-
-    [attest] = uses_steps(steps, "actions/attest-build-provenance")
-    assert PINNED.fullmatch(attest["uses"])
-    assert condition(attest) == ON_MISS
-    assert attest["with"]["subject-path"] == "${{ steps.build.outputs.zip }}"
-    assert steps.index(build) < steps.index(attest)
+    assert not uses_steps(steps, "actions/attest-build-provenance")
 
     restores = uses_steps(steps, "actions/cache") + uses_steps(steps, "actions/cache/restore")
     assert restores
@@ -245,33 +253,62 @@ def test_release_checks_then_builds_only_on_a_miss() -> None:
     # every step after the check that costs anything is skipped on a hit; the log upload runs only when the
     # build step (itself skipped on a hit) failed
     for s in steps[steps.index(check) + 1:]:
-        if s.get("uses", "").startswith("actions/upload-artifact@"):
+        if s.get("name") == "upload the build log":
             assert condition(s) == ON_BUILD_FAILURE
             continue
         assert ON_MISS in conjuncts(condition(s)), f"step {s.get('name') or s.get('uses')} also runs on a hit"
 
 
-def test_each_published_zip_gets_a_build_provenance_attestation() -> None:
-    """actions/attest-build-provenance signs the zip the build published (Sigstore, through the job's OIDC token),
-    pinned by commit SHA with its release tag beside it; only the publishing job may mint the token and write
-    attestations. Consumers check it with `gh attestation verify` (README); install does not (no Sigstore here)."""
+def test_each_leg_hands_its_zip_to_the_publish_job() -> None:
     steps = release_steps()
+    build = step_running(steps, "llamabundle build")
+    [upload] = [s for s in uses_steps(steps, "actions/upload-artifact") if s.get("name") == "upload the bundle"]
+    assert PINNED.fullmatch(upload["uses"]) and condition(upload) == ON_MISS
+    assert upload["with"]["name"] == "bundle-${{ matrix.recipe }}"  # one artifact per leg
+    assert upload["with"]["path"] == "${{ steps.build.outputs.zip }}" and upload["with"]["if-no-files-found"] == "error"
+    assert steps.index(build) < steps.index(upload)
+
+
+def test_the_publish_job_verifies_publishes_and_attests_and_builds_nothing() -> None:
+    """It downloads every leg's zip, verifies each (static: manifest, every file's sha256, imports, GPU archs)
+    before publishing it, and attests what it published; it runs no build of any kind."""
+    job = publish_job()
+    steps: list[dict[str, Any]] = job["steps"]
+    [download] = uses_steps(steps, "actions/download-artifact")
+    assert PINNED.fullmatch(download["uses"]) and download["with"]["pattern"] == "bundle-*"
+    where = download["with"]["path"]
+    publish = step_running(steps, "llamabundle publish")
+    run = publish["run"]
+    assert run.index('llamabundle verify "$zip" --level static') < run.index('llamabundle publish "$zip" --store "$STORE"')
+    assert publish.get("id") == "publish" and publish["env"]["GITHUB_TOKEN"] == "${{ secrets.GITHUB_TOKEN }}"
+    assert job["env"]["STORE"] == "github:${{ github.repository }}"
     [attest] = uses_steps(steps, "actions/attest-build-provenance")
+    assert attest["with"] == {"subject-path": f"{where}/*/*.zip"}
+    assert condition(attest) == "steps.publish.outputs.count != '0'"
+    assert steps.index(download) < steps.index(publish) < steps.index(attest)
+    text = "\n".join(str(s.get("run", "")) for s in steps)
+    for needle in ("llamabundle build", "cmake", "ninja", "pip install -e"):
+        assert needle not in text, f"the publish job runs {needle!r}"
+    for s in steps:
+        assert "cache" not in str(s.get("uses", "")), f"the publish job restores a cache: {s['uses']}"
+
+
+def test_each_published_zip_gets_a_build_provenance_attestation() -> None:
+    """actions/attest-build-provenance signs the zips the publish job published (Sigstore, through the job's OIDC
+    token), pinned by commit SHA with its release tag beside it; only that job may mint the token and write
+    attestations. Consumers check it with `gh attestation verify` (README); install does not (no Sigstore here)."""
+    [attest] = uses_steps(publish_job()["steps"], "actions/attest-build-provenance")
     action, sha = attest["uses"].split("@")
     assert action == "actions/attest-build-provenance" and re.fullmatch(r"[0-9a-f]{40}", sha)
     [line] = [ln for ln in RELEASE.read_text(encoding="utf-8").splitlines() if f"uses: {attest['uses']}" in ln]
     assert VERSION_COMMENT.search(line), line
-    build = step_running(steps, "llamabundle build")
-    assert "--publish" in build["run"] and attest["with"] == {"subject-path": "${{ steps.build.outputs.zip }}"}
-    assert steps.index(build) < steps.index(attest) and condition(attest) == ON_MISS
     # the permissions it needs, on the job that attests, and nowhere else
-    wf = load(RELEASE)
-    assert wf["permissions"] == {}
-    assert {"id-token", "attestations"} <= {k for k, v in release_job()["permissions"].items() if v == "write"}
+    assert {"id-token", "attestations"} <= {k for k, v in publish_job()["permissions"].items() if v == "write"}
     for path in workflow_files():
         for name, job in load(path)["jobs"].items():
-            if (path, name) != (RELEASE, "bundle"):
-                assert "id-token" not in (job.get("permissions") or {}), f"{path.name}: {name}"
+            if (path, name) != (RELEASE, "publish"):
+                perms = job.get("permissions") or {}
+                assert "id-token" not in perms and "write" not in perms.values(), f"{path.name}: {name}: {perms}"
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert "gh attestation verify" in readme and "--repo" in readme
 
@@ -321,11 +358,59 @@ def test_windows_legs_run_on_a_bare_windows_2022_and_no_step_opens_a_developer_p
     for name, row in windows.items():
         assert row["os"] == "windows-2022", name
         assert recipe_of(row)["toolchain"]["compiler"] == "msvc", name
+        assert row["msc-ver"] == WINDOWS_IMAGES[row["os"]], name
     text = RELEASE.read_text(encoding="utf-8").lower()
     for needle in ("msvc-dev-cmd", "ilammy", "vcvars", "vsdevcmd", "vsdevshell", "developer command prompt"):
         assert needle not in text, f"release.yml mentions {needle!r}: the workflow must not set MSVC up itself"
     for s in release_steps():
         assert "msvc" not in str(s.get("uses", "")).lower(), s["uses"]
+
+
+# The _MSC_VER of the default toolset of the Windows images GitHub hosts (runner-images' readme of each, "Visual
+# Studio Enterprise 2022 17.14" -> MSVC 14.44, cl 19.44). windows-latest moves: a leg names a pinned image.
+WINDOWS_IMAGES = {"windows-2022": 1944, "windows-2025": 1944}
+
+
+def msvc_range(spec: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """A recipe's msvc_version "[17.0,18.0)": the Visual Studio versions [low, high)."""
+    m = re.fullmatch(r"\[\s*([\d.]+)\s*,\s*([\d.]+)\s*\)", spec)
+    assert m, spec
+    return tuple(map(int, m.group(1).split("."))), tuple(map(int, m.group(2).split(".")))
+
+
+def test_each_windows_image_has_an_msvc_the_recipes_cuda_accepts() -> None:
+    """The image is chosen from what the toolkit accepts: its toolset's _MSC_VER lies in the range the recipe's
+    CUDA release takes (data/msvc.json, from its crt/host_config.h) and its Visual Studio in the recipe's
+    msvc_version. A leg moved to an image with Visual Studio 2026 (MSVC 19.50) fails here for CUDA 12.8."""
+    from llamabundle import data
+
+    host = data.load("msvc.json")["cuda_host_msc_ver"]
+
+    def accepted(toolkit: str) -> tuple[int, int]:
+        major_minor = ".".join(toolkit.split(".")[:2])
+        lower = [v for v in host if tuple(map(int, v.split("."))) <= tuple(map(int, major_minor.split(".")))]
+        low, high = host[max(lower, key=lambda v: tuple(map(int, v.split("."))))]
+        return int(low), int(high)
+
+    checked = 0
+    for row in release_matrix():
+        recipe = recipe_of(row)
+        if not is_native_windows(recipe):
+            continue
+        assert row["os"] in WINDOWS_IMAGES, f"{row['recipe']}: {row['os']} is not a pinned image of known MSVC"
+        msc = WINDOWS_IMAGES[row["os"]]
+        assert row["msc-ver"] == msc, row["recipe"]
+        low_vs, high_vs = msvc_range(recipe["toolchain"]["msvc_version"])
+        vs = (17, msc - 1930) if 1930 <= msc < 1950 else (18, msc - 1950)  # 19.3x/19.4x: VS 2022 17.x; 19.5x: 2026
+        assert low_vs <= vs < high_vs, f"{row['recipe']}: {row['os']}'s Visual Studio {vs} is outside {recipe['toolchain']['msvc_version']}"
+        if "cuda" in recipe["backends"]:
+            low, high = accepted(str(recipe["cuda"]["toolkit"]))
+            assert low <= msc < high, f"{row['recipe']}: CUDA {recipe['cuda']['toolkit']} accepts _MSC_VER [{low}, {high}), {row['os']} has {msc}"
+            checked += 1
+    assert checked == 1
+    # and the check can fail: an image of Visual Studio 2026 is outside CUDA 12.8's range
+    low, high = accepted("12.8.1")
+    assert not low <= 1950 < high
 
 
 def test_the_mingw_leg_runs_on_ubuntu_24_04() -> None:
@@ -340,31 +425,57 @@ def test_the_mingw_leg_runs_on_ubuntu_24_04() -> None:
 
 
 def test_ccache_is_large_enough_for_each_leg() -> None:
-    """ccache's default of 500 MB does not hold ggml-cuda: each leg sets CCACHE_MAXSIZE, CUDA legs at least 2G."""
+    """ccache's default of 500 MB does not hold ggml-cuda: each leg sets CCACHE_MAXSIZE, CUDA legs at least 1.5G
+    (ccache counts its compressed size)."""
     assert release_job()["env"]["CCACHE_MAXSIZE"] == "${{ matrix.ccache-maxsize }}"
     for row in release_matrix():
         size = size_bytes(str(row["ccache-maxsize"]))
-        wanted = 2e9 if "cuda" in recipe_of(row)["backends"] else 5e8
+        wanted = 1.5e9 if "cuda" in recipe_of(row)["backends"] else 5e8
         assert size >= wanted, f"{row['recipe']}: CCACHE_MAXSIZE {row['ccache-maxsize']} is under {wanted:.0e} bytes"
 
 
-def test_cuda_legs_cache_the_toolkit_archives_keyed_by_the_manifest() -> None:
-    """The CUDA archives (redist zips and tarballs, or PyPI wheels) that llamabundle downloads into
-    <LLAMABUNDLE_CACHE_DIR>/downloads are kept across runs, only for recipes with CUDA, keyed by the manifest
-    that pins them and by the recipe (its components)."""
-    from llamabundle.backends.cuda.toolkit import pypi, redist
-    from llamabundle.backends.cuda.toolkit.manifest import Archive
-    from llamabundle.settings import Settings
+def toolkit_bytes(recipe_name: str) -> int:
+    """The size of the archives a CUDA recipe's toolkit is installed from (its pinned manifest's figures)."""
+    from llamabundle.backends.cuda.toolkit import resolve
+
+    recipe = keys.load(ROOT / "recipes" / f"{recipe_name}.yaml")
+    assert recipe.cuda is not None
+    plan = resolve.plan_source(recipe.cuda.source, version=recipe.cuda.toolkit, platform=recipe.platform,
+                               components=recipe.cuda.components)
+    items: Any = getattr(plan, "wheels", None) or getattr(plan, "archives", None)
+    assert items, plan
+    return sum(getattr(a, "archive", a).size for a in items)
+
+
+def test_the_caches_fit_githubs_10_gb_with_a_budget_per_leg() -> None:
+    """GitHub keeps 10 GB of caches per repository and evicts the least recently used beyond. Each leg's budget
+    covers its compiler cache and, where it has CUDA, its extracted toolkit (the archives' size and a fifth
+    more; legs with the same toolkit share one entry); the budgets add up to at most 9.5 GB, so a run's newest
+    caches all fit and only older runs' entries are evicted. The comment table beside the matrix says the same."""
+    budget, toolkits = 0.0, {}
+    for row in release_matrix():
+        own = size_bytes(str(row["cache-budget"]))
+        budget += own
+        need = size_bytes(str(row["ccache-maxsize"]))
+        if "cuda-manifest" in row:
+            entry = (row["cuda-manifest"], toolkit_bytes(row["recipe"]))
+            if entry not in toolkits:  # the first leg with this toolkit budgets it
+                toolkits[entry] = row["recipe"]
+                need += 1.2 * entry[1]
+        assert need <= own, f"{row['recipe']}: its caches take {need / 1e9:.2f} GB, over its budget {row['cache-budget']}"
+    assert budget <= 9.5e9, f"the legs' budgets add up to {budget / 1e9:.2f} GB"
+    text = RELEASE.read_text(encoding="utf-8")
+    assert re.search(r"#\s+all\s+9\.5G", text) and "10 GB" in text  # the table beside the matrix
+
+
+def test_cuda_legs_cache_the_extracted_toolkit_keyed_by_the_manifest() -> None:
+    """The extracted CUDA toolkit (<LLAMABUNDLE_CACHE_DIR>/toolkits/<root>) is kept across runs, only for recipes
+    with CUDA, keyed by the sha256 of the manifest that pins its archives and by those archives' sha256s (the
+    plan of the recipe's components: two recipes with the same components share it)."""
+    from llamabundle.backends.cuda.toolkit.layout import toolkit_root
 
     root = Path("cache-root")
-    archive = Archive(component="cuda_nvcc", version="1", platform="linux-x86_64", relative_path="a/b.tar.xz",
-                      sha256="0" * 64, size=1)
-    wheel = pypi.WheelRecord(component="cuda_nvcc", project="p", version="1", filename="p.whl", sha256="0" * 64,
-                             size=1)
-    # where llamabundle keeps them: both kinds under <cache>/downloads
-    assert redist.download_path(root, archive).parent.parent == root / "downloads"
-    assert pypi.download_dir(Settings(cache_dir=root), wheel).parent == root / "downloads"
-
+    assert toolkit_root(root, version="1", platform="p", source="pypi", components=["a"], pin="0").parent == root / "toolkits"
     for row in release_matrix():
         recipe = recipe_of(row)
         if "cuda" not in recipe["backends"]:
@@ -378,14 +489,15 @@ def test_cuda_legs_cache_the_toolkit_archives_keyed_by_the_manifest() -> None:
         assert (ROOT / manifest).is_file()
 
     steps = release_steps()
-    [redist_cache] = [s for s in uses_steps(steps, "actions/cache")
-                      if s["with"]["path"] == f"${{{{ runner.temp }}}}/{CACHE_DIR}/downloads"]
-    assert conjuncts(condition(redist_cache)) == [ON_MISS, "matrix.cuda-manifest != ''"]
-    key = redist_cache["with"]["key"]
-    assert key.startswith("cuda-redist-${{ runner.os }}-")
-    assert "${{ hashFiles(matrix.cuda-manifest) }}" in key
-    assert "${{ hashFiles(env.RECIPE) }}" in key  # env.RECIPE: recipes/<matrix.recipe>.yaml
-    assert steps.index(redist_cache) < steps.index(step_running(steps, "llamabundle build"))
+    plan = step_running(steps, "llamabundle toolkit plan")
+    assert plan.get("id") == "toolkit" and 'echo "archives=' in plan["run"] and '"sha256"' in plan["run"]
+    [toolkit_cache] = [s for s in uses_steps(steps, "actions/cache")
+                       if s["with"]["path"] == f"${{{{ runner.temp }}}}/{CACHE_DIR}/toolkits"]
+    for s in (plan, toolkit_cache):
+        assert conjuncts(condition(s)) == [ON_MISS, "matrix.cuda-manifest != ''"]
+    assert toolkit_cache["with"]["key"] == ("cuda-toolkit-${{ runner.os }}-${{ hashFiles(matrix.cuda-manifest) }}-"
+                                            "${{ steps.toolkit.outputs.archives }}")
+    assert steps.index(plan) < steps.index(toolkit_cache) < steps.index(step_running(steps, "llamabundle build"))
 
 
 def test_the_build_log_is_uploaded_when_the_build_fails() -> None:
@@ -398,7 +510,7 @@ def test_the_build_log_is_uploaded_when_the_build_fails() -> None:
     assert tree.parent == root / "build"
 
     steps = release_steps()
-    [upload] = uses_steps(steps, "actions/upload-artifact")
+    [upload] = [s for s in uses_steps(steps, "actions/upload-artifact") if s.get("name") == "upload the build log"]
     assert condition(upload) == ON_BUILD_FAILURE
     assert steps.index(upload) > steps.index(step_running(steps, "llamabundle build"))
     paths = [p.strip() for p in str(upload["with"]["path"]).splitlines()]
