@@ -39,6 +39,7 @@ class VerifyReport:
     devices: list[str] = field(default_factory=list)
     compute_caps: dict[str, str] = field(default_factory=dict)  # CUDA0 -> 9.0: what ggml-cuda reported
     ops: list[dict[str, Any]] = field(default_factory=list)  # the ops level: per device, counts and failing cases
+    load_env: dict[str, str] = field(default_factory=dict)  # the environment the load check ran the bundle in
 
     def to_json(self) -> dict[str, Any]:
         return {"schema": 1, **asdict(self)}
@@ -92,6 +93,7 @@ class Naming:
 
     def report(self, r: VerifyReport) -> VerifyReport:
         r.backends_loaded = {k: self.text(v) for k, v in r.backends_loaded.items()}
+        r.load_env = {k: self.text(v) for k, v in r.load_env.items()}
         return r
 
 
@@ -237,6 +239,7 @@ def check_load(root: Path, manifest: Manifest, report: VerifyReport, *, wine_pre
     report.backends_loaded.update(loaded.backends)
     report.devices.extend(loaded.devices)
     report.compute_caps.update(loaded.compute_caps)
+    report.load_env = dict(loaded.env)
     report.levels["load"] = loaded.level
 
 

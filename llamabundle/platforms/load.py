@@ -28,6 +28,7 @@ class Loaded:
     backends: dict[str, str] = field(default_factory=dict)  # loader name (CPU, CUDA) -> file it came from
     devices: list[str] = field(default_factory=list)
     compute_caps: dict[str, str] = field(default_factory=dict)  # CUDA0 -> 9.0, as ggml-cuda reported them
+    env: dict[str, str] = field(default_factory=dict)  # the environment the bundle ran in
 
 
 def read_list_devices(lines: Sequence[str], *, root: Path, loaded: Loaded, exe: str, where: str = "",
@@ -59,9 +60,22 @@ def read_list_devices(lines: Sequence[str], *, root: Path, loaded: Loaded, exe: 
 
 
 def clean_env(root: Path, keep: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment a bundle is run in from `root`: nothing of the caller's (no LD_LIBRARY_PATH, no PATH
-    to other libraries) but `keep`, the variables a backend's driver lookup reads."""
+    """The environment a bundle is run in from `root` on this host: nothing of the caller's (no LD_LIBRARY_PATH,
+    no PATH to other libraries) but `keep`, the variables a backend's driver lookup reads, and what a program
+    of the platform needs (on Windows: `windows_env`)."""
+    if sys.platform == "win32":  # pragma: no cover - exercised on the Windows CI job; under Wine by wine.py
+        given = proc.inherited(["SystemRoot", "windir"])
+        system_root = given.get("SystemRoot") or given.get("windir") or "C:\\Windows"
+        return windows_env(str(root), str(root.parent), system_root, keep)
     return {**(keep or {}), "PATH": "/usr/bin:/bin", "HOME": str(root), "LANG": "C.UTF-8", "TMPDIR": str(root.parent)}
+
+
+def windows_env(bundle: str, tmp: str, system_root: str, keep: Mapping[str, str] | None = None) -> dict[str, str]:
+    """A Windows bundle's clean environment (Windows paths): what Windows itself gives a program and its DLLs
+    rely on (SystemRoot and windir: Winsock, COM and the loader read them; SystemDrive), the bundle then System32
+    on PATH and nothing else there, TEMP and TMP beside the bundle, and `keep`."""
+    return {**(keep or {}), "SystemRoot": system_root, "windir": system_root, "SystemDrive": system_root[:2],
+            "PATH": f"{bundle};{system_root}\\System32;{system_root}", "TEMP": tmp, "TMP": tmp}
 
 
 def run_list_devices(root: Path, *, exe_name: str, keep: Mapping[str, str] | None = None) -> Loaded:
@@ -94,7 +108,7 @@ def run_list_devices(root: Path, *, exe_name: str, keep: Mapping[str, str] | Non
         return (out.stderr + out.stdout).splitlines()
 
     lines = until_complete(run)
-    loaded = Loaded(level="passed")
+    loaded = Loaded(level="passed", env=env)
     try:
         read_list_devices(lines, root=root, loaded=loaded, exe=exe_name)
     except VerifyError as e:

@@ -298,10 +298,21 @@ def test_collect_windows_names_a_runtime_dll_it_cannot_find(build_tree: Path, tm
 # --------------------------------------------------------------------------------------------- Wine
 
 
+# `wine cmd /c LAUNCHER`: the exe the launcher runs (its quoted line), as a Unix path, becomes $1
+LAUNCHED = r"""
+if [ "$1" = cmd ]; then
+  bat=$(printf '%s' "$3" | sed 's|^Z:||; s|\\|/|g')
+  exe=$(grep '^"' "$bat" | head -1 | cut -d'"' -f2 | sed 's|^Z:||; s|\\|/|g')
+  set -- "$exe"
+fi
+"""
+
+
 def fake_wine(bin_dir: Path, body: str) -> Path:
-    """`wine` and `wineserver` stand-ins: wine runs `body` (sh) with $2 the exe; wineserver records its calls."""
+    """`wine` and `wineserver` stand-ins: wine runs `body` (sh) with $1 the exe (what `cmd /c LAUNCHER` runs);
+    wineserver records its calls."""
     bin_dir.mkdir(parents=True, exist_ok=True)
-    (bin_dir / "wine").write_text("#!/bin/sh\necho $$ > \"$WINEPREFIX/wine.pid\"\n" + textwrap.dedent(body))
+    (bin_dir / "wine").write_text("#!/bin/sh\necho $$ > \"$WINEPREFIX/wine.pid\"\n" + LAUNCHED + textwrap.dedent(body))
     (bin_dir / "wineserver").write_text("#!/bin/sh\necho \"$@ $WINEPREFIX\" >> \"$WINEPREFIX/wineserver.calls\"\n")
     for f in ("wine", "wineserver"):
         (bin_dir / f).chmod(0o755)
@@ -387,3 +398,58 @@ def test_wine_paths_map_z_to_the_root() -> None:
     assert wine.wine_to_unix(r"Z:\tmp\llamabundle-verify-1\bundle\ggml-cpu-icelake.dll") == \
         "/tmp/llamabundle-verify-1/bundle/ggml-cpu-icelake.dll"
     assert wine.wine_to_unix(r"C:\windows\system32\x.dll") == r"C:\windows\system32\x.dll"
+
+
+# ------------------------------------------------------------------------------ the native Windows environment
+
+
+def test_a_windows_bundle_runs_in_the_environment_windows_gives_a_program() -> None:
+    """Not the POSIX one (PATH=/usr/bin:/bin, HOME, LANG, TMPDIR): SystemRoot and windir (Winsock, COM and the
+    loader read them), the bundle then System32 on PATH, TEMP and TMP beside the bundle; nothing else of ours."""
+    from llamabundle.platforms.load import windows_env
+
+    env = windows_env(r"D:\a\_temp\v\bundle", r"D:\a\_temp\v", r"C:\Windows", {"GGML_VK_VISIBLE_DEVICES": "0"})
+    assert env == {"GGML_VK_VISIBLE_DEVICES": "0", "SystemRoot": r"C:\Windows", "windir": r"C:\Windows",
+                   "SystemDrive": "C:", "PATH": r"D:\a\_temp\v\bundle;C:\Windows\System32;C:\Windows",
+                   "TEMP": r"D:\a\_temp\v", "TMP": r"D:\a\_temp\v"}
+
+
+def test_the_wine_launcher_empties_the_environment_then_sets_the_native_one() -> None:
+    script = wine.launcher_script({"TEMP": r"Z:\tmp\100%", "PATH": r"Z:\b;C:\windows\system32"}, r"Z:\b\llama-server.exe",
+                                  ["--verbose", "--list-devices"])
+    assert wine.launcher_script({}, "x.exe", ["-m", r"C:\my models\a.gguf", ""]).splitlines()[2] == \
+        r'"x.exe" -m "C:\my models\a.gguf" ""'
+    assert script.splitlines() == [
+        "@echo off",
+        """for /f "delims==" %%v in ('set') do set "%%v=\"""",
+        r'set "TEMP=Z:\tmp\100%%"',  # a % in a value is doubled: it would start a variable
+        r'set "PATH=Z:\b;C:\windows\system32"',
+        r'"Z:\b\llama-server.exe" --verbose --list-devices',
+        "exit /b %ERRORLEVEL%"]
+
+
+@pytest.mark.skipif(shutil.which("wine") is None, reason="wine is not installed")
+def test_under_wine_the_program_sees_the_native_environment(tmp_path: Path) -> None:
+    """Real Wine: the launcher the load check runs gives the program exactly the native environment, besides
+    what Wine itself adds to every process (its WINE* variables, SystemDrive) and what cmd.exe adds for itself
+    (COMSPEC, PROMPT): Wine's registry TEMP, PATH and profile variables are gone."""
+    from llamabundle.platforms.load import windows_env
+
+    root = tmp_path / "bundle"
+    root.mkdir()
+    native = windows_env(wine.unix_to_wine(root), wine.unix_to_wine(tmp_path), wine.WINE_SYSTEM_ROOT)
+    launcher = tmp_path / wine.LAUNCHER
+    launcher.write_text(wine.launcher_script(native, r"C:\windows\system32\cmd.exe", ["/c", "set"]),
+                        encoding="utf-8", newline="\r\n")
+    prefix = tmp_path / "prefix"
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "WINEPREFIX": str(prefix), "WINEDEBUG": "-all",
+           "WINEDLLOVERRIDES": "mscoree,mshtml=", "LANG": "C.UTF-8", "USERPROFILE": "from-unix", "TEMP": "from-unix"}
+    try:
+        out = subprocess.run(["wine", "cmd", "/c", wine.unix_to_wine(launcher)], env=env, capture_output=True,
+                             timeout=300, cwd=tmp_path)
+    finally:
+        subprocess.run(["wineserver", "-k"], env=env, capture_output=True, timeout=60, check=False)
+    assert out.returncode == 0, out.stderr.decode(errors="replace")
+    seen = dict(line.split("=", 1) for line in out.stdout.decode().replace("\r", "").splitlines() if "=" in line)
+    own = {k: v for k, v in seen.items() if not k.startswith("WINE") and k not in {"COMSPEC", "PROMPT"}}
+    assert own == native, (own, native)

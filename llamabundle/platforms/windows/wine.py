@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import re
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from filelock import FileLock
 
 from ... import proc
 from ...errors import VerifyError
-from ..load import DEVICE, Loaded, read_list_devices, until_complete
+from ..load import DEVICE, Loaded, read_list_devices, until_complete, windows_env
 
 TIMEOUT = 300  # a new Wine prefix boots first (20-60 s)
 QUIET = 2.0  # seconds without output after the device list: the list is complete
@@ -41,9 +41,16 @@ def check_load(root: Path, *, prefix: Path) -> Loaded:
 
     stopped = []
 
+    # the environment a native Windows run gets (platforms.load.clean_env), through a launcher that clears
+    # Wine's own first (Wine gives every process its registry's TEMP, PATH and profile variables)
+    native = windows_env(unix_to_wine(root), unix_to_wine(root.parent), WINE_SYSTEM_ROOT)
+    launcher = root.parent / LAUNCHER
+    launcher.write_text(launcher_script(native, unix_to_wine(exe), ["--verbose", "--list-devices"]),
+                        encoding="utf-8", newline="\r\n")
+
     def run() -> list[str]:
         with FileLock(str(prefix) + ".lock"):  # one run per prefix: wineserver -k ends every process in it
-            res = run_until_device_list([wine, str(exe), "--verbose", "--list-devices"], env=env, cwd=root, stop=stop)
+            res = run_until_device_list([wine, "cmd", "/c", unix_to_wine(launcher)], env=env, cwd=root, stop=stop)
         if not res.stopped and res.returncode != 0:
             raise VerifyError(f"wine llama-server.exe --list-devices exited with {res.returncode}",
                               why="the bundle does not load under Wine", details="\n".join(res.lines[-20:]))
@@ -51,7 +58,7 @@ def check_load(root: Path, *, prefix: Path) -> Loaded:
         return res.lines
 
     lines = until_complete(run)  # llama.cpp's log thread may lose lines at exit, as natively
-    loaded = Loaded(level="passed (under Wine; " + (STOPPED + ")" if stopped[-1] else "it exited 0)"))
+    loaded = Loaded(level="passed (under Wine; " + (STOPPED + ")" if stopped[-1] else "it exited 0)"), env=native)
     read_list_devices(lines, root=root, loaded=loaded, exe="llama-server.exe", where=" under Wine",
                       translate=wine_to_unix)
     return loaded
@@ -79,6 +86,31 @@ def run_until_device_list(argv: list[str], *, env: dict[str, str], cwd: Path, ti
                           details="\n".join(seen[-20:])) from None
     except OSError as e:
         raise VerifyError(f"{argv[0]} could not be started", why=str(e)) from None
+
+
+WINE_SYSTEM_ROOT = "C:\\windows"  # where a Wine prefix keeps Windows
+LAUNCHER = "llamabundle-load.cmd"  # beside the bundle: runs it in the native environment
+
+
+def launcher_script(env: Mapping[str, str], exe: str, args: Sequence[str]) -> str:
+    """A batch file that empties the environment, sets `env` and runs `exe args`, exiting with its code (cmd's
+    `set "NAME=value"` takes any value but `%`, doubled here; Windows paths hold no `"`)."""
+    lines = ["@echo off", "for /f \"delims==\" %%v in ('set') do set \"%%v=\""]
+    lines += [f'set "{k}={v.replace("%", "%%")}"' for k, v in env.items()]
+    lines += [" ".join([f'"{exe.replace("%", "%%")}"', *map(_batch_arg, args)]), "exit /b %ERRORLEVEL%"]
+    return "\n".join(lines) + "\n"
+
+
+def _batch_arg(arg: str) -> str:
+    """An argument on a batch file's command line: quoted only where cmd would split or read it otherwise (a
+    quoted plain word reaches some programs with its quotes: cmd.exe's own /c)."""
+    arg = arg.replace("%", "%%")
+    return f'"{arg}"' if not arg or re.search(r'[\s&|<>^()",;=]', arg) else arg
+
+
+def unix_to_wine(path: Path) -> str:
+    """/tmp/b/x.dll -> Z:\\tmp\\b\\x.dll (Wine maps Z: to /)."""
+    return "Z:" + str(path.resolve()).replace("/", "\\")
 
 
 def wine_to_unix(path: str) -> str:
