@@ -8,13 +8,13 @@ import os
 import re
 import shutil
 import sysconfig
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
-from . import backends, data, platforms, proc, untrusted
+from . import backends, data, offline, platforms, proc, untrusted
 from .backends import Backend
 from .compilers import EXECUTABLES
 from .errors import BuildError, ToolchainError
@@ -313,24 +313,30 @@ def run_build(plan: BuildPlan, *, log: Log, env: Mapping[str, str], clean: bool 
     log_path = bd / LOG_NAME
     log_path.write_text("", encoding="utf-8")
     fix = f"read the full log at {log_path}; fix the toolchain or the recipe's cmake: options"
+    log.info("    configure and build run without a network (a network namespace of their own)" if offline.available()
+             else "    configure and build run with this machine's network (no network namespace can be made here)")
     for command in plan.commands:  # cheap (a launcher's helper): made every time, so it is never missing
-        proc.run(list(command), log=log, error=BuildError, what="a compiler launcher's helper did not compile",
+        proc.run(offline.wrap(command), log=log, error=BuildError, what="a compiler launcher's helper did not compile",
                  label=Path(command[0]).name, fix=fix, env=env, log_path=log_path, timeout=timeout)
     if not configured:
         with log.step("configure (cmake)"):
-            proc.run(plan.configure, log=log, error=BuildError, what="cmake configure failed", label="cmake configure", fix=fix,
-                     env=env, log_path=log_path, timeout=timeout)
+            proc.run(offline.wrap(plan.configure), log=log, error=BuildError, what="cmake configure failed",
+                     label="cmake configure", fix=fix, env=env, log_path=log_path, timeout=timeout,
+                     on_line=no_network(plan, log_path))
         stamp.write_text(json.dumps(wanted), encoding="utf-8")
     compiled = 0
     with log.step(f"build {len(plan.targets)} targets (ninja)"), log.progress("compile") as bar:
+        refuse = no_network(plan, log_path)
+
         def on_line(line: str) -> None:
             nonlocal compiled
+            refuse(line)
             m = _NINJA_PROGRESS.match(line)
             if m:
                 compiled = int(m.group(1))
                 bar.update(compiled, int(m.group(2)))
-        proc.run(plan.build, log=log, error=BuildError, what="the build failed", label="the build (ninja)", fix=fix, env=env,
-                 log_path=log_path, on_line=on_line, timeout=timeout)
+        proc.run(offline.wrap(plan.build), log=log, error=BuildError, what="the build failed", label="the build (ninja)",
+                 fix=fix, env=env, log_path=log_path, on_line=on_line, timeout=timeout)
     for name in plan.programs + plan.backends:
         if not (plan.output_dir / name).is_file():
             raise BuildError(f"the build did not produce {name}", why=f"expected it in {plan.output_dir}",
@@ -379,6 +385,22 @@ def remove_links(links: Sequence[tuple[str, str]]) -> None:
 OPS_TOOL = "test-backend-ops"
 
 
+def no_network(plan: BuildPlan, log_path: Path) -> Callable[[str], None]:
+    """A build output line's check: a line saying the build tried the network stops it (BuildError, naming the
+    recipe's setting that downloads, where known), rather than let it go on without (or with unkeyed) bytes."""
+    def check(line: str) -> None:
+        if (hit := offline.tried(line)) is None:
+            return
+        words, setting = hit
+        value = next((a.split("=", 1)[1] for a in plan.configure if a.startswith(f"-D{setting}=")), None) if setting else None
+        raise BuildError(f"the build tried to download: {line.strip()}",
+                         why="a build runs without a network after the source and toolkit steps: what it would "
+                             "download is covered by no key" + (f" ({setting} is {value or 'not set, so ON'})" if setting else ""),
+                         fix=(f"set {setting}: {offline.DOWNLOADING[setting][0]} in the recipe's cmake:" if setting else
+                              f"find the CMake setting that downloads in {log_path} and turn it off in the recipe's cmake:"))
+    return check
+
+
 def build_ops_tool(plan: BuildPlan, dest: Path, *, log: Log, env: Mapping[str, str], timeout: float | None = None) -> Path:
     """llama.cpp's test-backend-ops from the bundle's own build tree (for verify --level ops; never in the
     bundle): the tree is configured again with LLAMA_BUILD_TESTS=ON, which adds the tests and changes no
@@ -388,13 +410,15 @@ def build_ops_tool(plan: BuildPlan, dest: Path, *, log: Log, env: Mapping[str, s
     log_path = plan.build_dir / LOG_NAME
     fix = f"read the full log at {log_path}"
     with log.step(f"{OPS_TOOL} (for verify --level ops; not in the bundle)"):
-        proc.run(configure, log=log, error=BuildError, what="cmake configure (with the tests) failed",
-                 label="cmake configure", fix=fix, env=env, log_path=log_path, timeout=timeout)
+        proc.run(offline.wrap(configure), log=log, error=BuildError, what="cmake configure (with the tests) failed",
+                 label="cmake configure", fix=fix, env=env, log_path=log_path, timeout=timeout,
+                 on_line=no_network(plan, log_path))
         build = [plan.build[0], "--build", str(plan.build_dir), "--target", OPS_TOOL]
         if "--parallel" in plan.build:  # the jobs the bundle's build was given
             build += plan.build[plan.build.index("--parallel"):][:2]
-        proc.run(build, log=log, error=BuildError, what=f"building {OPS_TOOL} failed", label=f"build {OPS_TOOL}",
-                 fix=fix, env=env, log_path=log_path, timeout=timeout)
+        proc.run(offline.wrap(build), log=log, error=BuildError, what=f"building {OPS_TOOL} failed",
+                 label=f"build {OPS_TOOL}", fix=fix, env=env, log_path=log_path, timeout=timeout,
+                 on_line=no_network(plan, log_path))
         exe = plan.output_dir / (OPS_TOOL + (".exe" if plan.programs and plan.programs[0].endswith(".exe") else ""))
         if not exe.is_file():
             raise BuildError(f"the build did not produce {exe.name}", why=f"expected it in {plan.output_dir}")

@@ -28,8 +28,9 @@ def recipe() -> None:
 @pass_ctx
 def recipe_lint(c: Ctx, paths: tuple[Path, ...], as_json: bool) -> None:
     """Check recipes against schema 1; exit 2 on the first problem of any file. The key is shown where this
-    machine can compute it (a Vulkan recipe's needs glslc; an unpinned compiler's, that compiler)."""
-    from .. import keys
+    machine can compute it (a Vulkan recipe's needs glslc; an unpinned compiler's, that compiler). A warning
+    names each CMake setting known to download at build time (a build stops there: it runs without a network)."""
+    from .. import keys, offline
 
     failed: list[LlamaBundleError] = []
     results: list[dict[str, Any]] = []
@@ -39,15 +40,18 @@ def recipe_lint(c: Ctx, paths: tuple[Path, ...], as_json: bool) -> None:
         except LlamaBundleError as e:
             c.log.error(e)  # the error itself: under GitHub Actions an annotation at its file, line and column
             failed.append(e)
-            results.append({"path": str(p), "ok": False, "name": None, "key": None, "error": error_json(e)})
+            results.append({"path": str(p), "ok": False, "name": None, "key": None, "error": error_json(e), "warnings": []})
             continue
         try:  # a valid recipe whose key needs a tool this machine lacks (glslc, an unpinned compiler) is still valid
             key, why = keys.resolve(r, env=c.env).key, ""
         except ToolchainError as e:
             key, why = None, e.what.removeprefix(f"{r.origin}: ")
-        results.append({"path": str(p), "ok": True, "name": r.name, "key": key, "error": None})
+        warnings = [why for _, why in offline.downloading(dict(r.cmake))]
+        results.append({"path": str(p), "ok": True, "name": r.name, "key": key, "error": None, "warnings": warnings})
         if not as_json:
             click.echo(f"ok  {p}  ({r.name}, key {key[:12]})" if key else f"ok  {p}  ({r.name}; no key here: {why})")
+            for w in warnings:
+                c.log.warn(f"{p}: downloads at build time: {w}")
     if as_json:  # one object, also on failure: the first problem is its error
         emit({"recipes": results, **({"error": error_json(failed[0])} if failed else {})}, ok=not failed)
     if failed:

@@ -27,7 +27,7 @@ COMMIT = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"
 W_COMPONENTS = "components: [cuda_nvcc, cuda_cudart, libcublas, libnvjitlink, cuda_nvrtc, libnvfatbin, cuda_cccl]"
 W_ARCHS = "archs: [50-virtual, 61-virtual, 70-virtual, 75-virtual, 80-virtual, 86-real, 89-real, 120a-real]"
 W_FLOOR = 'driver_floor: {windows: "572.61", linux: "570.124.06"}'
-W_CMAKE = "cmake: {GGML_BACKEND_DL: ON, GGML_CPU_ALL_VARIANTS: ON, GGML_NATIVE: OFF}"
+W_CMAKE = "cmake: {GGML_BACKEND_DL: ON, GGML_CPU_ALL_VARIANTS: ON, GGML_NATIVE: OFF, LLAMA_USE_PREBUILT_UI: OFF}"
 W_TOOLCHAIN = 'toolchain: {compiler: msvc, msvc_version: "[17.0,18.0)"}'
 L_SOURCES = """    - github: ggml-org/llama.cpp    # archive tarball; commit read from its pax header
     - pypi: {package: llama-cpp-python, version: 0.3.36,
@@ -98,7 +98,8 @@ def test_key_inputs_windows_values() -> None:
     assert cuda["components"] == sorted(["cuda_nvcc", "cuda_cudart", "libcublas", "libnvjitlink", "cuda_nvrtc", "libnvfatbin", "cuda_cccl"])
     assert sorted(cuda["archs"]) == sorted(["50-virtual", "61-virtual", "70-virtual", "75-virtual", "80-virtual", "86-real", "89-real", "120a-real"])
     assert cuda["driver_floor"] == "572.61"
-    assert inputs["cmake"] == {"GGML_BACKEND_DL": "ON", "GGML_CPU_ALL_VARIANTS": "ON", "GGML_NATIVE": "OFF"}
+    assert inputs["cmake"] == {"GGML_BACKEND_DL": "ON", "GGML_CPU_ALL_VARIANTS": "ON", "GGML_NATIVE": "OFF",
+                               "LLAMA_USE_PREBUILT_UI": "OFF"}
     assert inputs["targets"] == ["llama-server"]
     assert inputs["runtime"] == {"openmp": "auto"}
 
@@ -120,7 +121,7 @@ TWO_TARGETS = ("targets: [llama-server]", "targets: [llama-server, llama-cli]")
 @pytest.mark.parametrize(("base", "setup", "reordered"), [
     ("W", (), (("backends: [cpu, cuda]", "backends: [cuda, cpu]"),)),
     ("W", (TWO_TARGETS,), (("targets: [llama-server, llama-cli]", "targets: [llama-cli, llama-server]"),)),
-    ("W", (), ((W_CMAKE, "cmake: {GGML_NATIVE: OFF, GGML_CPU_ALL_VARIANTS: ON, GGML_BACKEND_DL: ON}"),)),
+    ("W", (), ((W_CMAKE, "cmake: {LLAMA_USE_PREBUILT_UI: OFF, GGML_NATIVE: OFF, GGML_CPU_ALL_VARIANTS: ON, GGML_BACKEND_DL: ON}"),)),
     ("W", (), ((W_COMPONENTS, "components: [cuda_cccl, libnvfatbin, cuda_nvrtc, libnvjitlink, libcublas, cuda_cudart, cuda_nvcc]"),)),
     ("W", (), ((W_ARCHS, "archs: [120a-real, 89-real, 86-real, 80-virtual, 75-virtual, 70-virtual, 61-virtual, 50-virtual]"),)),
     ("W", (), ((W_FLOOR, 'driver_floor: {linux: "570.124.06", windows: "572.61"}'),)),
@@ -342,8 +343,10 @@ def test_derivation_version_and_knowledge_are_inputs(monkeypatch: pytest.MonkeyP
 
 # The flags, files and variant set the tool derives for the shipped recipes, per DERIVATION. When this
 # test fails, the tool now builds differently: bump keys.DERIVATION and record the new digest here.
+# 7 was recomputed (from 8bbe1f71…) when windows-x86_64-cuda12.8.yaml gained LLAMA_USE_PREBUILT_UI: OFF: a shipped
+# recipe's own cmake option (in its key by itself), not a change of what the tool derives
 DERIVED = {6: "58138558cd102942cf8722466ec0708deb02c36933f6f718ddc7b7e580bf27b8",
-           7: "8bbe1f71b5f30eb428ee23637d922567bb0a2625991e7f65f4c36ae4336e1bcd"}
+           7: "870ce3807aa3f6e0afa046fc1a0e47f5656ec10b4f31aa31f62e2b6a089d3ab9"}
 
 
 def test_what_the_tool_derives_is_recorded_for_this_derivation_version(tmp_path: Path,

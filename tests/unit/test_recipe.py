@@ -84,7 +84,8 @@ def test_windows_recipe_fields() -> None:
     assert r.cuda.driver_floor is not None
     assert (r.cuda.driver_floor.windows, r.cuda.driver_floor.linux) == ("572.61", "570.124.06")
     assert r.driver_floor == "572.61"  # the windows one: the recipe is for windows
-    assert r.cmake_options == {"GGML_BACKEND_DL": "ON", "GGML_CPU_ALL_VARIANTS": "ON", "GGML_NATIVE": "OFF"}
+    assert r.cmake_options == {"GGML_BACKEND_DL": "ON", "GGML_CPU_ALL_VARIANTS": "ON", "GGML_NATIVE": "OFF",
+                               "LLAMA_USE_PREBUILT_UI": "OFF"}
     assert r.targets == ("llama-server",)
     assert r.runtime.openmp == "auto"
     assert r.publish.tag == "{name}-{key12}"
@@ -141,7 +142,7 @@ BROKEN = [
     ("list-for-mapping", "L", "toolchain: {compiler: gcc}", "toolchain: [gcc]", "toolchain:", "toolchain", "expected a mapping, got a list", ""),
     ("list-for-string", "L", "name: linux-x86_64-cpu", "name: [linux-x86_64-cpu]", "name:", "name", "expected a string, got a list", ""),
     ("list-for-cmake", "L", "  GGML_NATIVE: OFF", "  GGML_NATIVE: [OFF]", "GGML_NATIVE", "cmake.GGML_NATIVE", "expected ON/OFF or a string, got a list", ""),
-    ("cmake-not-mapping", "W", "cmake: {GGML_BACKEND_DL: ON, GGML_CPU_ALL_VARIANTS: ON, GGML_NATIVE: OFF}", "cmake: [GGML_NATIVE=OFF]",
+    ("cmake-not-mapping", "W", "cmake: {GGML_BACKEND_DL: ON, GGML_CPU_ALL_VARIANTS: ON, GGML_NATIVE: OFF, LLAMA_USE_PREBUILT_UI: OFF}", "cmake: [GGML_NATIVE=OFF]",
      "cmake:", "cmake", "expected a mapping of CMake options, got a list", ""),
     ("unquoted-float-toolkit", "W", "toolkit: 12.8.1", "toolkit: 12.8", "toolkit:", "cuda.toolkit", "expected a string, got 12.8 (float)", "quote the value: '12.8'"),
     ("unquoted-float-floor", "W", 'windows: "572.61"', "windows: 572.61", "driver_floor:", "cuda.driver_floor.windows", "expected a string, got 572.61", "quote the value"),
@@ -195,9 +196,9 @@ BROKEN = [
     ("cmake-build-type", "L", "  GGML_NATIVE: OFF", "  CMAKE_BUILD_TYPE: Debug", "CMAKE_BUILD_TYPE", "cmake.CMAKE_BUILD_TYPE",
      "CMAKE_BUILD_TYPE is set by llamabundle and cannot be set in cmake:", "remove it"),
     ("cmake-ggml-cuda", "L", "  GGML_NATIVE: OFF", "  GGML_CUDA: ON", "GGML_CUDA", "cmake.GGML_CUDA", "GGML_CUDA is set by llamabundle", "remove it"),
-    ("cmake-cuda-archs", "W", "GGML_NATIVE: OFF}", 'GGML_NATIVE: OFF, CMAKE_CUDA_ARCHITECTURES: "86"}', "CMAKE_CUDA_ARCHITECTURES", "cmake.CMAKE_CUDA_ARCHITECTURES",
+    ("cmake-cuda-archs", "W", "LLAMA_USE_PREBUILT_UI: OFF}", 'LLAMA_USE_PREBUILT_UI: OFF, CMAKE_CUDA_ARCHITECTURES: "86"}', "CMAKE_CUDA_ARCHITECTURES", "cmake.CMAKE_CUDA_ARCHITECTURES",
      "CMAKE_CUDA_ARCHITECTURES is set by llamabundle", "remove it"),
-    ("cmake-toolkit-root", "W", "GGML_NATIVE: OFF}", "GGML_NATIVE: OFF, CUDAToolkit_ROOT: /opt/cuda}", "CUDAToolkit_ROOT", "cmake.CUDAToolkit_ROOT",
+    ("cmake-toolkit-root", "W", "LLAMA_USE_PREBUILT_UI: OFF}", "LLAMA_USE_PREBUILT_UI: OFF, CUDAToolkit_ROOT: /opt/cuda}", "CUDAToolkit_ROOT", "cmake.CUDAToolkit_ROOT",
      "CUDAToolkit_ROOT is set by llamabundle", "remove it"),
     ("cmake-bad-name", "L", "  GGML_NATIVE: OFF", "  GGML-NATIVE: OFF", "GGML-NATIVE", "cmake.GGML-NATIVE", "'GGML-NATIVE' is not a CMake variable name", ""),
     ("cmake-float", "L", "  GGML_NATIVE: OFF", "  GGML_NATIVE: 1.5", "GGML_NATIVE", "cmake.GGML_NATIVE", "expected ON/OFF or a string, got 1.5", ""),
@@ -385,7 +386,7 @@ def test_cmake_values_normalise(yaml_value: str, expected: str) -> None:
 
 
 def test_cmake_options_are_sorted_and_typed() -> None:
-    r = keys.parse(edit(WINDOWS, "cmake: {GGML_BACKEND_DL: ON, GGML_CPU_ALL_VARIANTS: ON, GGML_NATIVE: OFF}",
+    r = keys.parse(edit(WINDOWS, "cmake: {GGML_BACKEND_DL: ON, GGML_CPU_ALL_VARIANTS: ON, GGML_NATIVE: OFF, LLAMA_USE_PREBUILT_UI: OFF}",
                           "cmake: {GGML_NATIVE: false, LLAMA_X: 3, GGML_BACKEND_DL: true, GGML_CPU_ALL_VARIANTS: yes}"))
     assert r.cmake == (("GGML_BACKEND_DL", "ON"), ("GGML_CPU_ALL_VARIANTS", "ON"), ("GGML_NATIVE", "OFF"), ("LLAMA_X", "3"))
 
