@@ -95,8 +95,8 @@ def verify_level_for(platform: str) -> Level:
 def bound_cache(settings: Settings, log: Log, *, keep: str) -> None:
     """Hold the cache to LLAMABUNDLE_CACHE_MAX after a build or fetch added to it: the least recently used
     fetched bundles, built zips, build trees, downloads, sources and toolkits go first (never this key's, nor
-    one in use). The
-    cache is measured at most every BOUND_EVERY seconds (a walk of every file: not on each cache hit)."""
+    one in use). The cache is measured at most every BOUND_EVERY seconds (a walk of every file: not on each
+    cache hit)."""
     if settings.cache_max is None or not cache.bound_due(settings.cache_dir):
         return
     removed = cache.prune(settings.cache_dir, limit=settings.cache_max, keep=[keep])
