@@ -75,17 +75,20 @@ def _parts(v: str) -> tuple[int, ...]:
 
 
 def version_matches(spec: str, version: str) -> bool:
-    """`12.2` matches 12.2 and 12.2.x (every leading component equal); `[12.2,13)`, `(11,]`, `[12,14]`
-    are intervals, brackets inclusive, parentheses exclusive, an empty end unbounded."""
+    """`=12.2.0` matches exactly 12.2.0; `12.2` matches 12.2 and 12.2.x (every leading component equal);
+    `[12.2,13)`, `(11,]`, `[12,14]` are intervals, brackets inclusive, parentheses exclusive, an empty end
+    unbounded."""
     v = _parts(version)
     spec = spec.strip()
+    if spec.startswith("=") and _VERSION.match(spec[1:]):
+        return v == _parts(spec[1:])
     if _VERSION.match(spec):
         want = _parts(spec)
         return v[:len(want)] == want
     m = re.fullmatch(r"([\[(])\s*([0-9.]*)\s*,\s*([0-9.]*)\s*([\])])", spec)
     if not m:
         raise RecipeError(f"{spec!r} is not a version or a version range",
-                          fix='write "12.2" (any 12.2.x) or a range such as "[12.2,13)"')
+                          fix='write "=12.2.0" (exactly), "12.2" (any 12.2.x) or a range such as "[12.2,13)"')
     lo_inc, lo, hi, hi_inc = m.group(1) == "[", m.group(2), m.group(3), m.group(4) == "]"
 
     def cmp(a: tuple[int, ...], b: tuple[int, ...]) -> int:

@@ -1,5 +1,5 @@
 """The cache key (DESIGN §4), computed above the backends: the recipe's inputs in canonical form, what this
-machine contributes (the exact compiler of an unpinned toolchain, a backend's tool such as glslc) and each
+machine contributes (the exact compiler of an unpinned toolchain, an unpinned backend tool such as glslc) and each
 backend's own part (`Backend.key_inputs`); and the rules of a recipe that need a platform or a backend
 (`Backend.check_recipe`). The key is the sha256 of the canonical JSON of the inputs; `--explain` prints it."""
 
@@ -67,12 +67,41 @@ def host_facts(recipe: Recipe, *, env: Mapping[str, str] | None = None) -> HostF
     return HostFacts(compiler=compiler, tools=tools)
 
 
+def unpinned(recipe: Recipe) -> list[str]:
+    """What of the recipe's key a machine must supply (so a machine without that tool cannot compute it), or
+    what the key leaves open (MSVC's toolset within a Visual Studio range): one sentence each."""
+    t, out = recipe.toolchain, []
+    if t.compiler == "msvc" and not t.toolset:
+        out.append("toolchain.toolset is not set: any MSVC toolset of a Visual Studio in "
+                   f"{t.msvc_version or 'any version'} builds under one key; pin one, e.g. toolset: \"14.44.35207\"")
+    elif not recipe.pins_compiler:
+        out.append(f"toolchain.version is not set: the key holds the exact {compilers.cxx_program(t.compiler)} found where "
+                   "it is computed, so a machine without it cannot compute the key; pin it, e.g. version: \"=12.2.0\"")
+    out += [w for b in backends.of(recipe) if (w := b.pin_warning(recipe)) is not None]
+    return out
+
+
+def for_build(keyed: Keyed, *, env: Mapping[str, str]) -> Keyed:
+    """Before a build: the tools a build runs, found here even where the recipe pins them, must be the ones
+    the key holds (a backend's check names the pin; ToolchainError). Returns the keyed recipe with them."""
+    recipe = keyed.recipe
+    tools = {b.name: t for b in backends.of(recipe) if (t := b.host_tool(recipe, env=env, building=True)) is not None}
+    host = HostFacts(compiler=keyed.host.compiler, tools=tools)
+    inputs = key_inputs(recipe, host)
+    if inputs != keyed.inputs:
+        raise ToolchainError(f"the tools here would give {recipe.name} another key than {keyed.key[:12]}",
+                             why="differing inputs: " + ", ".join(k for k in sorted(inputs) if inputs[k] != keyed.inputs.get(k)),
+                             fix="run the command again with one set of tools on PATH")
+    return Keyed(recipe=recipe, host=host, inputs=inputs, key=keyed.key)
+
+
 def compiler_key(recipe: Recipe, host: HostFacts) -> str | None:
-    """The compiler's part of the key: the recipe's pin, else `=<exact version found here>` (None for MSVC
-    pinned by msvc_version, which is in the key itself)."""
+    """The compiler's part of the key: the recipe's pin (`=12.2.0` exactly, or a range), else `=<exact version
+    found here>`, the same value as the exact pin of that version (None for MSVC, whose toolset and Visual
+    Studio range are in the key themselves)."""
     if recipe.toolchain.version:
         return recipe.toolchain.version
-    if recipe.toolchain.compiler == "msvc" and recipe.toolchain.msvc_version:
+    if recipe.toolchain.compiler == "msvc" and (recipe.toolchain.msvc_version or recipe.toolchain.toolset):
         return None
     if host.compiler:
         return "=" + host.compiler
@@ -93,6 +122,8 @@ def key_inputs(recipe: Recipe, host: HostFacts) -> dict[str, Any]:
         toolchain["version"] = pin
     if recipe.toolchain.msvc_version:
         toolchain["msvc_version"] = recipe.toolchain.msvc_version
+    if recipe.toolchain.toolset:
+        toolchain["toolset"] = recipe.toolchain.toolset
     inputs: dict[str, Any] = {
         "recipe": recipe.recipe,
         "bundle_format": recipe_model.BUNDLE_FORMAT,

@@ -13,7 +13,7 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
-from . import backends, cache, opscheck, platforms, repro, scratch
+from . import backends, cache, keys, opscheck, platforms, repro, scratch
 from . import bundle as bundle_mod
 from . import source as source_mod
 from .archive import tmp_beside
@@ -174,9 +174,10 @@ def making(settings: Settings, key: str, log: Log) -> Iterator[None]:
 def _build_locked(keyed: Keyed, *, settings: Settings, store: Store, log: Log, env: Mapping[str, str],
                   publish: bool, out: Path | None, jobs: int | None, clean: bool,
                   toolkit_source: str | None, check_reproducible: bool = False, ops_tool: bool = False) -> BuildOutcome:
+    keyed = keys.for_build(keyed, env=env)  # before anything starts: the tools the key names (pinned ones too)
     recipe, key, host = keyed.recipe, keyed.key, keyed.host
     platform = platforms.get(recipe.platform)
-    toolchain = platform.setup_toolchain(recipe, host, env=env, log=log)  # before anything starts: the compiler the key names
+    toolchain = platform.setup_toolchain(recipe, host, env=env, log=log)  # and the compiler
     env = {**env, **toolchain.env}
     with log.step(f"source llama.cpp {recipe.llama_cpp.commit[:12]}"):
         src = source_mod.fetch_source(recipe, settings, log, env=env)

@@ -37,6 +37,7 @@ class BuildTree:
     cmake_version: str  # the CMakeFiles/<version> directory CMake wrote its compiler records in
     commit: str | None  # the short commit llama.cpp's build-info records
     compiler: str  # "GNU 12.2.0", "MSVC 19.44.35207.1"
+    compiler_path: str  # CMake's CMAKE_CXX_COMPILER ("" where not recorded): MSVC's names its toolset
 
 
 def read_build_tree(build_dir: Path) -> BuildTree:
@@ -56,7 +57,37 @@ def read_build_tree(build_dir: Path) -> BuildTree:
         commit = m.group(1) if m else None
     versions = sorted(f.parent.name for f in build_dir.glob("CMakeFiles/*/CMakeCXXCompiler.cmake"))
     return BuildTree(build_dir=build_dir, source_dir=Path(source), cmake=entries.get("CMAKE_COMMAND", "cmake"),
-                     cmake_version=versions[-1] if versions else "", commit=commit, compiler=compiler_of(build_dir))
+                     cmake_version=versions[-1] if versions else "", commit=commit, compiler=compiler_of(build_dir),
+                     compiler_path=_compiler_path(build_dir))
+
+
+def _compiler_path(build_dir: Path) -> str:
+    for f in sorted(build_dir.glob("CMakeFiles/*/CMakeCXXCompiler.cmake")):
+        m = re.search(r'set\(CMAKE_CXX_COMPILER "([^"]*)"\)', f.read_text(encoding="utf-8", errors="replace"))
+        if m:
+            return m.group(1)
+    return ""
+
+
+def check_msvc_record(recipe: Recipe, tree: BuildTree) -> None:
+    """A build made with MSVC is inside the recipe's toolset pin: the toolset in cl.exe's path
+    (VC/Tools/MSVC/<toolset>/bin/...) where CMake recorded it, else cl's version series (19.44 for 14.44)."""
+    pin = recipe.toolchain.toolset
+    if not pin:
+        return
+    from .platforms.windows.msvc import cl_of_toolset
+
+    m = re.search(r"[/\\]MSVC[/\\](14\.\d+\.\d+)[/\\]", tree.compiler_path, re.I)
+    cl = tree.compiler.rpartition(" ")[2]
+    ok = m.group(1) == pin if m else cl == cl_of_toolset(pin) or cl.startswith(cl_of_toolset(pin) + ".")
+    if not ok:
+        made = f"toolset {m.group(1)} ({tree.compiler})" if m else tree.compiler
+        raise ToolchainError(f"{tree.build_dir} was built with MSVC {made}, outside the recipe's toolchain.toolset {pin} "
+                             f"(cl {cl_of_toolset(pin)})",
+                             why="the toolset changes the bundle's bytes, so the key holds the recipe's pin; a bundle "
+                                 "of another toolset under that key would lie",
+                             fix=f"rebuild with the pinned toolset (vcvars64.bat -vcvars_ver={pin}), or bundle it with "
+                                 "a recipe that pins the toolset it was built with (a new key)")
 
 
 CMAKE_IDS = {"gcc": "GNU", "mingw": "GNU", "clang": "Clang", "msvc": "MSVC"}  # toolchain.compiler -> CMake's id
@@ -74,6 +105,7 @@ def _host(recipe: Recipe, tree: BuildTree, *, env: Mapping[str, str]) -> HostFac
                                  "and the compiler is part of the bundle's key",
                              fix="bundle it with a recipe of that compiler, or rebuild with the recipe's")
     if recipe.toolchain.compiler == "msvc":
+        check_msvc_record(recipe, tree)
         return HostFacts(tools=tools)
     if not re.fullmatch(r"[0-9]+(\.[0-9]+)*", found):
         raise UsageError(f"CMake's record in {tree.build_dir} names no compiler version", why=f"found {tree.compiler!r}",

@@ -72,8 +72,14 @@ class Backend(Protocol):
         """The recipe's rules this backend knows (a recipe that has it): raises recipe.error(…) at the line."""
         ...
 
-    def host_tool(self, recipe: Recipe, *, env: Mapping[str, str] | None) -> ToolFound | None:
-        """The tool of this machine the key names for a recipe that has it (None: none)."""
+    def host_tool(self, recipe: Recipe, *, env: Mapping[str, str] | None, building: bool = False) -> ToolFound | None:
+        """The tool of this machine the key names for a recipe that has it (None: none). Where the recipe pins
+        the tool, the key needs nothing of this machine: it is looked for only when `building` (the build runs it)."""
+        ...
+
+    def pin_warning(self, recipe: Recipe) -> str | None:
+        """For `recipe lint`: the tool of a recipe that has this backend whose version the key takes from the
+        machine computing it, as one sentence (None: none, or pinned)."""
         ...
 
     def key_inputs(self, recipe: Recipe, host: HostFacts) -> dict[str, Any]:
@@ -183,7 +189,10 @@ class NoExtras:
     def check_recipe(self, recipe: Recipe) -> None:
         return None
 
-    def host_tool(self, recipe: Recipe, *, env: Mapping[str, str] | None) -> ToolFound | None:
+    def host_tool(self, recipe: Recipe, *, env: Mapping[str, str] | None, building: bool = False) -> ToolFound | None:
+        return None
+
+    def pin_warning(self, recipe: Recipe) -> str | None:
         return None
 
     def key_inputs(self, recipe: Recipe, host: HostFacts) -> dict[str, Any]:

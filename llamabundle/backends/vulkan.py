@@ -1,8 +1,8 @@
 """The Vulkan backend: ggml-vulkan, whose shaders glslc compiles at build time into the library. Its inputs
-are pinned like CUDA's toolkit: the Vulkan headers come from a pinned archive (a Debian libvulkan-dev .deb or
-a Vulkan-Headers tarball, sha256-checked, into the cache), and the glslc found here is part of the key with
-the shader extensions it supports (ggml's configure step probes the same ones: data/vulkan.json), so two
-bundles with different shader sets never share a key. The Vulkan loader (libvulkan.so.1) belongs to the
+are pinned like CUDA's toolkit: the Vulkan headers come from a pinned archive (a .deb or a Vulkan-Headers
+tarball, sha256-checked), and glslc is in the key with the shader extensions it supports (ggml's configure
+step probes the same ones: data/vulkan.json): the recipe's pin (a build checks the glslc found against it),
+else the glslc found here. Two shader sets never share a key. The Vulkan loader (libvulkan.so.1) belongs to the
 machine's graphics stack and is never bundled.
 
 Devices: ggml-vulkan lists no CPU implementation (lavapipe) unless GGML_VK_VISIBLE_DEVICES names it, so a
@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from .. import data, proc
 from ..errors import BuildError, ToolchainError, VerifyError
 from ..reasons import Reason, Verdict
-from ..recipe.model import ToolFound
+from ..recipe.model import GlslcPin, ToolFound
 from .base import NoExtras, Prepared
 
 if TYPE_CHECKING:
@@ -290,19 +290,40 @@ def section_schema() -> dict[str, Any]:
     }
 
 
+def pinned_glslc(pin: GlslcPin) -> ToolFound:
+    """The glslc a recipe pins, as the key holds it (nothing of this machine asked)."""
+    return ToolFound(path="glslc", version=pin.shaderc,
+                     versions=(("shaderc", pin.shaderc), ("spirv-tools", pin.spirv_tools), ("glslang", pin.glslang)),
+                     features=tuple(sorted(pin.features)))
+
+
+def describe(g: ToolFound) -> str:
+    parts = dict(g.versions)
+    return (f"shaderc {g.version} (spirv-tools {parts.get('spirv-tools', '?')}, glslang {parts.get('glslang', '?')}; "
+            f"shader extensions: {', '.join(g.features) or 'none'})")
+
+
 def glslc_of(recipe: Recipe, host: HostFacts) -> ToolFound:
-    """The glslc the key names: found here, and the pinned one when the recipe pins vulkan.glslc."""
+    """The glslc the key names: the recipe's pin (vulkan.glslc), which a glslc found here (by a build) must
+    match exactly; else the one found here."""
     assert recipe.vulkan is not None
-    found = host.tools.get("vulkan")
+    found, pin = host.tools.get("vulkan"), recipe.vulkan.glslc
+    if pin is not None:
+        want = pinned_glslc(pin)
+        if found is not None and (found.version, dict(found.versions), found.features) != \
+                (want.version, dict(want.versions), want.features):
+            raise ToolchainError(f"{recipe.origin or recipe.name} pins glslc {describe(want)}; the glslc here is "
+                                 f"{describe(found)}",
+                                 why=f"found {found.path}; the shaders' bytes depend on glslc, so the key holds the pin",
+                                 fix="put the pinned glslc first on PATH, or change vulkan.glslc to what "
+                                     "`llamabundle key --explain` prints for an unpinned recipe here (a new key)")
+        return found or want
     if found is None:
         raise ToolchainError(f"{recipe.origin or recipe.name}: the cache key needs glslc (the Vulkan shader compiler)",
-                             why="a Vulkan recipe's key holds the version of the glslc that compiles its shaders "
-                                 "and the shader extensions it supports, and there is no glslc on PATH here",
-                             fix="install glslc (Debian/Ubuntu: apt-get install glslc; or the Vulkan SDK) and put it on PATH")
-    pin = recipe.vulkan.glslc
-    if pin and not (found.version == pin or found.version.startswith((pin + ".", pin + "-"))):
-        raise ToolchainError(f"{recipe.origin or recipe.name} pins glslc {pin}, the glslc here is {found.version}",
-                             why=f"found {found.path}", fix=f"put glslc {pin} first on PATH, or change vulkan.glslc")
+                             why="a Vulkan recipe without vulkan.glslc keys the version of the glslc that compiles "
+                                 "its shaders and the shader extensions it supports, and there is no glslc on PATH here",
+                             fix="install glslc (Debian/Ubuntu: apt-get install glslc; or the Vulkan SDK) and put it on "
+                                 "PATH, or pin it in the recipe (vulkan.glslc)")
     return found
 
 
@@ -326,9 +347,18 @@ class Vulkan(NoExtras):
             raise recipe.error("backends", f"this version builds the vulkan backend for linux-x86_64 only, not "
                                f"{recipe.platform}", fix="remove vulkan from backends, or use platform: linux-x86_64")
 
-    def host_tool(self, recipe: Recipe, *, env: Mapping[str, str] | None) -> ToolFound | None:
-        """The glslc first on PATH: its versions and the shader extensions it supports."""
+    def host_tool(self, recipe: Recipe, *, env: Mapping[str, str] | None, building: bool = False) -> ToolFound | None:
+        """The glslc first on PATH: its versions and the shader extensions it supports (for a recipe that
+        pins it, only when building)."""
+        if recipe.vulkan is not None and recipe.vulkan.glslc is not None and not building:
+            return None
         return detect_glslc(env=env)
+
+    def pin_warning(self, recipe: Recipe) -> str | None:
+        if recipe.vulkan is None or recipe.vulkan.glslc is not None:
+            return None
+        return ("vulkan.glslc is not set: the key holds the glslc found where it is computed, so a machine without "
+                "glslc cannot compute the key; pin it (`llamabundle key --explain` prints the glslc found here)")
 
     def key_inputs(self, recipe: Recipe, host: HostFacts) -> dict[str, Any]:
         """Only with the backend (the keys of other recipes stay as they were): the pinned headers, and the glslc
@@ -367,8 +397,11 @@ class Vulkan(NoExtras):
     def show_line(self, recipe: Recipe, host: HostFacts) -> str | None:
         assert recipe.vulkan is not None
         g = host.tools.get(self.name)
-        found = (f"glslc {g.version} at {g.path}; shader extensions: {', '.join(g.features) or 'none'}" if g
-                 else "no glslc on PATH (the key needs one)")
+        if recipe.vulkan.glslc is not None:
+            found = f"glslc pinned: {describe(pinned_glslc(recipe.vulkan.glslc))}"
+        else:
+            found = (f"glslc {g.version} at {g.path}; shader extensions: {', '.join(g.features) or 'none'}" if g
+                     else "no glslc on PATH (the key needs one)")
         return f"headers {recipe.vulkan.headers.version} ({recipe.vulkan.headers.url}); {found}"
 
     def cmake_definitions(self, recipe: Recipe, host: HostFacts, *, platform: Platform,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import shlex
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -15,6 +15,9 @@ from ..errors import LlamaBundleError, ToolchainError
 from .context import Ctx, pass_ctx
 from .options import JSON_OPT, RECIPE_ARG
 from .output import emit, error_json
+
+if TYPE_CHECKING:
+    from ..recipe import HostFacts, Recipe
 
 
 @click.group()
@@ -28,8 +31,9 @@ def recipe() -> None:
 @pass_ctx
 def recipe_lint(c: Ctx, paths: tuple[Path, ...], as_json: bool) -> None:
     """Check recipes against schema 1; exit 2 on the first problem of any file. The key is shown where this
-    machine can compute it (a Vulkan recipe's needs glslc; an unpinned compiler's, that compiler). A warning
-    names each CMake setting known to download at build time (a build stops there: it runs without a network)."""
+    machine can compute it (an unpinned compiler's needs that compiler; an unpinned glslc's, glslc). A warning
+    names each CMake setting known to download at build time (a build stops there: it runs without a network)
+    and each tool the recipe does not pin."""
     from .. import keys, offline
 
     failed: list[LlamaBundleError] = []
@@ -46,12 +50,14 @@ def recipe_lint(c: Ctx, paths: tuple[Path, ...], as_json: bool) -> None:
             key, why = keys.resolve(r, env=c.env).key, ""
         except ToolchainError as e:
             key, why = None, e.what.removeprefix(f"{r.origin}: ")
-        warnings = [why for _, why in offline.downloading(dict(r.cmake))]
+        said = [("downloads at build time", why) for _, why in offline.downloading(dict(r.cmake))]
+        said += [("not pinned", why) for why in keys.unpinned(r)]
+        warnings = [why for _, why in said]
         results.append({"path": str(p), "ok": True, "name": r.name, "key": key, "error": None, "warnings": warnings})
         if not as_json:
             click.echo(f"ok  {p}  ({r.name}, key {key[:12]})" if key else f"ok  {p}  ({r.name}; no key here: {why})")
-            for w in warnings:
-                c.log.warn(f"{p}: downloads at build time: {w}")
+            for kind, w in said:
+                c.log.warn(f"{p}: {kind}: {w}")
     if as_json:  # one object, also on failure: the first problem is its error
         emit({"recipes": results, **({"error": error_json(failed[0])} if failed else {})}, ok=not failed)
     if failed:
@@ -111,10 +117,11 @@ def show(c: Ctx, recipe_path: Path, as_json: bool) -> None:
         toolchain, unavailable = HostToolchain(), f"{e.what}" + (f" ({e.why})" if e.why else "")
     # the tools the build would find: on the PATH the toolchain's environment sets (vcvars adds VS's cmake)
     plan = pipeline.show_plan(keyed, c.settings, locate_tools(path={**c.env, **toolchain.env}.get("PATH")), toolchain)
+    pin = pin_line(r, keyed.host)
     data: dict[str, Any] = {"schema": 1, "name": r.name, "key": keyed.key, "tag": keyed.tag, "platform": r.platform,
                             "commit": r.llama_cpp.commit, "backends": list(r.backends), "driver_floor": r.driver_floor,
                             "sources": [source_mod.describe(s) for s in r.llama_cpp.sources],
-                            "toolchain": {"summary": list(toolchain.summary), "unavailable": unavailable,
+                            "toolchain": {"pin": pin, "summary": list(toolchain.summary), "unavailable": unavailable,
                                           "runtime_dirs": {str(d): o for d, o in toolchain.runtime_dirs}},
                             "plan": plan.to_json()}
     if as_json:
@@ -128,6 +135,7 @@ def show(c: Ctx, recipe_path: Path, as_json: bool) -> None:
             click.echo(f"{b.name:<10}{line}")
     click.echo(f"key       {data['key']}")
     click.echo(f"tag       {data['tag']}")
+    click.echo(f"pinned    {pin}")
     for line in toolchain.summary:
         click.echo(f"toolchain {line}")
     if unavailable:
@@ -143,6 +151,19 @@ def show(c: Ctx, recipe_path: Path, as_json: bool) -> None:
     click.echo("configure " + shlex.join(plan.configure))
     click.echo("build     " + shlex.join(plan.build))
     click.echo("bundle    " + ", ".join(plan.programs + plan.backends))
+
+
+def pin_line(r: Recipe, host: HostFacts) -> str:
+    """The compiler the key holds and where it comes from: the recipe's pin, or what was found here."""
+    t = r.toolchain
+    if t.compiler == "msvc":
+        from ..platforms.windows.msvc import pin_summary
+
+        return pin_summary(r)
+    if t.version:
+        kind = "exactly" if t.version.startswith("=") else "any of (the recipe says they are interchangeable)"
+        return f"{t.compiler} {t.version.lstrip('=')}: {kind}"
+    return f"{t.compiler} not pinned: the key holds the one found here ({host.compiler or 'none'})"
 
 
 @click.command()

@@ -338,8 +338,10 @@ def _check(r: Recipe, ctx: _Ctx) -> None:
     if r.toolchain.msvc_version and r.toolchain.compiler != "msvc":
         raise ctx.fail(None, "toolchain.msvc_version", "msvc_version is only for compiler: msvc")
     if r.toolchain.version and r.toolchain.compiler == "msvc":
-        raise ctx.fail(None, "toolchain.version", "compiler: msvc is pinned by msvc_version (a Visual Studio range)",
-                       fix='use msvc_version: "[17.0,18.0)"')
+        raise ctx.fail(None, "toolchain.version", "compiler: msvc is pinned by toolset (and msvc_version, a Visual Studio range)",
+                       fix='use toolset: "14.44.35207" and msvc_version: "[17.0,18.0)"')
+    if r.toolchain.toolset and r.toolchain.compiler != "msvc":
+        raise ctx.fail(None, "toolchain.toolset", "toolset is only for compiler: msvc", fix="pin the compiler with version:")
     if not r.targets:
         raise ctx.fail(None, "targets", "no targets", fix="add llama-server")
     for name in SECTIONS:  # a backend with a section of its own (cuda:, vulkan:) has it exactly when it is listed

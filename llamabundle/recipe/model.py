@@ -30,7 +30,8 @@ _HEX40 = r"^[0-9a-f]{40}$"
 _HEX64 = r"^[0-9a-f]{64}$"
 _VERSION = r"^[0-9]+(\.[0-9]+)*$"
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
-_RANGE = r"^([\[(][0-9.]*,[0-9.]*[\])]|[0-9]+(\.[0-9]+)*)$"
+_TOOL_VERSION = r"^[0-9A-Za-z][0-9A-Za-z.+~:-]*$"
+_RANGE = r"^([\[(][0-9.]*,[0-9.]*[\])]|=?[0-9]+(\.[0-9]+)*)$"
 
 
 def _f(doc: str, *, pattern: str = "", default: Any = dataclasses.MISSING, **kw: Any) -> Any:
@@ -84,9 +85,13 @@ class LlamaCpp:
 class Toolchain:
     compiler: Compiler = _f("C/C++ compiler family")
     msvc_version: str | None = _f("MSVC version range, e.g. \"[17.0,18.0)\" (msvc only)", default=None, pattern=_RANGE)
-    version: str | None = _f("the C++ compiler's version (gcc, clang, mingw): \"12.2\" is any 12.2.x, \"[12.2,13)\" "
-                             "a range; in the cache key. Without it the key holds the exact version of the "
-                             "compiler found here", default=None, pattern=_RANGE)
+    version: str | None = _f("the C++ compiler's version (gcc, clang, mingw): \"=12.2.0\" exactly that one, \"12.2\" "
+                             "any 12.2.x, \"[12.2,13)\" a range (a range says those compilers are interchangeable); "
+                             "in the cache key. Without it the key holds the exact version of the compiler found "
+                             "here, so computing it needs that compiler", default=None, pattern=_RANGE)
+    toolset: str | None = _f("the exact MSVC toolset (msvc only), e.g. \"14.44.35207\": selected with vcvars64.bat "
+                             "-vcvars_ver and in the cache key. Without it any toolset of a Visual Studio in "
+                             "msvc_version builds, under one key", default=None, pattern=r"^14\.[0-9]+\.[0-9]+$")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -121,11 +126,20 @@ class VulkanHeaders:
 
 
 @dataclass(frozen=True, kw_only=True)
+class GlslcPin:
+    shaderc: str = _f("shaderc's version as glslc --version says it, e.g. 2023.2-1", pattern=_TOOL_VERSION)
+    spirv_tools: str = _f("SPIRV-Tools' version, e.g. 2022.4+1.3.236.0-1", pattern=_TOOL_VERSION)
+    glslang: str = _f("glslang's version, e.g. 11.13.0-1", pattern=_TOOL_VERSION)
+    features: tuple[str, ...] = _f("the shader extensions of data/vulkan.json's glslc_features it supports (ggml's "
+                                   "configure step checks each)", default=(), pattern=r"^GL_[A-Za-z0-9_]+$")
+
+
+@dataclass(frozen=True, kw_only=True)
 class Vulkan:
     headers: VulkanHeaders = _f("the pinned Vulkan headers (the system's are often too old for the pinned llama.cpp)")
-    glslc: str | None = _f("the glslc (shaderc) version to build with, e.g. \"2023.2\"; without it any glslc on PATH. "
-                           "Either way the key holds the exact version found and the shader extensions it supports",
-                           default=None, pattern=_VERSION)
+    glslc: GlslcPin | None = _f("the exact glslc to build with and the shader extensions it supports, as "
+                                "`llamabundle key --explain` shows them: the key holds this pin, so it can be computed "
+                                "without glslc. Without it the key holds the glslc found on PATH", default=None)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -186,7 +200,10 @@ class Recipe:
 
     @property
     def pins_compiler(self) -> bool:
-        return bool(self.toolchain.version or (self.toolchain.compiler == "msvc" and self.toolchain.msvc_version))
+        """Whether the key can be computed without the compiler: a pin or a range (toolchain.version; MSVC's
+        toolset or its Visual Studio range)."""
+        t = self.toolchain
+        return bool(t.version or (t.compiler == "msvc" and (t.toolset or t.msvc_version)))
 
     def all_cpu_variants(self) -> tuple[str, ...]:
         """The CPU variants ggml builds with GGML_CPU_ALL_VARIANTS for this compiler (data/build.json)."""

@@ -104,7 +104,7 @@ def test_recipe_list(capsys: pytest.CaptureFixture[str]) -> None:
     cuda = next(r for r in rows if r["name"] == "windows-x86_64-cuda12.8")
     assert cuda["cuda"] == "12.8.1" and cuda["backends"] == ["cpu", "cuda"] and cuda["compiler"] == "msvc"
     code, out, _ = run(capsys, "recipe", "list")
-    assert code == 0 and out.splitlines()[0].startswith("linux-x86_64-cpu ")
+    assert code == 0 and any(line.startswith("linux-x86_64-cpu ") for line in out.splitlines())
     code, out, _ = run(capsys, "key", "linux-x86_64-cpu")  # a shipped recipe by name
     assert code == 0 and out.strip() == keys.resolve(keys.load(LINUX)).key
 

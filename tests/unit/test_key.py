@@ -14,7 +14,7 @@ from llamabundle import keys
 from llamabundle.compilers import detect_version
 from llamabundle.digest import canonical_json
 from llamabundle.errors import ToolchainError
-from llamabundle.recipe import BUNDLE_FORMAT, Recipe
+from llamabundle.recipe import BUNDLE_FORMAT, NO_HOST, Recipe
 
 ROOT = Path(__file__).resolve().parents[2]
 LINUX_PATH = ROOT / "recipes" / "linux-x86_64-cpu.yaml"
@@ -28,7 +28,9 @@ W_COMPONENTS = "components: [cuda_nvcc, cuda_cudart, libcublas, libnvjitlink, cu
 W_ARCHS = "archs: [50-virtual, 61-virtual, 70-virtual, 75-virtual, 80-virtual, 86-real, 89-real, 120a-real]"
 W_FLOOR = 'driver_floor: {windows: "572.61", linux: "570.124.06"}'
 W_CMAKE = "cmake: {GGML_BACKEND_DL: ON, GGML_CPU_ALL_VARIANTS: ON, GGML_NATIVE: OFF, LLAMA_USE_PREBUILT_UI: OFF}"
-W_TOOLCHAIN = 'toolchain: {compiler: msvc, msvc_version: "[17.0,18.0)"}'
+W_TOOLCHAIN = 'toolchain: {compiler: msvc, msvc_version: "[17.0,18.0)", toolset: "14.44.35207"}'
+L_TOOLCHAIN = 'toolchain: {compiler: gcc, version: "=12.2.0"}'
+UNPINNED = (L_TOOLCHAIN, "toolchain: {compiler: gcc}")
 L_SOURCES = """    - github: ggml-org/llama.cpp    # archive tarball; commit read from its pax header
     - pypi: {package: llama-cpp-python, version: 0.3.36,
              sha256: 832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e}"""
@@ -91,7 +93,7 @@ def test_key_inputs_windows_values() -> None:
     inputs = keys.resolve(keys.load(WINDOWS_PATH)).inputs
     assert inputs["platform"] == "windows-x86_64"
     assert inputs["backends"] == ["cpu", "cuda"]
-    assert inputs["toolchain"] == {"compiler": "msvc", "msvc_version": "[17.0,18.0)"}
+    assert inputs["toolchain"] == {"compiler": "msvc", "msvc_version": "[17.0,18.0)", "toolset": "14.44.35207"}
     cuda = inputs["cuda"]
     assert {"toolkit", "components", "archs", "driver_floor"} <= set(cuda)
     assert cuda["toolkit"] == "12.8.1"
@@ -125,7 +127,7 @@ TWO_TARGETS = ("targets: [llama-server]", "targets: [llama-server, llama-cli]")
     ("W", (), ((W_COMPONENTS, "components: [cuda_cccl, libnvfatbin, cuda_nvrtc, libnvjitlink, libcublas, cuda_cudart, cuda_nvcc]"),)),
     ("W", (), ((W_ARCHS, "archs: [120a-real, 89-real, 86-real, 80-virtual, 75-virtual, 70-virtual, 61-virtual, 50-virtual]"),)),
     ("W", (), ((W_FLOOR, 'driver_floor: {linux: "570.124.06", windows: "572.61"}'),)),
-    ("W", (), ((W_TOOLCHAIN, 'toolchain: {msvc_version: "[17.0,18.0)", compiler: msvc}'),)),
+    ("W", (), ((W_TOOLCHAIN, 'toolchain: {toolset: "14.44.35207", msvc_version: "[17.0,18.0)", compiler: msvc}'),)),
     ("L", (), (("  GGML_BACKEND_DL: ON\n", ""), ("  LLAMA_USE_PREBUILT_UI: OFF", "  LLAMA_USE_PREBUILT_UI: OFF\n  GGML_BACKEND_DL: ON"))),
     ("L", (), (("recipe: 1\n", ""), ('publish: {tag: "{name}-{key12}"}', 'publish: {tag: "{name}-{key12}"}\nrecipe: 1'))),
     ("L", (), (("targets: [llama-server]\n", ""), ("backends: [cpu]", "targets: [llama-server]\nbackends: [cpu]"))),
@@ -141,7 +143,7 @@ def test_key_ignores_order(base: str, setup: Edits, reordered: Edits) -> None:
             "  LLAMA_BUILD_EXAMPLES: OFF\n  LLAMA_USE_PREBUILT_UI: OFF        # no download of web UI assets at build time\n",
             "cmake: {GGML_BACKEND_DL: true, GGML_CPU_ALL_VARIANTS: on, GGML_NATIVE: false, LLAMA_BUILD_TESTS: \"OFF\",\n"
             "        LLAMA_BUILD_EXAMPLES: no, LLAMA_USE_PREBUILT_UI: 'OFF'}\n"),)),
-    ("L", (("backends: [cpu]", "backends:\n  - cpu"), ("toolchain: {compiler: gcc}", "toolchain:\n  compiler: \"gcc\""))),
+    ("L", (("backends: [cpu]", "backends:\n  - cpu"), (L_TOOLCHAIN, "toolchain:\n  compiler: \"gcc\"\n  version: =12.2.0"))),
     ("L", ((f"commit: {COMMIT}", f"commit: '{COMMIT}'"),)),
     ("W", (("toolkit: 12.8.1", 'toolkit: "12.8.1"'),)),
     ("W", ((W_FLOOR, "driver_floor:\n    windows: '572.61'\n    linux: '570.124.06'"),)),
@@ -152,7 +154,7 @@ def test_key_ignores_yaml_style(base: str, restyled: Edits) -> None:
 
 # ----------------------------------------------------------------------- every input changes it
 
-CLANG = ("toolchain: {compiler: gcc}", 'toolchain: {compiler: clang, version: "16"}')
+CLANG = (L_TOOLCHAIN, 'toolchain: {compiler: clang, version: "16"}')
 W_CLANG = (W_TOOLCHAIN, 'toolchain: {compiler: clang, version: "16"}')
 W_SM75_UP = (W_ARCHS, "archs: [75-virtual, 86-real, 89-real, 120a-real]")
 L_CUDA = (("backends: [cpu]", "backends: [cpu, cuda]"),
@@ -169,10 +171,12 @@ L_CUDA = (("backends: [cpu]", "backends: [cpu, cuda]"),
     ("L", (), (CLANG,)),
     ("W", (), ((W_TOOLCHAIN, 'toolchain: {compiler: clang, version: "16"}'),)),
     ("W", (), ((W_TOOLCHAIN, 'toolchain: {compiler: mingw, version: "12"}'),)),
-    ("W", (), ((W_TOOLCHAIN, 'toolchain: {compiler: msvc, msvc_version: "[17.0,19.0)"}'),)),
-    ("L", (), (("toolchain: {compiler: gcc}", 'toolchain: {compiler: gcc, version: "[12,13)"}'),)),
-    ("L", (("toolchain: {compiler: gcc}", 'toolchain: {compiler: gcc, version: "12"}'),),
+    ("W", (), ((W_TOOLCHAIN, 'toolchain: {compiler: msvc, msvc_version: "[17.0,19.0)", toolset: "14.44.35207"}'),)),
+    ("W", (), (('toolset: "14.44.35207"', 'toolset: "14.43.34808"'),)),
+    ("L", (), ((L_TOOLCHAIN, 'toolchain: {compiler: gcc, version: "[12,13)"}'),)),
+    ("L", ((L_TOOLCHAIN, 'toolchain: {compiler: gcc, version: "12"}'),),
      (('version: "12"', 'version: "12.2"'),)),
+    ("L", (), (('version: "=12.2.0"', 'version: "=12.3.0"'),)),
     ("W", (W_SM75_UP,), (("toolkit: 12.8.1", "toolkit: 13.0.1"),)),
     ("W", (W_SM75_UP,), (("toolkit: 12.8.1", "toolkit: 13.0.2"),)),
     ("W", (), (("cuda_nvrtc, libnvfatbin,", "cuda_nvrtc,"),)),
@@ -192,7 +196,7 @@ L_CUDA = (("backends: [cpu]", "backends: [cpu, cuda]"),
     ("L", (), (("runtime: {openmp: auto}", "runtime: {openmp: none}"),)),
     ("W", (), (("runtime: {openmp: auto}", "runtime: {openmp: vcomp}"),)),
 ], ids=["commit", "commit-last-digit", "platform-to-windows", "platform-to-linux", "backends", "compiler", "compiler-win-clang",
-        "compiler-mingw", "msvc-version", "gcc-pinned", "gcc-pin-narrowed", "toolkit-13.0.1", "toolkit-13.0.2",
+        "compiler-mingw", "msvc-version", "msvc-toolset", "gcc-pinned", "gcc-pin-narrowed", "gcc-exact", "toolkit-13.0.1", "toolkit-13.0.2",
         "component-removed", "component-added", "arch-changed", "arch-real-to-virtual", "arch-removed", "arch-added",
         "driver-floor", "driver-floor-only-windows", "cmake-value", "cmake-removed", "cmake-added", "cmake-value-windows",
         "target-changed", "target-added", "openmp", "openmp-windows"])
@@ -242,7 +246,7 @@ def test_bundle_format_and_schema_version_are_inputs(monkeypatch: pytest.MonkeyP
     ("L", (("name: linux-x86_64-cpu", "name: something-else"),)),
     ("W", (("name: windows-x86_64-cuda12.8", "name: w"),)),
     ("L", (("# llama.cpp for Linux x86-64, CPU backend only", "# a different comment"),)),
-    ("W", (("# windows-x86_64 | linux-x86_64", ""), ("# msvc | gcc | clang | mingw", "# a new comment"))),
+    ("W", (("# windows-x86_64 | linux-x86_64", ""), ("# windows-2022's VS 2022 17.14 (cl 19.44)", "# a new comment"))),
     ("L", (("recipe: 1", "# leading comment\nrecipe: 1   # trailing comment"),)),
     ("W", ((W_FLOOR, 'driver_floor: {windows: "572.61", linux: "999.99"}'),)),
     ("W", (("  " + W_FLOOR + "   # optional: derived from toolkit + archs\n", ""),)),
@@ -282,17 +286,32 @@ def test_an_unpinned_compiler_keys_the_exact_version_found(monkeypatch: pytest.M
     import llamabundle.compilers as compilers
 
     monkeypatch.setattr(compilers, "detect_version", lambda compiler, env=None: "12.2.0")
-    a = keys.resolve(load("L"))
+    a = keys.resolve(load("L", UNPINNED))
     monkeypatch.setattr(compilers, "detect_version", lambda compiler, env=None: "12.3.0")
-    b = keys.resolve(load("L"))
+    b = keys.resolve(load("L", UNPINNED))
     assert a.inputs["toolchain"] == {"compiler": "gcc", "version": "=12.2.0"}
     assert a.key != b.key  # another gcc makes other bytes: another key
+    # the exact pin of a version keys as that version found here does: pinning a recipe keeps its key
+    assert keys.resolve(load("L")).key == a.key
+
+
+def test_an_exact_pin_needs_that_compiler_to_build(monkeypatch: pytest.MonkeyPatch) -> None:
+    from llamabundle.compilers import check_host, version_matches
+
+    assert version_matches("=12.2.0", "12.2.0") and not version_matches("=12.2.0", "12.2.1")
+    assert not version_matches("=12.2.0", "12.2") and version_matches("12.2", "12.2.1")
+    import llamabundle.compilers as compilers
+
+    monkeypatch.setattr(compilers, "detect_version", lambda compiler, env=None: "13.3.0")
+    with pytest.raises(ToolchainError, match=r"g\+\+ 13.3.0 is outside the recipe's toolchain.version =12.2.0") as e:
+        check_host("gcc", pin="=12.2.0", keyed=None, env={})
+    assert e.value.exit_code == 3
 
 
 def test_a_pinned_compiler_keys_the_pin_whatever_is_installed(monkeypatch: pytest.MonkeyPatch) -> None:
     import llamabundle.compilers as compilers
 
-    pinned = ("toolchain: {compiler: gcc}", 'toolchain: {compiler: gcc, version: "12.2"}')
+    pinned = (L_TOOLCHAIN, 'toolchain: {compiler: gcc, version: "12.2"}')
     seen = set()
     for found in ("12.2.0", None):
         monkeypatch.setattr(compilers, "detect_version", lambda compiler, env=None, v=found: v)
@@ -316,7 +335,7 @@ def test_an_unpinned_recipe_without_its_compiler_cannot_be_keyed(monkeypatch: py
 def test_msvc_is_pinned_by_msvc_version_not_version() -> None:
     from llamabundle.errors import RecipeError
 
-    with pytest.raises(RecipeError, match="pinned by msvc_version"):
+    with pytest.raises(RecipeError, match="pinned by toolset"):
         load("W", (W_TOOLCHAIN, 'toolchain: {compiler: msvc, version: "19.44"}'))
 
 
@@ -349,6 +368,11 @@ DERIVED = {6: "58138558cd102942cf8722466ec0708deb02c36933f6f718ddc7b7e580bf27b8"
            7: "870ce3807aa3f6e0afa046fc1a0e47f5656ec10b4f31aa31f62e2b6a089d3ab9"}
 
 
+# The recipes the digest is of (a new shipped recipe adds nothing the tool derives that these do not show).
+DERIVED_RECIPES = ("linux-x86_64-cpu", "linux-x86_64-cuda13.0", "linux-x86_64-cuda13.0-vulkan", "linux-x86_64-vulkan",
+                   "windows-x86_64-cpu", "windows-x86_64-cpu-mingw", "windows-x86_64-cuda12.8")
+
+
 def test_what_the_tool_derives_is_recorded_for_this_derivation_version(tmp_path: Path,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     from llamabundle.backends import vulkan
@@ -360,10 +384,8 @@ def test_what_the_tool_derives_is_recorded_for_this_derivation_version(tmp_path:
     glslc = ToolFound(path="/G/glslc", version="2023.2-1", versions=(("shaderc", "2023.2-1"),), features=())
     tools = BuildTools(cmake="cmake", ninja="ninja")
     parts = []
-    for path in sorted((ROOT / "recipes").glob("*.yaml")):
-        r = keys.parse(path.read_text(encoding="utf-8").replace("toolchain: {compiler: mingw}",
-                                                                  'toolchain: {compiler: mingw, version: "12"}'),
-                         file=path.name)
+    for path in sorted(ROOT / "recipes" / f"{name}.yaml" for name in DERIVED_RECIPES):
+        r = keys.parse(path.read_text(encoding="utf-8"), file=path.name)
         host = HostFacts(tools={"vulkan": glslc} if r.vulkan else {})
         roots = {**({"cuda": Path("/C")} if r.cuda else {}), **({"vulkan": Path("/V")} if r.vulkan else {})}
         plan = plan_build(r, host, source_dir=Path("/S"), build_dir=Path("/B"), tools=tools, toolkit_roots=roots or None,
@@ -374,3 +396,48 @@ def test_what_the_tool_derives_is_recorded_for_this_derivation_version(tmp_path:
     digest = hashlib.sha256(canonical_json(parts).replace(sys.executable, "PYTHON").encode()).hexdigest()
     assert DERIVED.get(keys.DERIVATION) == digest, (
         f"the derived build changed (digest {digest}): bump keys.DERIVATION and record it in DERIVED")
+
+
+# ------------------------------------------------------------- computable anywhere: no build tools needed
+
+
+SHIPPED = sorted((ROOT / "recipes").glob("*.yaml"))
+
+
+def test_every_shipped_recipe_is_keyed_and_checked_with_only_the_venv_on_path(tmp_path: Path) -> None:
+    """The cheap job ("is it published?") runs on a bare runner: with PATH holding only this Python's directory
+    (no compiler, no glslc, no MSVC), `key` and `check` of every shipped recipe exit as they do here, with the
+    key the build machine computes (in this process, with the system's PATH)."""
+    import shutil
+    import subprocess
+
+    venv_bin = str(Path(sys.executable).parent)
+    for tool in ("g++", "gcc", "glslc", "x86_64-w64-mingw32-g++-posix", "cl", "cl.exe"):
+        assert shutil.which(tool, path=venv_bin) is None, f"{tool} is in {venv_bin}: the test would prove nothing"
+    env = {"PATH": venv_bin, "HOME": str(tmp_path), "LANG": "C.UTF-8", "LLAMABUNDLE_CACHE_DIR": str(tmp_path / "cache")}
+    store = tmp_path / "store"
+    store.mkdir()
+    assert len(SHIPPED) >= 9
+    for path in SHIPPED:
+        want = keys.resolve(keys.load(path)).key
+        done = subprocess.run([sys.executable, "-m", "llamabundle", "key", str(path)], env=env, capture_output=True,
+                              text=True, timeout=120, check=False)
+        assert (done.returncode, done.stdout.strip()) == (0, want), f"{path.name}: {done.stderr}"
+        done = subprocess.run([sys.executable, "-m", "llamabundle", "check", str(path), "--store", str(store)], env=env,
+                              capture_output=True, text=True, timeout=120, check=False)
+        assert (done.returncode, done.stdout.split()[:2]) == (1, ["miss", want]), f"{path.name}: {done.stderr}"
+
+
+def test_every_shipped_recipe_pins_its_compiler_exactly() -> None:
+    """No shipped recipe leaves its key to the machine: gcc, clang and mingw by an exact version, MSVC by its
+    toolset, glslc by its versions and shader extensions."""
+    for path in SHIPPED:
+        r = keys.load(path)
+        t = r.toolchain
+        if t.compiler == "msvc":
+            assert t.toolset and re.fullmatch(r"14\.\d+\.\d+", t.toolset), path.name
+        else:
+            assert t.version and re.fullmatch(r"=\d+\.\d+\.\d+", t.version), path.name
+        if r.vulkan is not None:
+            assert r.vulkan.glslc is not None, path.name
+        assert keys.host_facts(r, env={"PATH": "/nonexistent"}) == NO_HOST, path.name

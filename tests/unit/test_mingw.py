@@ -101,7 +101,7 @@ def test_exclusions_are_checked_against_the_compilers_own_variant_list() -> None
     everything = ", ".join(data.build_knowledge()["cpu_variants"]["x86_64"])
     with pytest.raises(RecipeError, match="every CPU variant is excluded"):
         keys.parse(mingw_text(("[sapphirerapids]", f"[{everything}]")))
-    msvc = mingw_text(("toolchain: {compiler: mingw}", "toolchain: {compiler: msvc}"), ("[sapphirerapids]", "[ivybridge]"))
+    msvc = mingw_text(('toolchain: {compiler: mingw, version: "=12.0.0"}', "toolchain: {compiler: msvc}"), ("[sapphirerapids]", "[ivybridge]"))
     with pytest.raises(RecipeError, match="'ivybridge' is not a CPU variant ggml builds with msvc"):
         keys.parse(msvc)  # MSVC builds no ivybridge variant (ggml/src/CMakeLists.txt)
 

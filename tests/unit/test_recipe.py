@@ -102,7 +102,7 @@ def test_driver_floor_defaults_to_the_toolkit() -> None:
     assert r.cuda is not None and r.cuda.driver_floor is None
     assert r.driver_floor == "572.61"
     on_linux = edit(edit(no_floor, "platform: windows-x86_64", "platform: linux-x86_64"),
-                    'toolchain: {compiler: msvc, msvc_version: "[17.0,18.0)"}', "toolchain: {compiler: gcc}")
+                    'toolchain: {compiler: msvc, msvc_version: "[17.0,18.0)", toolset: "14.44.35207"}', "toolchain: {compiler: gcc}")
     assert keys.parse(on_linux).driver_floor == "570.124.06"
     only_linux = edit(WINDOWS, 'driver_floor: {windows: "572.61", linux: "570.124.06"}', 'driver_floor: {linux: "999.1"}')
     assert keys.parse(only_linux).driver_floor == "572.61"  # no windows floor given: the toolkit's
@@ -135,11 +135,11 @@ BROKEN = [
      "duplicate key 'targets' (first set on line 21)", "keep one"),
     ("duplicate-nested-key", "L", "  GGML_NATIVE: OFF", "  GGML_NATIVE: OFF\n  GGML_NATIVE: ON", "GGML_NATIVE: ON", "cmake.GGML_NATIVE",
      "duplicate key 'GGML_NATIVE' (first set on line 17)", "keep one"),
-    ("duplicate-flow-key", "L", "toolchain: {compiler: gcc}", "toolchain: {compiler: gcc, compiler: clang}", "toolchain:", "toolchain.compiler",
+    ("duplicate-flow-key", "L", "toolchain: {compiler: gcc,", "toolchain: {compiler: gcc, compiler: clang,", "toolchain:", "toolchain.compiler",
      "duplicate key 'compiler'", "keep one"),
     ("string-for-list", "L", "backends: [cpu]", "backends: cpu", "backends:", "backends", "expected a list, got 'cpu'", ""),
     ("string-for-targets", "L", "targets: [llama-server]", "targets: llama-server", "targets:", "targets", "expected a list, got 'llama-server'", ""),
-    ("list-for-mapping", "L", "toolchain: {compiler: gcc}", "toolchain: [gcc]", "toolchain:", "toolchain", "expected a mapping, got a list", ""),
+    ("list-for-mapping", "L", 'toolchain: {compiler: gcc, version: "=12.2.0"}', "toolchain: [gcc]", "toolchain:", "toolchain", "expected a mapping, got a list", ""),
     ("list-for-string", "L", "name: linux-x86_64-cpu", "name: [linux-x86_64-cpu]", "name:", "name", "expected a string, got a list", ""),
     ("list-for-cmake", "L", "  GGML_NATIVE: OFF", "  GGML_NATIVE: [OFF]", "GGML_NATIVE", "cmake.GGML_NATIVE", "expected ON/OFF or a string, got a list", ""),
     ("cmake-not-mapping", "W", "cmake: {GGML_BACKEND_DL: ON, GGML_CPU_ALL_VARIANTS: ON, GGML_NATIVE: OFF, LLAMA_USE_PREBUILT_UI: OFF}", "cmake: [GGML_NATIVE=OFF]",
@@ -208,8 +208,8 @@ BROKEN = [
     ("cpu-missing", "W", "backends: [cpu, cuda]", "backends: [cuda]", "backends:", "backends", "'cpu' is required", "add cpu"),
     ("backend-twice", "L", "backends: [cpu]", "backends: [cpu, cpu]", "backends:", "backends", "a backend is listed twice", ""),
     ("backend-typo", "W", "backends: [cpu, cuda]", "backends: [cpu, cudaa]", "backends:", "backends[1]", "'cudaa' is not one of cpu, cuda", "did you mean 'cuda'?"),
-    ("compiler-msvc-on-linux", "L", "compiler: gcc", "compiler: msvc", "toolchain:", "toolchain.compiler", "compiler 'msvc' cannot target linux-x86_64", "use one of: gcc, clang"),
-    ("compiler-gcc-on-windows", "W", "compiler: msvc, msvc_version: \"[17.0,18.0)\"", "compiler: gcc", "toolchain:", "toolchain.compiler",
+    ("compiler-msvc-on-linux", "L", 'compiler: gcc, version: "=12.2.0"', "compiler: msvc", "toolchain:", "toolchain.compiler", "compiler 'msvc' cannot target linux-x86_64", "use one of: gcc, clang"),
+    ("compiler-gcc-on-windows", "W", "compiler: msvc, msvc_version: \"[17.0,18.0)\", toolset: \"14.44.35207\"", "compiler: gcc", "toolchain:", "toolchain.compiler",
      "compiler 'gcc' cannot target windows-x86_64", "use one of: msvc, clang, mingw"),
     ("compiler-typo", "L", "compiler: gcc", "compiler: gccc", "toolchain:", "toolchain.compiler", "'gccc' is not one of gcc, clang, msvc, mingw", "did you mean 'gcc'?"),
     ("msvc-version-on-gcc", "L", "compiler: gcc", 'compiler: clang, msvc_version: "17"', "toolchain:", "toolchain.msvc_version", "msvc_version is only for compiler: msvc", ""),

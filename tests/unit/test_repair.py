@@ -20,7 +20,7 @@ COMMIT = "0c1e5709"
 
 
 def build_tree(tmp: Path, *, compiler: str = "GNU 12.2.0", commit: str = COMMIT, nvcc: str | None = None,
-               programs: tuple[str, ...] = ("llama-server",)) -> Path:
+               programs: tuple[str, ...] = ("llama-server",), compiler_path: str = "") -> Path:
     """A build directory with the records CMake and llama.cpp's build-info write (its binaries are not read
     before the checks under test)."""
     src, build = tmp / "src", tmp / "build"
@@ -30,6 +30,7 @@ def build_tree(tmp: Path, *, compiler: str = "GNU 12.2.0", commit: str = COMMIT,
     (build / "CMakeCache.txt").write_text(f"CMAKE_HOME_DIRECTORY:INTERNAL={src}\nCMAKE_COMMAND:INTERNAL=/usr/bin/cmake\n")
     family, version = compiler.rsplit(" ", 1)
     (build / "CMakeFiles" / "3.25.1" / "CMakeCXXCompiler.cmake").write_text(
+        f'set(CMAKE_CXX_COMPILER "{compiler_path}")\n' * bool(compiler_path) +
         f'set(CMAKE_CXX_COMPILER_ID "{family}")\nset(CMAKE_CXX_COMPILER_VERSION "{version}")\n')
     if nvcc:
         (build / "CMakeFiles" / "3.25.1" / "CMakeCUDACompiler.cmake").write_text(f'set(CMAKE_CUDA_COMPILER_VERSION "{nvcc}")\n')
@@ -62,6 +63,31 @@ def test_another_commit_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture
 def test_another_compiler_family_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     build = build_tree(tmp_path, compiler="Clang 18.1.3")
     refused(capsys, 3, "was built with Clang 18.1.3, not gcc", LINUX_CPU, build, "--out", tmp_path / "o")
+
+
+WINDOWS_CUDA = REPO / "recipes" / "windows-x86_64-cuda12.8.yaml"
+VC = "C:/Program Files/Microsoft Visual Studio/2022/Enterprise/VC/Tools/MSVC"
+
+
+@pytest.mark.parametrize(("compiler", "path", "named"), [
+    ("MSVC 19.50.35717.0", "", "MSVC 19.50.35717.0"),  # Visual Studio 2026, which CUDA 12.8 refuses
+    ("MSVC 19.50.35717.0", f"{VC}/14.50.35717/bin/Hostx64/x64/cl.exe", "toolset 14.50.35717"),
+    ("MSVC 19.44.35211.0", f"{VC}/14.44.35211/bin/Hostx64/x64/cl.exe", "toolset 14.44.35211"),  # same cl series, another toolset
+], ids=["vs2026", "vs2026-path", "other-14.44"])
+def test_an_msvc_build_outside_the_toolset_pin_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                          compiler: str, path: str, named: str) -> None:
+    build = build_tree(tmp_path, compiler=compiler, compiler_path=path, programs=("llama-server.exe",))
+    refused(capsys, 3, f"was built with MSVC {named}", WINDOWS_CUDA, build, "--out", tmp_path / "o")
+    refused(capsys, 3, "outside the recipe's toolchain.toolset 14.44.35207 (cl 19.44)", WINDOWS_CUDA, build, "--out", tmp_path / "o")
+    assert not (tmp_path / "o").exists()
+
+
+def test_an_msvc_build_of_the_pinned_toolset_passes_the_pin(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The record of the pinned toolset gets past the check (to the next one: this tree has no CUDA build)."""
+    build = build_tree(tmp_path, compiler="MSVC 19.44.35207.1", compiler_path=f"{VC}/14.44.35207/bin/Hostx64/x64/cl.exe",
+                       programs=("llama-server.exe",))
+    got, _, err = run(capsys, "bundle", WINDOWS_CUDA, build, "--out", tmp_path / "o")
+    assert got != 0 and "toolchain.toolset" not in err and "Traceback" not in err, err
 
 
 def test_missing_targets_are_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -94,8 +94,8 @@ class Machine:
                    VSWHERE.format(args=shlex.quote(VSWHERE_ARGS), json=shlex.quote(str(answer))))
             self.env["ProgramFiles(x86)"] = str(pf86)
 
-    def show(self, *extra: str) -> subprocess.CompletedProcess[str]:
-        done = subprocess.run([sys.executable, "-m", "llamabundle", "show", RECIPE, *extra], cwd=ROOT, env=self.env,
+    def show(self, *extra: str, recipe: str | Path = RECIPE) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run([sys.executable, "-m", "llamabundle", "show", str(recipe), *extra], cwd=ROOT, env=self.env,
                               capture_output=True, text=True, timeout=120, check=False)
         assert done.returncode == 0, done.stdout + done.stderr
         return done
@@ -121,10 +121,12 @@ def test_show_sets_up_msvc_through_vswhere_and_vcvars(tmp_path: Path) -> None:
     redist = m.vs / "VC" / "Redist" / "MSVC" / "14.44.35112"
     assert lines_of(out, "toolchain ") == [
         f"toolchain Visual Studio: Visual Studio Enterprise 2022 17.14.5 at {m.vs} (msvc_version [17.0,18.0))",
-        "toolchain toolset: MSVC 14.44.35207 (_MSC_VER 1944, accepted by CUDA 12.8.1)",
+        "toolchain toolset: MSVC 14.44.35207 (pinned by toolchain.toolset; _MSC_VER 1944, accepted by CUDA 12.8.1)",
         f"toolchain environment: {vcvars_line}",
         f"toolchain redist: {redist}",
     ]
+    assert lines_of(out, "pinned    ") == ["pinned    MSVC toolset 14.44.35207 (cl 19.44), pinned: vcvars64.bat "
+                                        "-vcvars_ver=14.44.35207 of a Visual Studio in [17.0,18.0)"]
     vc = listing()
     env_lines = lines_of(out, "env       ")
     assert "env       VCToolsVersion=14.44.35207" in env_lines
@@ -142,7 +144,7 @@ def test_show_json_has_the_toolchain_and_the_vcvars_environment(tmp_path: Path) 
     data = json.loads(m.show("--json").stdout)
     jsonschema.Draft202012Validator(show_schema()).validate(data)
     tc = data["toolchain"]
-    assert tc["summary"] and tc["summary"][1] == "toolset: MSVC 14.44.35207 (_MSC_VER 1944, accepted by CUDA 12.8.1)"
+    assert tc["summary"] and tc["summary"][1] == "toolset: MSVC 14.44.35207 (pinned by toolchain.toolset; _MSC_VER 1944, accepted by CUDA 12.8.1)"
     assert tc["unavailable"] is None
     vc = listing()
     assert data["plan"]["env"] == {("PATH" if k == "Path" else k): v for k, v in vc.items()}
@@ -153,16 +155,27 @@ def test_show_json_has_the_toolchain_and_the_vcvars_environment(tmp_path: Path) 
                                   str(redist / "debug_nonredist" / "x64" / "Microsoft.VC143.OpenMP.LLVM"): "msvc-redist"}
 
 
+def test_show_names_a_pinned_toolset_that_is_not_installed(tmp_path: Path) -> None:
+    m = Machine(tmp_path, tools=("14.50.35717",))
+    (line,) = lines_of(m.show().stdout, "toolchain ")
+    assert line == ("toolchain not set up here: MSVC toolset 14.44.35207 is not installed in Visual Studio Enterprise "
+                    "2022 (installed: 14.50.35717)")
+    assert not m.marker.exists()
+
+
 def test_show_a_toolset_cuda_refuses_is_reported_before_vcvars_runs(tmp_path: Path) -> None:
     m = Machine(tmp_path, tools=("14.50.35717",))
-    out = m.show().stdout
+    unpinned = tmp_path / "unpinned.yaml"  # the default toolset of the Visual Studio found
+    unpinned.write_text((ROOT / RECIPE).read_text(encoding="utf-8").replace(', toolset: "14.44.35207"', ""), encoding="utf-8")
+    out = m.show(recipe=unpinned).stdout
     (line,) = lines_of(out, "toolchain ")
     assert line.startswith("toolchain not set up here: MSVC toolset 14.50.35717 (_MSC_VER 1950) is too new for "
                            "CUDA 12.8.1 (CUDA 12.8's crt/host_config.h rejects _MSC_VER >= 1950")
     assert not m.marker.exists()  # the _MSC_VER check comes before vcvars64.bat
     assert lines_of(out, "env ") == [] and lines_of(out, "configure ")
-    data = json.loads(m.show("--json").stdout)
+    data = json.loads(m.show("--json", recipe=unpinned).stdout)
     jsonschema.Draft202012Validator(show_schema()).validate(data)
+    assert data["toolchain"]["pin"].startswith("MSVC: the default toolset of a Visual Studio in [17.0,18.0)")
     assert data["toolchain"]["summary"] == [] and data["toolchain"]["runtime_dirs"] == {}
     assert data["toolchain"]["unavailable"].startswith("MSVC toolset 14.50.35717 (_MSC_VER 1950) is too new")
     assert "env" not in data["plan"] or data["plan"]["env"] == {}

@@ -63,6 +63,13 @@ def shipped(**replace: object) -> recipe_mod.Recipe:
     return dataclasses.replace(r, **replace)  # type: ignore[arg-type]
 
 
+def unpinned() -> recipe_mod.Recipe:
+    """The shipped recipe without its glslc pin: the key holds the glslc found here."""
+    r = shipped()
+    assert r.vulkan is not None and r.vulkan.glslc is not None
+    return dataclasses.replace(r, vulkan=dataclasses.replace(r.vulkan, glslc=None))
+
+
 def key_with(r: recipe_mod.Recipe, glslc: ToolFound | None) -> str:
     return keys.resolve(r, host=host(glslc)).key
 
@@ -74,8 +81,7 @@ def test_glslc_found_here_and_its_extensions_are_in_the_key(tmp_path: Path) -> N
     bin_dir = tmp_path / "bin"
     fake_glslc(bin_dir, supported=("GL_EXT_integer_dot_product", "GL_KHR_cooperative_matrix"))
     vulkan._detect.cache_clear()
-    r = keys.parse(SHIPPED.read_text(encoding="utf-8"), file=SHIPPED.name)
-    keyed = keys.resolve(r, env={"PATH": f"{bin_dir}:/usr/bin:/bin"})
+    keyed = keys.resolve(unpinned(), env={"PATH": f"{bin_dir}:/usr/bin:/bin"})
     assert keyed.host.tools["vulkan"].path == str(bin_dir / "glslc")
     key = keyed.inputs["vulkan"]
     assert key["glslc"] == {"version": "2023.2-1", "features": ["GL_EXT_integer_dot_product", "GL_KHR_cooperative_matrix"],
@@ -84,24 +90,62 @@ def test_glslc_found_here_and_its_extensions_are_in_the_key(tmp_path: Path) -> N
 
 
 def test_two_shader_sets_or_two_glslc_never_share_a_key() -> None:
-    a = key_with(shipped(), found())
-    assert a != key_with(shipped(), found("GL_KHR_cooperative_matrix"))
-    assert a != key_with(shipped(), found(version="2024.1"))
-    assert a == key_with(shipped(), dataclasses.replace(found(), path="/elsewhere/glslc"))
+    a = key_with(unpinned(), found())
+    assert a != key_with(unpinned(), found("GL_KHR_cooperative_matrix"))
+    assert a != key_with(unpinned(), found(version="2024.1"))
+    assert a == key_with(unpinned(), dataclasses.replace(found(), path="/elsewhere/glslc"))
     cpu = keys.parse((ROOT / "recipes" / "linux-x86_64-cpu.yaml").read_text(encoding="utf-8"))
     assert "vulkan" not in keys.resolve(cpu).inputs, "a recipe without the backend keeps the key it had"
 
 
-def test_no_glslc_or_the_wrong_one_is_a_clear_error() -> None:
+def test_no_glslc_for_an_unpinned_recipe_is_a_clear_error() -> None:
     with pytest.raises(ToolchainError) as e:
-        key_with(shipped(), None)
-    assert "glslc" in e.value.what and "apt-get install glslc" in e.value.fix
-    pinned = shipped()
-    pinned = dataclasses.replace(pinned, vulkan=dataclasses.replace(pinned.vulkan, glslc="2023.2"))
+        key_with(unpinned(), None)
+    assert "glslc" in e.value.what and "apt-get install glslc" in e.value.fix and "vulkan.glslc" in e.value.fix
+
+
+def test_a_pinned_glslc_keys_without_glslc_and_as_the_same_glslc_found_would() -> None:
+    r = shipped()
+    assert r.vulkan is not None and r.vulkan.glslc is not None
+    pin = vulkan.pinned_glslc(r.vulkan.glslc)
+    assert keys.host_facts(r, env={"PATH": "/nonexistent"}).tools == {}  # nothing asked of this machine
+    assert key_with(r, None) == key_with(unpinned(), dataclasses.replace(pin, path="/usr/bin/glslc"))
+    assert keys.resolve(r, host=host(None)).inputs["vulkan"]["glslc"] == {
+        "version": "2023.2-1", "features": [],
+        "versions": {"shaderc": "2023.2-1", "spirv-tools": "2022.4+1.3.236.0-1", "glslang": "11.13.0-1"}}
+
+
+@pytest.mark.parametrize("other", [
+    found(version="2022.1"),  # another shaderc
+    ToolFound(path="/x/glslc", version="2023.2-1", features=(),  # the same shaderc, another glslang
+              versions=(("shaderc", "2023.2-1"), ("spirv-tools", "2022.4+1.3.236.0-1"), ("glslang", "14.0.0-2"))),
+    ToolFound(path="/x/glslc", version="2023.2-1", features=("GL_KHR_cooperative_matrix",),  # another shader set
+              versions=(("shaderc", "2023.2-1"), ("spirv-tools", "2022.4+1.3.236.0-1"), ("glslang", "11.13.0-1"))),
+], ids=["shaderc", "glslang", "features"])
+def test_a_build_refuses_a_glslc_other_than_the_pin(other: ToolFound) -> None:
     with pytest.raises(ToolchainError) as e:
-        key_with(pinned, found(version="2022.1"))
-    assert "pins glslc 2023.2" in e.value.what and "2022.1" in e.value.what
-    assert len(key_with(pinned, found(version="2023.2-1"))) == 64
+        key_with(shipped(), other)
+    assert e.value.exit_code == 3
+    assert "pins glslc shaderc 2023.2-1 (spirv-tools 2022.4+1.3.236.0-1, glslang 11.13.0-1" in e.value.what
+    assert "the glslc here is" in e.value.what and "vulkan.glslc" in e.value.fix
+
+
+def test_for_build_finds_the_pinned_glslc_on_path_and_checks_it(tmp_path: Path) -> None:
+    """`build` looks for the glslc it will run even where the key needed none: the same one keeps the key (and
+    its path reaches CMake), another stops the build before anything starts."""
+    r = shipped()
+    keyed = keys.resolve(r, env={"PATH": "/nonexistent"})
+    same, other = tmp_path / "same", tmp_path / "other"
+    fake_glslc(same, supported=())
+    (same / "glslc").write_text((same / "glslc").read_text().replace("spirv-tools v2024.1", "spirv-tools v2022.4+1.3.236.0-1"))
+    fake_glslc(other, supported=())
+    vulkan._detect.cache_clear()
+    built = keys.for_build(keyed, env={"PATH": f"{same}:/usr/bin:/bin"})
+    assert built.key == keyed.key and built.host.tools["vulkan"].path == str(same / "glslc")
+    with pytest.raises(ToolchainError, match="the glslc here is shaderc 2023.2-1 \\(spirv-tools 2024.1"):
+        keys.for_build(keyed, env={"PATH": f"{other}:/usr/bin:/bin"})
+    with pytest.raises(ToolchainError, match="the cache key needs glslc"):
+        keys.for_build(keys.resolve(unpinned(), host=host(found())), env={"PATH": str(tmp_path / "none")})
 
 
 @pytest.mark.parametrize("edit, message", [
@@ -316,7 +360,7 @@ def test_the_shipped_recipes_with_vulkan_lint() -> None:
     for name in ("linux-x86_64-vulkan", "linux-x86_64-cuda13.0-vulkan"):
         r = keys.parse((ROOT / "recipes" / f"{name}.yaml").read_text(encoding="utf-8"), file=name)
         assert "vulkan" in r.backends and r.vulkan is not None
-        inputs = keys.resolve(r, host=host(found())).inputs  # the key, whether or not this machine has a glslc
+        inputs = keys.resolve(r, host=host(None)).inputs  # the key, whether or not this machine has a glslc
         assert json.dumps(inputs["backends"]) == json.dumps(sorted(r.backends))
 
 
@@ -328,7 +372,13 @@ def test_lint_passes_a_vulkan_recipe_on_a_machine_without_glslc(tmp_path: Path) 
     vulkan._detect.cache_clear()
     res = CliRunner().invoke(cli, ["recipe", "lint", str(SHIPPED)], env={"PATH": str(tmp_path)})
     assert res.exit_code == 0, res.output
-    assert "no key here: the cache key needs" in res.output  # glslc, and here g++ as well: PATH holds neither
+    assert f"key {keys.resolve(shipped(), host=host(None)).key[:12]}" in res.output  # pinned: keyed without glslc or g++
+    text = SHIPPED.read_text(encoding="utf-8")
+    bare = tmp_path / "unpinned.yaml"
+    bare.write_text("\n".join(line for line in text.splitlines() if not line.startswith("  glslc:")) + "\n", encoding="utf-8")
+    res = CliRunner().invoke(cli, ["recipe", "lint", str(bare)], env={"PATH": str(tmp_path)})
+    assert res.exit_code == 0, res.output
+    assert "no key here: the cache key needs glslc" in res.output
 
 
 @pytest.mark.race

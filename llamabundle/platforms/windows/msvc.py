@@ -238,6 +238,20 @@ def check_cuda_host(msc: int, cuda: str, *, toolset: Toolset | None = None) -> N
                              "(\"unsupported Microsoft Visual Studio version\")", fix=fix)
 
 
+def pin_summary(recipe: Recipe) -> str:
+    """What the recipe pins of MSVC and how a build selects it, said without Windows (for `show`)."""
+    t = recipe.toolchain
+    where = f"a Visual Studio in {t.msvc_version}" if t.msvc_version else "the newest Visual Studio"
+    if t.toolset:
+        return f"MSVC toolset {t.toolset} (cl {cl_of_toolset(t.toolset)}), pinned: vcvars64.bat -vcvars_ver={t.toolset} of {where}"
+    return f"MSVC: the default toolset of {where} (toolchain.toolset pins none: any such toolset builds under one key)"
+
+
+def cl_of_toolset(toolset: str) -> str:
+    """cl.exe's version series of a toolset: 14.44.35207 -> 19.44 (its _MSC_VER is 1944)."""
+    return f"19.{msc_ver(toolset) - 1900}"
+
+
 # ------------------------------------------------------------------------------------------------ vcvars
 
 
@@ -358,12 +372,14 @@ def host_toolchain(recipe: Recipe, *, env: Mapping[str, str], log: Log, runner: 
     run = runner or process_runner(log)
     cuda = recipe.cuda.toolkit if recipe.cuda else None
     with log.step("MSVC (vswhere, vcvars64.bat)"):
-        got = setup(env=env, version_range=recipe.toolchain.msvc_version, runner=run, cuda=cuda)
+        got = setup(env=env, version_range=recipe.toolchain.msvc_version, runner=run, cuda=cuda,
+                    toolset=recipe.toolchain.toolset)
     ts = got.toolset
     dirs = runtime_dirs(ts, openmp=recipe.runtime.openmp)
     summary = (f"Visual Studio: {ts.instance.name} {ts.instance.display_version} at {ts.instance.path} "
                f"(msvc_version {recipe.toolchain.msvc_version or 'any'})",
-               f"toolset: MSVC {ts.version} (_MSC_VER {ts.msc_ver}{', accepted by CUDA ' + cuda if cuda else ''})",
+               f"toolset: MSVC {ts.version} ({'pinned by toolchain.toolset' if recipe.toolchain.toolset else 'the default: the recipe pins none'}; "
+               f"_MSC_VER {ts.msc_ver}{', accepted by CUDA ' + cuda if cuda else ''})",
                "environment: " + shlex.join(vcvars_argv(ts)),
                f"redist: {ts.redist_dir}")
     for line in summary:
