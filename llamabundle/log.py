@@ -4,12 +4,13 @@ step leaves for the rest of the workflow."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .errors import LlamaBundleError
 
@@ -58,6 +59,23 @@ def actions_report(*, output: Path | None, summary: Path | None, key: str, hit: 
             if f.tell() == 0:
                 f.write("| key | result | size | sha256 |\n|---|---|---|---|\n")
             f.write(f"| `{key[:12]}` | {'hit' if hit else ('built' if zip_path else 'miss')} | {size} | {sha} |\n")
+
+
+def actions_matrix(*, output: Path | None, summary: Path | None, matrix: Mapping[str, Any],
+                   rows: Sequence[tuple[str, str, bool]]) -> None:
+    """A release plan for later jobs and the run's page: the step outputs `matrix` (the matrix as one line of
+    JSON, for `fromJSON`) and `count` (its legs) appended to `output`, and a row per recipe (name, key, hit or
+    to build) appended to `summary`. A None path is not written."""
+    if output is not None:
+        with open(output, "a", encoding="utf-8") as f:
+            f.write(f"matrix={json.dumps(matrix, separators=(',', ':'), sort_keys=True)}\n"
+                    f"count={len(matrix.get('include', []))}\n")
+    if summary is not None:
+        with open(summary, "a", encoding="utf-8") as f:
+            if f.tell() == 0:
+                f.write("| recipe | key | result |\n|---|---|---|\n")
+            for name, key, hit in rows:
+                f.write(f"| {name} | `{key[:12]}` | {'published' if hit else 'to build'} |\n")
 
 
 _TITLES = {2: "usage or recipe error", 3: "toolchain error", 4: "build failed", 5: "verification failed",

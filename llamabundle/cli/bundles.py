@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 
 from .context import Ctx, pass_ctx
-from .options import JSON_OPT, RECIPE_ARG, STORE_OPT, owned
+from .options import JSON_OPT, RECIPE_ARG, STORE_OPT, InputFile, owned
 from .output import emit
 
 LEVELS = ("static", "load", "gpu", "ops")  # verify.Level, spelled out so that the CLI starts without importing it
@@ -184,4 +184,33 @@ def bundle_command(c: Ctx, recipe_path: Path, build_dir: Path, out: Path, toolki
     click.echo(f"bundled and verified: {outcome.out_dir or outcome.zip_path} (key {outcome.key[:12]})")
 
 
-COMMANDS: tuple[click.Command, ...] = (check, build, fetch, verify, publish, bundle_command)
+@click.command()
+@click.argument("recipes", metavar="[RECIPE...]", nargs=-1)
+@STORE_OPT
+@click.option("--legs", "legs_path", type=InputFile(exists=True),
+              help="A YAML file of the release's legs (`legs:`, each a `recipe:` and its runner settings, e.g. os and "
+                   "cache sizes), copied into each leg of the matrix; without RECIPE its recipes are planned.")
+@JSON_OPT
+@pass_ctx
+def matrix(c: Ctx, recipes: tuple[str, ...], store_url: str | None, legs_path: Path | None, as_json: bool) -> None:
+    """The GitHub Actions matrix of the recipes whose bundles the store does not have yet (RECIPE: names or
+    paths; default: the legs file's, else every shipped recipe). Keys are computed without build tools and the
+    store is asked once per recipe. Under GitHub Actions the step outputs `matrix` and `count` are set."""
+    from .. import matrix as matrix_mod
+
+    legs = matrix_mod.load_legs(legs_path) if legs_path is not None else None
+    keyed = matrix_mod.keyed_recipes(matrix_mod.recipes_of(recipes, legs), env=c.env)
+    store = c.store(store_url, keyed)
+    got = matrix_mod.plan(keyed, store, legs=legs)
+    include = got.include()
+    c.actions_matrix({"include": include}, rows=got.rows)
+    if as_json:
+        emit({"schema": 1, "store": store.url, "recipes": [r.to_json() for r in got.rows], "matrix": {"include": include},
+              "count": len(include)})
+        return
+    for r in got.rows:
+        click.echo(f"hit   {r.recipe}  {r.key}  {r.location}" if r.hit else f"miss  {r.recipe}  {r.key}")
+    click.echo(f"{len(include)} of {len(got.rows)} to build")
+
+
+COMMANDS: tuple[click.Command, ...] = (check, build, fetch, verify, publish, bundle_command, matrix)

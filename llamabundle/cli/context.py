@@ -5,16 +5,19 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from .. import errors
-from ..log import Log, actions_report
+from ..log import Log, actions_matrix, actions_report
 from ..settings import Settings
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from ..keys import Keyed
+    from ..matrix import Row
     from ..store import Store
 
 
@@ -37,12 +40,13 @@ class Ctx:
                        workspace=self.settings.github_workspace)
         self.debug = debug
 
-    def store(self, url: str | None, keyed: Keyed | None = None) -> Store:
-        """The store; given a keyed recipe, a GitHub store looks its release up by the recipe's tag."""
+    def store(self, url: str | None, keyed: Keyed | Sequence[Keyed] | None = None) -> Store:
+        """The store; given keyed recipes, a GitHub store looks each one's release up by the recipe's tag."""
         from ..store import open_store
 
+        given: list[Keyed] = list(keyed) if isinstance(keyed, (list, tuple)) else [keyed] if keyed is not None else []  # type: ignore[list-item]
         store = open_store(url or self.settings.store or str(self.settings.cache_dir / "store"),
-                           settings=self.settings, log=self.log, tags={keyed.key: keyed.tag} if keyed else None)
+                           settings=self.settings, log=self.log, tags={k.key: k.tag for k in given} if given else None)
         if store.url and "://" not in store.url and not store.url.startswith("github:"):
             errors.own(store.url, "the store")
         return store
@@ -56,6 +60,13 @@ class Ctx:
         """Under GitHub Actions: the step outputs and the step summary's row of this key (log.actions_report)."""
         actions_report(output=self.settings.github_output, summary=self.settings.github_step_summary,
                        key=key, hit=hit, location=location, zip_path=zip_path)
+
+
+    def actions_matrix(self, matrix: dict[str, Any], *, rows: Sequence[Row]) -> None:
+        """Under GitHub Actions: the step outputs `matrix` (one line of JSON) and `count`, and a summary row per
+        recipe (log.actions_matrix)."""
+        actions_matrix(output=self.settings.github_output, summary=self.settings.github_step_summary,
+                       matrix=matrix, rows=[(r.recipe, r.key, r.hit) for r in rows])
 
 
 pass_ctx = click.make_pass_decorator(Ctx)

@@ -31,7 +31,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("backends", ("llamabundle.backends",)),
     ("key/build/verify", ("llamabundle.keys", "llamabundle.build", "llamabundle.verify", "llamabundle.opscheck",
                           "llamabundle.source", "llamabundle.package", "llamabundle.repro", "llamabundle.store")),
-    ("pipeline", ("llamabundle.pipeline", "llamabundle.repair")),
+    ("pipeline", ("llamabundle.pipeline", "llamabundle.repair", "llamabundle.matrix")),
     ("app and CLI", ("llamabundle.runtime", "llamabundle.api", "llamabundle.index_site", "llamabundle.cli",
                      "llamabundle.__main__")),
 )

@@ -140,7 +140,8 @@ RECIPE_INPUTS = [("missing", "no such recipe file"), ("dir", ""), ("fifo", ""), 
 RECIPE_COMMANDS = [["show", "{p}"], ["key", "{p}"], ["check", "{p}", "--store", "{store}"], ["archs", "{p}"],
                    ["build", "{p}", "--store", "{store}"], ["fetch", "{p}", "--store", "{store}", "--out", "{out}"],
                    ["install", "--recipe", "{p}", "--store", "{store}", "--dest", "{dest}"], ["recipe", "lint", "{p}"],
-                   ["toolkit", "plan", "{p}"], ["toolkit", "install", "{p}"], ["bundle", "{p}", "{dir}", "--out", "{out}"]]
+                   ["toolkit", "plan", "{p}"], ["toolkit", "install", "{p}"], ["bundle", "{p}", "{dir}", "--out", "{out}"],
+                   ["matrix", "{p}", "--store", "{store}"]]
 BUNDLE_INPUTS = [("missing", 2, "does not exist"), ("empty", 5, ""), ("notzip", 5, ""), ("truncated-zip", 5, ""),
                  ("symlink-zip", 5, "symbolic link"), ("binary", 5, ""), ("fifo", 2, "")]
 BUNDLE_INPUTS += [(f"manifest:{k}", 5, FIELD[k]) for k in MANIFESTS]
@@ -152,7 +153,7 @@ STORE_COMMANDS = [["check", str(LINUX), "--store", "{s}"], ["fetch", str(LINUX),
                   ["fetch", "{key}", "--store", "{s}", "--out", "{out}"],
                   ["install", "--recipe", str(LINUX), "--store", "{s}", "--dest", "{dest}"],
                   ["install", "--key", "{key}", "--store", "{s}", "--dest", "{dest}"],
-                  ["build", str(LINUX), "--store", "{s}"]]
+                  ["build", str(LINUX), "--store", "{s}"], ["matrix", str(LINUX), "--store", "{s}"]]
 OTHER: list[tuple[list[str], int, str]] = [
     (["check", str(LINUX), "--store", "{file}"], 2, "not a directory"),
     (["fetch", str(LINUX), "--store", "{file}", "--out", "{out}"], 2, "not a directory"),
@@ -189,6 +190,10 @@ OTHER: list[tuple[list[str], int, str]] = [
     (["cache", "list", "--frob"], 2, ""),
     (["cache", "prune", "--max", "lots"], 2, "not a size"),
     (["cache", "prune", "--max", "off"], 2, "give a size"),
+    (["matrix", "--legs", "{binary}", "--store", "{empty_store}"], 2, "is not a legs file"),
+    (["matrix", "--legs", "{fifo}", "--store", "{empty_store}"], 2, ""),
+    (["matrix", "--legs", "{missing}", "--store", "{empty_store}"], 2, ""),
+    (["matrix", str(LINUX), "--store", "{file}"], 2, "not a directory"),
     (["bundle", str(LINUX), "{dir}", "--out", "{out}"], 2, "is not a CMake build directory"),
     (["bundle", str(LINUX), "{missing}", "--out", "{out}"], 2, "does not exist"),
     (["bundle", str(LINUX), "{file}", "--out", "{out}"], 2, "is a file"),

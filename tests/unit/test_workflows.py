@@ -1,9 +1,10 @@
 """The GitHub Actions workflows: actionlint and zizmor (pedantic) find nothing, every action is pinned by commit
-SHA, and release.yml builds exactly the shipped recipes, only on a store miss, on runners that can build them
-(a Windows image whose MSVC the recipe's CUDA accepts, ubuntu-24.04 for mingw-w64), in legs that may only read;
-a publish job of its own verifies, publishes and attests what they built. The extracted CUDA toolkit and the
-compiler cache are kept across runs within a budget that fits GitHub's 10 GB, and the build log is kept when
-a build fails."""
+SHA, and release.yml builds exactly the released recipes (.github/release-legs.yml), only those whose bundles
+a plan job (`llamabundle matrix`, Python only) finds missing from the store, on images that have the tools the
+recipes pin (Debian 12 for Linux and mingw-w64, a Windows image whose MSVC the recipe's CUDA accepts), in legs
+that may only read; a publish job of its own verifies, publishes and attests what they built. The extracted
+CUDA toolkit and the compiler cache are kept across runs within a budget that fits GitHub's 10 GB, and the
+build log is kept when a build fails."""
 
 from __future__ import annotations
 
@@ -24,11 +25,12 @@ from llamabundle import keys
 ROOT = Path(__file__).resolve().parents[2]
 WORKFLOWS = ROOT / ".github" / "workflows"
 RELEASE = WORKFLOWS / "release.yml"
-ON_MISS = "steps.check.outputs.hit != 'true'"
+LEGS = ROOT / ".github" / "release-legs.yml"
 ON_BUILD_FAILURE = "failure() && steps.build.outcome == 'failure'"
-# where release.yml puts llamabundle's cache (LLAMABUNDLE_CACHE_DIR) and ccache's (CCACHE_DIR)
-CACHE_DIR = "llamabundle"
-CCACHE_DIR = "ccache"
+# where release.yml puts llamabundle's cache (LLAMABUNDLE_CACHE_DIR) and ccache's (CCACHE_DIR), in the workspace
+CACHE_DIR = ".cache/llamabundle"
+CCACHE_DIR = ".cache/ccache"
+DEBIAN = "debian:12"
 # a step `uses: owner/repo[/path]@<40 hex> # vX.Y.Z`
 PINNED = re.compile(r"[A-Za-z0-9_.-]+/[A-Za-z0-9_./-]+@[0-9a-f]{40}")
 USES_LINE = re.compile(r"^\s*(?:-\s+)?uses:\s*(\S+)(.*)$")
@@ -94,8 +96,15 @@ def publish_job() -> dict[str, Any]:
     return job
 
 
+def plan_job() -> dict[str, Any]:
+    job = load(RELEASE)["jobs"]["plan"]
+    assert isinstance(job, dict)
+    return job
+
+
 def release_matrix() -> list[dict[str, Any]]:
-    rows: list[dict[str, Any]] = release_job()["strategy"]["matrix"]["include"]
+    """The legs `llamabundle matrix --legs` reads (the plan job keeps those whose bundles are missing)."""
+    rows: list[dict[str, Any]] = yaml.safe_load(LEGS.read_text(encoding="utf-8"))["legs"]
     return rows
 
 
@@ -158,13 +167,17 @@ def test_zizmor_finds_nothing() -> None:
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, check=False, env=env)
     out = (proc.stdout + proc.stderr).strip()
     assert proc.returncode == 0, f"zizmor exited {proc.returncode}:\n{out}"
-    # ignored sparingly: only the cache-poisoning finding of release.yml's caches, each with its reason above it
+    # ignored sparingly, each with its reason above it: the cache-poisoning finding of release.yml's caches, and
+    # the Debian 12 image named by its tag (its tools are pinned by the recipes and checked by `build`)
     ignores = [(path.name, line.strip()) for path in workflow_files()
                for line in path.read_text(encoding="utf-8").splitlines() if "zizmor: ignore" in line]
-    assert len(ignores) == len(uses_steps(release_steps(), "actions/cache")), ignores
-    for name, line in ignores:
-        assert name == RELEASE.name and line.startswith("uses: actions/cache@"), line
-        assert line.endswith("# zizmor: ignore[cache-poisoning]"), line
+    caches = [(n, line) for n, line in ignores if line.startswith("uses: actions/cache@")]
+    images = [(n, line) for n, line in ignores if line.startswith("container:")]
+    assert len(caches) == len(uses_steps(release_steps(), "actions/cache")) and len(ignores) == len(caches) + len(images)
+    for name, line in caches:
+        assert name == RELEASE.name and line.endswith("# zizmor: ignore[cache-poisoning]"), line
+    assert sorted(images) == [("ci.yml", f"container: {DEBIAN}  # zizmor: ignore[unpinned-images]"),
+                              ("release.yml", "container: ${{ matrix.container }}  # zizmor: ignore[unpinned-images]")]
 
 
 def test_every_action_is_pinned_by_commit_sha() -> None:
@@ -201,10 +214,11 @@ def test_release_triggers_and_permissions() -> None:
     # nothing for the workflow as a whole; the legs that run llama.cpp's build only read; the writes only in the
     # job that publishes, which runs after them and builds nothing
     assert wf["permissions"] == {}
-    assert set(wf["jobs"]) == {"bundle", "publish"}
-    assert release_job()["permissions"] == {"contents": "read"}
+    assert set(wf["jobs"]) == {"plan", "bundle", "publish"}
+    assert plan_job()["permissions"] == release_job()["permissions"] == {"contents": "read"}
     assert publish_job()["permissions"] == {"contents": "write", "id-token": "write", "attestations": "write"}
-    assert publish_job()["needs"] == "bundle" and condition(publish_job()) == "!cancelled()"
+    assert publish_job()["needs"] == ["plan", "bundle"]
+    assert condition(publish_job()) == "!cancelled() && needs.plan.outputs.count != '0'"
 
 
 def test_release_matrix_is_exactly_the_shipped_recipes() -> None:
@@ -218,53 +232,91 @@ def test_release_matrix_is_exactly_the_shipped_recipes() -> None:
     for row in include:
         recipe = recipe_of(row)
         assert recipe["name"] == row["recipe"]
-        if is_native_windows(recipe):
-            runner = "windows-2022"
-        elif recipe["toolchain"]["compiler"] == "mingw":
-            runner = "ubuntu-24.04"  # cross-built on Linux, with a mingw-w64 gcc new enough (see below)
-        else:
-            runner = "ubuntu-22.04"
-        assert row["os"] == runner, f"{row['recipe']} ({recipe['platform']}) must run on {runner}"
-    assert job["runs-on"] == "${{ matrix.os }}"
+        # Linux and mingw-w64: in Debian 12, whose compilers and glslc the recipes pin (see below)
+        runner, image = ("windows-2022", "") if is_native_windows(recipe) else ("ubuntu-24.04", DEBIAN)
+        assert (row["os"], row["container"]) == (runner, image), f"{row['recipe']} ({recipe['platform']}) must run on {runner} {image}"
+    assert job["runs-on"] == "${{ matrix.os }}" and job["container"] == "${{ matrix.container }}"
+    assert job["strategy"]["matrix"] == "${{ fromJSON(needs.plan.outputs.matrix) }}"
+    assert job["needs"] == "plan" and condition(job) == "needs.plan.outputs.count != '0'"
     assert job["env"]["RECIPE"] == "recipes/${{ matrix.recipe }}.yaml"
     assert job["env"]["STORE"] == "github:${{ github.repository }}"
 
 
-def test_release_checks_then_builds_only_on_a_miss() -> None:
-    steps = release_steps()
-    check = step_running(steps, "llamabundle check")
-    assert check.get("id") == "check"
-    assert "if" not in check and "continue-on-error" not in check
-    assert '--store "$STORE"' in check["run"]
-    # a miss (exit 1) goes on; every other failure still fails the job
-    assert "|| rc=$?" in check["run"] and "|| true" not in check["run"]
+def test_the_plan_job_asks_the_store_with_python_only() -> None:
+    """The first job runs `llamabundle matrix` over the legs file on a bare runner: llamabundle without its build
+    tools, no compiler, no apt-get; its outputs are the matrix and its size."""
+    job = plan_job()
+    steps: list[dict[str, Any]] = job["steps"]
+    matrix = step_running(steps, "llamabundle matrix")
+    assert matrix["run"].strip() == 'llamabundle matrix --legs .github/release-legs.yml --store "$STORE"'
+    assert matrix.get("id") == "matrix" and matrix["env"]["GITHUB_TOKEN"] == "${{ secrets.GITHUB_TOKEN }}"
+    assert job["outputs"] == {"matrix": "${{ steps.matrix.outputs.matrix }}", "count": "${{ steps.matrix.outputs.count }}"}
+    assert job["env"]["STORE"] == "github:${{ github.repository }}"
+    text = "\n".join(str(s.get("run", "")) for s in steps)
+    assert "pip install ." in text and "[tools]" not in text
+    for needle in ("apt-get", "choco", "glslc", "g++", "mingw", "cmake", "llamabundle build"):
+        assert needle not in text, f"the plan job runs {needle!r}"
+    assert "container" not in job
 
+
+def test_a_leg_builds_without_publishing() -> None:
+    """A leg exists only for a miss (the plan job): it builds (a bundle published since the plan is fetched and
+    verified instead), never publishes, and restores its caches before the build."""
+    steps = release_steps()
+    assert not [s for s in steps if "llamabundle check" in str(s.get("run", ""))]  # the plan asked the store
     build = step_running(steps, "llamabundle build")
-    assert condition(build) == ON_MISS
-    assert steps.index(check) < steps.index(build)
+    assert "if" not in build
     assert '--store "$STORE" --no-publish --json' in build["run"]  # the leg cannot write: publish does
     assert build["env"]["GITHUB_TOKEN"] == "${{ secrets.GITHUB_TOKEN }}"
     assert build.get("id") == "build" and 'echo "zip=' in build["run"]
     assert not uses_steps(steps, "actions/attest-build-provenance")
-
     restores = uses_steps(steps, "actions/cache") + uses_steps(steps, "actions/cache/restore")
     assert restores
     for cache_step in restores:
-        assert ON_MISS in conjuncts(condition(cache_step)) and steps.index(cache_step) < steps.index(build)
-    # every step after the check that costs anything is skipped on a hit; the log upload runs only when the
-    # build step (itself skipped on a hit) failed
-    for s in steps[steps.index(check) + 1:]:
-        if s.get("name") == "upload the build log":
-            assert condition(s) == ON_BUILD_FAILURE
-            continue
-        assert ON_MISS in conjuncts(condition(s)), f"step {s.get('name') or s.get('uses')} also runs on a hit"
+        assert steps.index(cache_step) < steps.index(build)
+    [log] = [s for s in steps if s.get("name") == "upload the build log"]
+    assert condition(log) == ON_BUILD_FAILURE
+
+
+def test_each_leg_runs_on_an_image_with_the_tools_its_recipe_pins() -> None:
+    """Debian 12 has g++ 12.2.0, a mingw-w64 g++ whose macros say 12.0.0 and glslc 2023.2-1; windows-2022 has
+    MSVC 14.44.35207: each leg's recipe pins exactly what its image has (else `build` would stop at exit 3).
+    Where this machine is that Debian (README's, CI's), its tools are checked to be the pinned ones."""
+    images = {DEBIAN: {"gcc": "=12.2.0", "mingw": "=12.0.0",
+                       "glslc": {"shaderc": "2023.2-1", "spirv_tools": "2022.4+1.3.236.0-1", "glslang": "11.13.0-1",
+                                 "features": []}},
+              "windows-2022": {"msvc": "14.44.35207"}}
+    for row in release_matrix():
+        recipe = recipe_of(row)
+        has = images[row["container"] or row["os"]]
+        t = recipe["toolchain"]
+        assert (t.get("toolset") if t["compiler"] == "msvc" else t.get("version")) == has[t["compiler"]], row["recipe"]
+        if "vulkan" in recipe:
+            assert recipe["vulkan"]["glslc"] == has["glslc"], row["recipe"]
+    try:
+        debian12 = Path("/etc/debian_version").read_text().startswith("12.")
+    except OSError:
+        debian12 = False
+    if debian12:
+        from llamabundle.backends import vulkan
+        from llamabundle.compilers import detect_version
+
+        for compiler in ("gcc", "mingw"):
+            found = detect_version(compiler)
+            assert found is None or "=" + found == images[DEBIAN][compiler], (compiler, found)
+        glslc = vulkan.detect_glslc()
+        if glslc is not None:
+            pin = images[DEBIAN]["glslc"]
+            assert (glslc.version, dict(glslc.versions), list(glslc.features)) == (
+                pin["shaderc"], {"shaderc": pin["shaderc"], "spirv-tools": pin["spirv_tools"], "glslang": pin["glslang"]},
+                pin["features"])
 
 
 def test_each_leg_hands_its_zip_to_the_publish_job() -> None:
     steps = release_steps()
     build = step_running(steps, "llamabundle build")
     [upload] = [s for s in uses_steps(steps, "actions/upload-artifact") if s.get("name") == "upload the bundle"]
-    assert PINNED.fullmatch(upload["uses"]) and condition(upload) == ON_MISS
+    assert PINNED.fullmatch(upload["uses"]) and "if" not in upload
     assert upload["with"]["name"] == "bundle-${{ matrix.recipe }}"  # one artifact per leg
     assert upload["with"]["path"] == "${{ steps.build.outputs.zip }}" and upload["with"]["if-no-files-found"] == "error"
     assert steps.index(build) < steps.index(upload)
@@ -318,37 +370,39 @@ def test_the_compiler_cache_is_saved_even_when_the_build_fails() -> None:
     """A cold CUDA build takes hours: what it compiled is kept when it fails or runs out of time (the build step
     stops before the job's limit), so that a re-run of the job resumes from it."""
     steps = release_steps()
-    ccache_path = f"${{{{ runner.temp }}}}/{CCACHE_DIR}"
+    ccache_path = CCACHE_DIR
     [restore] = uses_steps(steps, "actions/cache/restore")
     [save] = uses_steps(steps, "actions/cache/save")
     assert restore["with"]["path"] == save["with"]["path"] == ccache_path
     assert restore["uses"].split("@")[1] == save["uses"].split("@")[1]
-    assert condition(restore) == ON_MISS and restore.get("id") == "ccache"
+    assert "if" not in restore and restore.get("id") == "ccache"
     # a key of its own for every attempt (a cache key is written once), restored by the newest of the recipe's
     key = restore["with"]["key"]
     assert "matrix.recipe" in key and "${{ github.run_id }}-${{ github.run_attempt }}" in key
     assert restore["with"]["restore-keys"].splitlines() == ["ccache-${{ matrix.recipe }}-${{ hashFiles(env.RECIPE) }}-",
                                                        "ccache-${{ matrix.recipe }}-"]
     assert save["with"]["key"] == "${{ steps.ccache.outputs.cache-primary-key }}"
-    assert conjuncts(condition(save)) == ["always()", ON_MISS, "steps.ccache.outcome == 'success'"]
+    assert conjuncts(condition(save)) == ["always()", "steps.ccache.outcome == 'success'"]
     build = step_running(steps, "llamabundle build")
     assert steps.index(restore) < steps.index(build) < steps.index(save) == len(steps) - 1
     assert build["timeout-minutes"] + 20 <= release_job()["timeout-minutes"] <= 360
 
 
 def test_release_sets_the_cache_directories_before_anything_uses_them() -> None:
-    """LLAMABUNDLE_CACHE_DIR and CCACHE_DIR are set explicitly, under the runner's temp directory (outside the
-    checkout), so that the cache steps' paths name the directories llamabundle and ccache really use."""
+    """LLAMABUNDLE_CACHE_DIR and CCACHE_DIR are set explicitly, in the workspace, so that the cache steps'
+    paths (relative to it) name the directories llamabundle and ccache really use, in a container job too
+    (where the runner's own paths, runner.temp's included, are not the container's)."""
     steps = release_steps()
     job_env = release_job()["env"]
-    assert "LLAMABUNDLE_CACHE_DIR" not in job_env and "CCACHE_DIR" not in job_env  # runner.temp: steps only
+    assert "LLAMABUNDLE_CACHE_DIR" not in job_env and "CCACHE_DIR" not in job_env  # $GITHUB_WORKSPACE: steps only
     [setter] = [s for s in steps if "LLAMABUNDLE_CACHE_DIR=" in str(s.get("run", ""))]
-    assert f'echo "LLAMABUNDLE_CACHE_DIR=$RUNNER_TEMP/{CACHE_DIR}" >> "$GITHUB_ENV"' in setter["run"]
-    assert f'echo "CCACHE_DIR=$RUNNER_TEMP/{CCACHE_DIR}" >> "$GITHUB_ENV"' in setter["run"]
+    assert f'echo "LLAMABUNDLE_CACHE_DIR=$GITHUB_WORKSPACE/{CACHE_DIR}" >> "$GITHUB_ENV"' in setter["run"]
+    assert f'echo "CCACHE_DIR=$GITHUB_WORKSPACE/{CCACHE_DIR}" >> "$GITHUB_ENV"' in setter["run"]
     assert "if" not in setter
-    first_user = min(steps.index(step_running(steps, "llamabundle check")),
+    first_user = min(steps.index(step_running(steps, "llamabundle build")),
                      steps.index(step_running(steps, "pip install")))
     assert steps.index(setter) < first_user
+    assert "${{ runner.temp }}" not in RELEASE.read_text(encoding="utf-8").split("\n  bundle:")[1].split("\n  publish:")[0]
 
 
 def test_windows_legs_run_on_a_bare_windows_2022_and_no_step_opens_a_developer_prompt() -> None:
@@ -414,15 +468,17 @@ def test_each_windows_image_has_an_msvc_the_recipes_cuda_accepts() -> None:
     assert not low <= 1950 < high
 
 
-def test_the_mingw_leg_runs_on_ubuntu_24_04() -> None:
-    """Ubuntu 22.04's mingw-w64 gcc is 10; the alderlake CPU variant's -mavxvnni needs gcc 11+ (24.04: 13)."""
+def test_the_mingw_leg_runs_in_debian_12() -> None:
+    """Debian 12's mingw-w64 gcc (12) is the one the recipe pins; Ubuntu 22.04's gcc 10 could not even build the
+    alderlake CPU variant (-mavxvnni needs gcc 11+)."""
     mingw = [row for row in release_matrix() if recipe_of(row)["toolchain"]["compiler"] == "mingw"]
     assert [row["recipe"] for row in mingw] == ["windows-x86_64-cpu-mingw"]
-    assert mingw[0]["os"] == "ubuntu-24.04"
-    text = RELEASE.read_text(encoding="utf-8")
+    assert (mingw[0]["os"], mingw[0]["container"]) == ("ubuntu-24.04", DEBIAN)
+    text = LEGS.read_text(encoding="utf-8")
     assert "-mavxvnni" in text and "gcc 11" in text  # the comment that says why
     install = step_running(release_steps(), "g++-mingw-w64-x86-64-posix")
-    assert "apt-get install" in install["run"]
+    assert "apt-get install" in install["run"] and "sudo" not in install["run"]  # root in the container
+    assert condition(install) == "matrix.container != ''"
 
 
 def test_ccache_is_large_enough_for_each_leg() -> None:
@@ -465,8 +521,8 @@ def test_the_caches_fit_githubs_10_gb_with_a_budget_per_leg() -> None:
                 need += 1.2 * entry[1]
         assert need <= own, f"{row['recipe']}: its caches take {need / 1e9:.2f} GB, over its budget {row['cache-budget']}"
     assert budget <= 9.5e9, f"the legs' budgets add up to {budget / 1e9:.2f} GB"
-    text = RELEASE.read_text(encoding="utf-8")
-    assert re.search(r"#\s+all\s+9\.5G", text) and "10 GB" in text  # the table beside the matrix
+    text = LEGS.read_text(encoding="utf-8")
+    assert re.search(r"#\s+all\s+9\.5G", text) and "10 GB" in text  # the table beside the legs
 
 
 def test_cuda_legs_cache_the_extracted_toolkit_keyed_by_the_manifest() -> None:
@@ -492,10 +548,9 @@ def test_cuda_legs_cache_the_extracted_toolkit_keyed_by_the_manifest() -> None:
     steps = release_steps()
     plan = step_running(steps, "llamabundle toolkit plan")
     assert plan.get("id") == "toolkit" and 'echo "archives=' in plan["run"] and '"sha256"' in plan["run"]
-    [toolkit_cache] = [s for s in uses_steps(steps, "actions/cache")
-                       if s["with"]["path"] == f"${{{{ runner.temp }}}}/{CACHE_DIR}/toolkits"]
+    [toolkit_cache] = [s for s in uses_steps(steps, "actions/cache") if s["with"]["path"] == f"{CACHE_DIR}/toolkits"]
     for s in (plan, toolkit_cache):
-        assert conjuncts(condition(s)) == [ON_MISS, "matrix.cuda-manifest != ''"]
+        assert condition(s) == "matrix.cuda-manifest != ''"
     assert toolkit_cache["with"]["key"] == ("cuda-toolkit-${{ runner.os }}-${{ hashFiles(matrix.cuda-manifest) }}-"
                                             "${{ steps.toolkit.outputs.archives }}")
     assert steps.index(plan) < steps.index(toolkit_cache) < steps.index(step_running(steps, "llamabundle build"))
@@ -515,7 +570,7 @@ def test_the_build_log_is_uploaded_when_the_build_fails() -> None:
     assert condition(upload) == ON_BUILD_FAILURE
     assert steps.index(upload) > steps.index(step_running(steps, "llamabundle build"))
     paths = [p.strip() for p in str(upload["with"]["path"]).splitlines()]
-    assert f"${{{{ runner.temp }}}}/{CACHE_DIR}/build/*/{build.LOG_NAME}" in paths
+    assert f"{CACHE_DIR}/build/*/{build.LOG_NAME}" in paths
     assert "matrix.recipe" in upload["with"]["name"]  # one artifact per leg: names must not collide
 
 
@@ -523,7 +578,8 @@ def test_ci_runs_the_ci_script() -> None:
     wf = load(WORKFLOWS / "ci.yml")
     assert set(wf["on"]) == {"push", "pull_request"}
     job = wf["jobs"]["tests"]
-    assert job["runs-on"] == "ubuntu-22.04" and job["timeout-minutes"] == 90
+    # in the Debian 12 the recipes pin (g++, glslc): the e2e tests' real builds run with the pinned tools
+    assert job["runs-on"] == "ubuntu-24.04" and job["container"] == DEBIAN and job["timeout-minutes"] == 90
     assert job["steps"][-1]["run"] == "bash .ci/run"
     # no cache of llamabundle's trees: .ci/run starts from empty caches
     assert not [s for s in job["steps"] if str(s.get("uses", "")).startswith("actions/cache@")]
