@@ -110,7 +110,8 @@ def show(c: Ctx, recipe_path: Path, as_json: bool) -> None:
     from ..log import Log
     from ..platforms.base import HostToolchain
 
-    try:
+    try:  # the tools the build would run, pinned ones too (glslc's path reaches CMake)
+        keyed = keys.for_build(keyed, env=c.env)
         toolchain = platforms.get(r.platform).setup_toolchain(r, keyed.host, env=c.env, log=Log(quiet=True))
         unavailable = None
     except LlamaBundleError as e:  # shown, not fatal: show also runs where the recipe cannot be built
@@ -118,12 +119,15 @@ def show(c: Ctx, recipe_path: Path, as_json: bool) -> None:
     # the tools the build would find: on the PATH the toolchain's environment sets (vcvars adds VS's cmake)
     plan = pipeline.show_plan(keyed, c.settings, locate_tools(path={**c.env, **toolchain.env}.get("PATH")), toolchain)
     pin = pin_line(r, keyed.host)
+    from ..platforms.load import planned_env
+
+    load_env = planned_env(r.platform)
     data: dict[str, Any] = {"schema": 1, "name": r.name, "key": keyed.key, "tag": keyed.tag, "platform": r.platform,
                             "commit": r.llama_cpp.commit, "backends": list(r.backends), "driver_floor": r.driver_floor,
                             "sources": [source_mod.describe(s) for s in r.llama_cpp.sources],
                             "toolchain": {"pin": pin, "summary": list(toolchain.summary), "unavailable": unavailable,
                                           "runtime_dirs": {str(d): o for d, o in toolchain.runtime_dirs}},
-                            "plan": plan.to_json()}
+                            "plan": plan.to_json(), "load_env": load_env}
     if as_json:
         emit(data)
         return
@@ -151,6 +155,7 @@ def show(c: Ctx, recipe_path: Path, as_json: bool) -> None:
     click.echo("configure " + shlex.join(plan.configure))
     click.echo("build     " + shlex.join(plan.build))
     click.echo("bundle    " + ", ".join(plan.programs + plan.backends))
+    click.echo("load env  " + " ".join(f"{k}={v}" for k, v in load_env.items()))
 
 
 def pin_line(r: Recipe, host: HostFacts) -> str:
@@ -161,8 +166,9 @@ def pin_line(r: Recipe, host: HostFacts) -> str:
 
         return pin_summary(r)
     if t.version:
-        kind = "exactly" if t.version.startswith("=") else "any of (the recipe says they are interchangeable)"
-        return f"{t.compiler} {t.version.lstrip('=')}: {kind}"
+        kind = ("exactly that version" if t.version.startswith("=") else
+                "any such version (the recipe says they are interchangeable)")
+        return f"{t.compiler} {t.version}: {kind}; `build` stops on another"
     return f"{t.compiler} not pinned: the key holds the one found here ({host.compiler or 'none'})"
 
 

@@ -67,7 +67,22 @@ def clean_env(root: Path, keep: Mapping[str, str] | None = None) -> dict[str, st
         given = proc.inherited(["SystemRoot", "windir"])
         system_root = given.get("SystemRoot") or given.get("windir") or "C:\\Windows"
         return windows_env(str(root), str(root.parent), system_root, keep)
-    return {**(keep or {}), "PATH": "/usr/bin:/bin", "HOME": str(root), "LANG": "C.UTF-8", "TMPDIR": str(root.parent)}
+    return posix_env(str(root), str(root.parent), keep)
+
+
+def posix_env(bundle: str, tmp: str, keep: Mapping[str, str] | None = None) -> dict[str, str]:
+    """A Linux bundle's clean environment: the system's directories on PATH, HOME the bundle, a UTF-8 locale, the
+    temporary directory beside the bundle, and `keep`."""
+    return {**(keep or {}), "PATH": "/usr/bin:/bin", "HOME": bundle, "LANG": "C.UTF-8", "TMPDIR": tmp}
+
+
+def planned_env(platform: str) -> dict[str, str]:
+    """The clean environment the load check runs a bundle of `platform` in, as `show` prints it: <bundle> where
+    it is unpacked, <tmp> beside it, %SystemRoot% as Windows sets it (a backend's driver variables are added
+    when the caller has them)."""
+    if platform.startswith("windows-"):
+        return {**windows_env("<bundle>", "<tmp>", "%SystemRoot%"), "SystemDrive": "%SystemDrive%"}
+    return posix_env("<bundle>", "<tmp>")
 
 
 def windows_env(bundle: str, tmp: str, system_root: str, keep: Mapping[str, str] | None = None) -> dict[str, str]:
