@@ -289,8 +289,9 @@ def _read_stamp(stamp: Path) -> object:
 
 
 def run_build(plan: BuildPlan, *, log: Log, env: Mapping[str, str], clean: bool = False,
-              timeout: float | None = None) -> BuildResult:
-    """Configure (when the stamp says so) and build; each step is stopped after `timeout` seconds."""
+              timeout: float | None = None, lay: Callable[[Path], object] | None = None) -> BuildResult:
+    """Configure (when the stamp says so) and build; each step is stopped after `timeout` seconds. `lay` puts
+    what the build takes from the build directory there (the web UI), once the directory is ready."""
     bd = plan.build_dir
     stamp = bd / STAMP
     wanted: list[str] | dict[str, object] = list(plan.configure)
@@ -302,6 +303,8 @@ def run_build(plan: BuildPlan, *, log: Log, env: Mapping[str, str], clean: bool 
     if clean or (bd.exists() and not configured):
         shutil.rmtree(bd, ignore_errors=True)
     bd.mkdir(parents=True, exist_ok=True)
+    if lay is not None:
+        lay(bd)
     make_links(plan.links)
     if (warning := unpadded(plan.links)) is not None:
         log.warn(warning)

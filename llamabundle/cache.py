@@ -25,7 +25,9 @@ REPRO_PREFIX = "repro-"  # the second build of --check-reproducible
 UNPACK_PREFIX = "unpack-"  # a fetched bundle being checked
 VERIFY_PREFIX = "verify-"  # verify's copies of the bundles it runs
 PRUNE_PREFIX = "prune-"  # an entry a prune moved aside to remove
-TMP_PREFIXES = (STAGE_PREFIX, REPRO_PREFIX, UNPACK_PREFIX, VERIFY_PREFIX, SOURCE_PREFIX, PRUNE_PREFIX)  # what commands make in tmp/
+UI_PREFIX = "ui-"  # a web UI being built (webui.py)
+TMP_PREFIXES = (STAGE_PREFIX, REPRO_PREFIX, UNPACK_PREFIX, VERIFY_PREFIX, SOURCE_PREFIX, PRUNE_PREFIX,
+                UI_PREFIX)  # what commands make in tmp/
 
 
 def tmp_dir(cache_dir: Path) -> Path:
@@ -95,8 +97,8 @@ def fetched_dir(cache_dir: Path, key: str) -> Path:
 
 # ------------------------------------------------------------------------------------------ the bound
 
-PRUNABLE = ("fetched", "out", "build", "downloads", "src", "toolkits")  # what a prune may remove
-SHARED = ("downloads", "src", "toolkits")  # what any build may use: removed only while no run holds `in_use`
+PRUNABLE = ("fetched", "out", "build", "downloads", "src", "toolkits", "ui")  # what a prune may remove
+SHARED = ("downloads", "src", "toolkits", "ui")  # what any build may use: removed only while no run holds `in_use`
 FRESH = 120.0  # seconds: an entry used this recently may belong to a run going on now, and is kept
 IN_USE = "in-use.lock"
 

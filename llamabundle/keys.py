@@ -136,6 +136,8 @@ def key_inputs(recipe: Recipe, host: HostFacts) -> dict[str, Any]:
         "targets": sorted(recipe.targets),
         "runtime": {"openmp": recipe.runtime.openmp},
     }
+    if recipe.ui != "none":  # only then (the keys of recipes without the UI stay as they were): the commit pins its source
+        inputs["ui"] = recipe.ui
     for b in backends.REGISTRY.values():
         inputs.update(b.key_inputs(recipe, host))
     return inputs

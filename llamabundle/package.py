@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import backends, cache, platforms, scratch
+from . import backends, cache, platforms, scratch, webui
 from .backends import Prepared
 from .build import BuildPlan, BuildResult, BuildTools
 from .bundle import built_at, file_entries, pack, write_manifest
@@ -23,6 +23,7 @@ from .platforms import Collected, RuntimeSources
 from .platforms.base import HostToolchain
 from .recipe import Recipe
 from .source import SourceTree
+from .webui import Assets
 
 LICENSE_FILES = {"LICENSE": "LICENSE", "licenses/LICENSE-jsonhpp": "LICENSE-jsonhpp"}
 
@@ -35,6 +36,12 @@ class Made:
     tools: BuildTools
     prepared: Mapping[str, Prepared]  # backend name -> its toolkit
     sde: int | None  # SOURCE_DATE_EPOCH: the commit's date unless the environment sets it
+    ui: Assets | None = None  # the web UI laid into the build (ui: build)
+
+    def lay(self, build_dir: Path, log: Log) -> None:
+        """What the build takes from its directory: the web UI's assets (nothing without one)."""
+        if self.ui is not None:
+            webui.place(self.ui, build_dir, log)
 
     @property
     def recipe(self) -> Recipe:
@@ -83,7 +90,8 @@ def package(made: Made, plan: BuildPlan, result: BuildResult, out_zip: Path, *, 
             "backends": sorted(recipe.backends),
             "toolchain": {"cmake": made.tools.cmake_version, "ninja": made.tools.ninja_version,
                           "compiler": result.compiler,
-                          **{k: v for p in made.prepared.values() for k, v in p.toolchain.items()}},
+                          **{k: v for p in made.prepared.values() for k, v in p.toolchain.items()},
+                          **({"ui": made.ui.digest, "ui_source": made.ui.source} if made.ui else {})},
             "system_deps": collected.system_deps,
             "glibc_floor": collected.glibc_floor,
             "files": file_entries(stage, roles, about),

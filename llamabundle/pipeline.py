@@ -13,7 +13,7 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
-from . import backends, cache, keys, opscheck, platforms, repro, scratch
+from . import backends, cache, keys, opscheck, platforms, repro, scratch, webui
 from . import bundle as bundle_mod
 from . import source as source_mod
 from .archive import tmp_beside
@@ -192,12 +192,15 @@ def _build_locked(keyed: Keyed, *, settings: Settings, store: Store, log: Log, e
         log.warn("the commit's date is unknown (this source does not prove it): built_at and the zip's timestamps "
                  "come from the clock, so the bundle is not reproducible; set SOURCE_DATE_EPOCH to fix them")
     build_env = {**env, "SOURCE_DATE_EPOCH": str(sde)} if sde is not None else env
-    made = Made(keyed=keyed, src=src, tools=tools, prepared=prepared, sde=sde)
+    ui = (webui.provide(src.path, cache_dir=settings.cache_dir, log=log, env=env, timeout=settings.build_timeout)
+          if recipe.ui == "build" else None)  # the last step with a network: npm's registry, once per UI source
+    made = Made(keyed=keyed, src=src, tools=tools, prepared=prepared, sde=sde, ui=ui)
     build_dir = cache.build_dir(settings.cache_dir, key, tools.ids, made.toolkit_roots.values())
     plan = plan_build(recipe, host, source_dir=src.path, build_dir=build_dir, tools=tools, jobs=jobs,
                       toolkit_roots=made.toolkit_roots, env=toolchain.env, fixed_root=cache.fixed_dir(settings.cache_dir))
-    result = run_build(plan, log=log, env=build_env, clean=clean, timeout=settings.build_timeout)
-    for used in (build_dir, src.path, *made.toolkit_roots.values()):  # used now (the bound removes the least recently used first)
+    result = run_build(plan, log=log, env=build_env, clean=clean, timeout=settings.build_timeout,
+                       lay=lambda d: made.lay(d, log))
+    for used in (build_dir, src.path, *made.toolkit_roots.values(), *([ui.dist.parent] if ui else [])):  # used now (the bound removes the least recently used first)
         cache.touch_used(settings.cache_dir, used)
     configure_log = result.log_path.read_text(encoding="utf-8", errors="replace")
     for backend in backends.of(recipe):

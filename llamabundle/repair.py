@@ -69,6 +69,21 @@ def _compiler_path(build_dir: Path) -> str:
     return ""
 
 
+def check_ui(recipe: Recipe, build_dir: Path) -> None:
+    """The build embeds the web UI exactly when the recipe says ui: build (llama.cpp's generated ui.h says
+    whether it embedded assets): the key holds it."""
+    header = build_dir / "tools" / "ui" / "ui.h"
+    try:
+        embedded = "#define LLAMA_UI_HAS_ASSETS 1" in header.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        embedded = False
+    if embedded != (recipe.ui == "build"):
+        raise UsageError(f"{build_dir} {'embeds no' if not embedded else 'embeds a'} web UI, the recipe says ui: {recipe.ui}",
+                         why=f"{header} {'says it embedded assets' if embedded else 'is missing or names no assets'}, "
+                             "and the web UI is part of the bundle's key",
+                         fix="bundle it with a recipe that says so, or build with the recipe's ui (llamabundle build)")
+
+
 def check_msvc_record(recipe: Recipe, tree: BuildTree) -> None:
     """A build made with MSVC is inside the recipe's toolset pin: the toolset in cl.exe's path
     (VC/Tools/MSVC/<toolset>/bin/...) where CMake recorded it, else cl's version series (19.44 for 14.44)."""
@@ -155,6 +170,7 @@ def bundle_build(recipe: Recipe, build_dir: Path, *, out: Path, toolkit_root: Pa
     if absent:
         raise UsageError(f"{build_dir} lacks {', '.join(absent)}", why=f"the recipe's programs and backends are "
                          f"looked for in {plan.output_dir}", fix="build the recipe's targets there first")
+    check_ui(recipe, build_dir)
     result = BuildResult(plan=plan, log_path=build_dir / CMAKE_CACHE, compiler=tree.compiler, compiled=0)
     zip_path = cache.out_zip(settings.cache_dir, recipe.name, keyed.key)
     with making(settings, keyed.key, log):  # out/'s zip is this process's until it is copied or unpacked

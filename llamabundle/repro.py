@@ -33,7 +33,8 @@ def rebuild_elsewhere(made: Made, zip_a: Path, *, toolchain: HostToolchain, jobs
                                 jobs=jobs, toolkit_roots=made.toolkit_roots, env=toolchain.env,
                                 fixed_root=cache.fixed_dir(cache_dir))
             try:
-                result_b = run_build(plan_b, log=log, env=env, clean=True, timeout=build_timeout)
+                result_b = run_build(plan_b, log=log, env=env, clean=True, timeout=build_timeout,
+                                     lay=lambda d: made.lay(d, log))
             finally:  # those into the scratch tree, removed below (a toolkit's link may serve another build)
                 remove_links([(fixed, real) for fixed, real in plan_b.links if Path(real).is_relative_to(work)])
         zip_b = work / zip_a.name

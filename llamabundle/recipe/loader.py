@@ -344,6 +344,15 @@ def _check(r: Recipe, ctx: _Ctx) -> None:
         raise ctx.fail(None, "toolchain.toolset", "toolset is only for compiler: msvc", fix="pin the compiler with version:")
     if not r.targets:
         raise ctx.fail(None, "targets", "no targets", fix="add llama-server")
+    if r.ui == "build":  # llamabundle lays the UI into the build: llama.cpp must neither download nor npm-build it
+        cmake = dict(r.cmake)
+        for name in ("LLAMA_USE_PREBUILT_UI", "LLAMA_BUILD_UI"):
+            if str(cmake.get(name, "ON" if name == "LLAMA_USE_PREBUILT_UI" else "OFF")).upper() != "OFF":
+                raise ctx.fail(None, f"cmake.{name}" if name in cmake else "ui",
+                               f"ui: build lays the web UI into the build itself, and {name} "
+                               f"{'is ON' if name in cmake else 'defaults to ON'} (llama.cpp would "
+                               f"{'download' if name == 'LLAMA_USE_PREBUILT_UI' else 'npm-build'} it during the build)",
+                               fix=f"set {name}: OFF in cmake:")
     for name in SECTIONS:  # a backend with a section of its own (cuda:, vulkan:) has it exactly when it is listed
         if (name in r.backends) != (getattr(r, name) is not None):
             if getattr(r, name) is None:

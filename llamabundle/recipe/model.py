@@ -22,6 +22,7 @@ Compiler = Literal["gcc", "clang", "msvc", "mingw"]
 CudaSourceKind = Literal["redist", "installer", "pypi", "system"]
 OpenMP = Literal["auto", "vcomp", "libomp", "none"]
 LatentCompanions = Literal["ship", "omit"]
+WebUi = Literal["build", "none"]
 
 TEMPLATE_FIELDS = ("name", "key", "key12", "commit", "commit12", "platform")
 ARCH_PATTERN = r"^([0-9]{2,3})([af]?)(-(real|virtual))?$"  # NN[a|f][-real|-virtual] (ECMA syntax: no named groups)
@@ -176,6 +177,8 @@ class Recipe:
                                    default_factory=CpuVariants)
     targets: tuple[str, ...] = _f("CMake targets whose programs go into the bundle", pattern=r"^[A-Za-z0-9_.+-]+$")
     runtime: Runtime = _f("runtime library policy", default_factory=Runtime)
+    ui: WebUi = _f("llama-server's web UI: build (from the pinned commit's tools/ui with npm, once per UI source, "
+                   "kept in the cache and reused) or none (llama-server answers GET / with 404)", default="none")
     publish: Publish = _f("publish settings (not part of the cache key)", default_factory=Publish)
     # Not from YAML: where the recipe came from (for relative paths and messages), and where in it each key
     # path was set (for the messages of checks made after loading).

@@ -84,6 +84,8 @@ def build_dir(first_build: dict[str, Any], toolkit: Toolkit, tmp_path_factory: p
         'set(CMAKE_CUDA_COMPILER_VERSION "13.0.88")\n')
     (build / "common").mkdir()
     shutil.copyfile(cpu_build / "common" / "build-info.cpp", build / "common" / "build-info.cpp")
+    (build / "tools" / "ui").mkdir(parents=True)  # what llama.cpp's ui-assets.cmake wrote: it embedded the web UI
+    shutil.copyfile(cpu_build / "tools" / "ui" / "ui.h", build / "tools" / "ui" / "ui.h")
     shutil.copytree(cpu_build / "bin", build / "bin", symlinks=True)
     (work / "k.cu").write_text(KERNEL)
     subprocess.run([toolkit.nvcc, "-shared", "-Xcompiler", "-fPIC", "-o", build / "bin" / "libggml-cuda.so", work / "k.cu",

@@ -1,8 +1,9 @@
-"""The core pipeline, end to end on Linux: recipe → pinned source → CPU build → runtime closure →
-bundle.json → verify → local store → cache hit."""
+"""The core pipeline, end to end on Linux: recipe → pinned source → web UI (npm, once) → CPU build → runtime
+closure → bundle.json → verify → local store → cache hit; the bundle's llama-server serves a model and the UI."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import shutil
 import socket
@@ -14,6 +15,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from llamabundle import webui
 from tests.e2e.conftest import RECIPE, run_cli
 from tests.e2e.tinymodel import write_tiny_qwen2
 
@@ -168,6 +170,15 @@ def test_llama_server_from_the_bundle_serves_a_model(unpacked: Path, e2e_env: di
             assert server.poll() is None, server.stderr.read() if server.stderr else ""
             assert time.monotonic() < deadline, "llama-server did not become healthy in 120 s"
             time.sleep(0.5)
+        # the web UI (ui: build): llama-server serves the kept npm build it embedded, gzip as llama.cpp stores it
+        ui = urllib.request.Request(f"http://127.0.0.1:{port}/", headers={"Accept-Encoding": "gzip"})
+        with urllib.request.urlopen(ui, timeout=30) as r:
+            assert r.status == 200 and r.headers["Content-Encoding"] == "gzip"
+            page = gzip.decompress(r.read())
+        toolchain = json.loads((unpacked / "bundle.json").read_text())["toolchain"]
+        kept = Path(e2e_env["LLAMABUNDLE_CACHE_DIR"]) / "ui" / toolchain["ui_source"] / "dist"
+        assert webui.tree_digest(kept)[0] == toolchain["ui"]
+        assert page == (kept / "index.html").read_bytes() and b"<!doctype html>" in page
         req = urllib.request.Request(f"http://127.0.0.1:{port}/completion", method="POST",
                                      data=json.dumps({"prompt": "Hello", "n_predict": 4}).encode(),
                                      headers={"Content-Type": "application/json"})

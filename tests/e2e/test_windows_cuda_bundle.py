@@ -169,6 +169,8 @@ def windows_tree(wheels: Path, tmp_path_factory: pytest.TempPathFactory) -> dict
     (build / "CMakeFiles" / "3.31.6" / "CMakeCUDACompiler.cmake").write_text('set(CMAKE_CUDA_COMPILER_VERSION "12.8.93")\n')
     (build / "common").mkdir()
     (build / "common" / "build-info.cpp").write_text('int LLAMA_BUILD_NUMBER = 0;\nchar const *LLAMA_COMMIT = "0c1e5709";\n')
+    (build / "tools" / "ui").mkdir(parents=True)  # the recipe's ui: build, embedded as llama.cpp's ui-assets.cmake says
+    (build / "tools" / "ui" / "ui.h").write_text("#pragma once\n#define LLAMA_UI_HAS_ASSETS 1\n")
     return {"toolkit": tk, "redist": redist, "build": build, "root": root}
 
 

@@ -80,7 +80,7 @@ def test_key_inputs_are_exactly_design_4() -> None:
     for path in (LINUX_PATH, WINDOWS_PATH):
         inputs = keys.resolve(keys.load(path)).inputs
         assert set(inputs) == {"recipe", "platform", "commit", "backends", "toolchain", "cuda", "cmake",
-                               "targets", "runtime", "bundle_format", "derivation"}
+                               "targets", "runtime", "bundle_format", "derivation", "ui"}  # ui: the shipped recipes build the web UI
         assert inputs["recipe"] == 1 and inputs["bundle_format"] == BUNDLE_FORMAT
         assert inputs["commit"] == COMMIT
         assert not {"sources", "publish", "name", "origin", "llama_cpp"} & set(inputs)

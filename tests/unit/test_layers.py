@@ -25,7 +25,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
                 "llamabundle.settings", "llamabundle.proc", "llamabundle.net", "llamabundle.scratch",
                 "llamabundle.archive", "llamabundle.sevenzip", "llamabundle.gitindex", "llamabundle.pyindex",
                 "llamabundle.compilers", "llamabundle.deps", "llamabundle.cache", "llamabundle.reasons",
-                "llamabundle.gpus", "llamabundle.untrusted", "llamabundle.offline")),
+                "llamabundle.gpus", "llamabundle.untrusted", "llamabundle.offline", "llamabundle.webui")),
     ("models", ("llamabundle.recipe", "llamabundle.bundle")),
     ("platforms", ("llamabundle.platforms",)),
     ("backends", ("llamabundle.backends",)),

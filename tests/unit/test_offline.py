@@ -51,9 +51,13 @@ def test_no_shipped_recipe_downloads_and_lint_warns_about_one_that_does(tmp_path
     assert all(r["warnings"] == [] for r in json.loads(out)["recipes"]), out
     text = shipped["linux-x86_64-cpu"].read_text(encoding="utf-8")
     downloading = tmp_path / "ui.yaml"
-    downloading.write_text(text.replace("LLAMA_USE_PREBUILT_UI: OFF", "LLAMA_USE_PREBUILT_UI: ON"), encoding="utf-8")
+    downloading.write_text(text.replace("LLAMA_USE_PREBUILT_UI: OFF", "LLAMA_USE_PREBUILT_UI: ON")
+                           .replace("ui: build ", "ui: none "), encoding="utf-8")  # (ui: build refuses it outright)
     code, out, err = run(capsys, "recipe", "lint", str(downloading))
     assert code == 0 and "downloads at build time: LLAMA_USE_PREBUILT_UI is ON" in err and "set it to OFF" in err
+    downloading.write_text(text.replace("LLAMA_USE_PREBUILT_UI: OFF", "LLAMA_USE_PREBUILT_UI: ON"), encoding="utf-8")
+    code, out, err = run(capsys, "recipe", "lint", str(downloading))
+    assert code == 2 and "ui: build lays the web UI into the build itself, and LLAMA_USE_PREBUILT_UI is ON" in err
 
 
 @linux_only

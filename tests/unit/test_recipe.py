@@ -386,16 +386,18 @@ def test_cmake_values_normalise(yaml_value: str, expected: str) -> None:
 
 
 def test_cmake_options_are_sorted_and_typed() -> None:
-    r = keys.parse(edit(WINDOWS, "cmake: {GGML_BACKEND_DL: ON, GGML_CPU_ALL_VARIANTS: ON, GGML_NATIVE: OFF, LLAMA_USE_PREBUILT_UI: OFF}",
-                          "cmake: {GGML_NATIVE: false, LLAMA_X: 3, GGML_BACKEND_DL: true, GGML_CPU_ALL_VARIANTS: yes}"))
+    r = keys.parse(edit(edit(WINDOWS, "cmake: {GGML_BACKEND_DL: ON, GGML_CPU_ALL_VARIANTS: ON, GGML_NATIVE: OFF, LLAMA_USE_PREBUILT_UI: OFF}",
+                               "cmake: {GGML_NATIVE: false, LLAMA_X: 3, GGML_BACKEND_DL: true, GGML_CPU_ALL_VARIANTS: yes}"),
+                          "ui: build ", "ui: none "))  # (ui: build needs LLAMA_USE_PREBUILT_UI: OFF)
     assert r.cmake == (("GGML_BACKEND_DL", "ON"), ("GGML_CPU_ALL_VARIANTS", "ON"), ("GGML_NATIVE", "OFF"), ("LLAMA_X", "3"))
 
 
 def test_cmake_may_be_absent_or_empty() -> None:
-    start = LINUX.index("cmake:\n")
-    end = LINUX.index("targets:")
-    assert keys.parse(LINUX[:start] + LINUX[end:]).cmake == ()
-    assert keys.parse(LINUX[:start] + "cmake: {}\n" + LINUX[end:]).cmake == ()
+    text = edit(LINUX, "ui: build ", "ui: none ")  # (ui: build needs LLAMA_USE_PREBUILT_UI: OFF)
+    start = text.index("cmake:\n")
+    end = text.index("targets:")
+    assert keys.parse(text[:start] + text[end:]).cmake == ()
+    assert keys.parse(text[:start] + "cmake: {}\n" + text[end:]).cmake == ()
 
 
 def test_defaults() -> None:

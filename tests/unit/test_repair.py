@@ -115,3 +115,24 @@ def test_a_cuda_recipe_needs_a_cuda_build_of_its_nvcc_and_its_toolkit(tmp_path: 
     refused(capsys, 2, "is CUDA 12.8.1, the recipe pins 13.0.2", LINUX_CUDA, build_tree(tmp_path / "d", nvcc="13.0.88"),
             "--out", tmp_path / "o", "--toolkit-root", tk)
     assert not (tmp_path / "o").exists()
+
+
+def test_the_web_ui_must_be_embedded_exactly_when_the_recipe_builds_it(tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """llama.cpp's generated tools/ui/ui.h says whether the build embedded the UI; the key holds ui:."""
+    from llamabundle import keys
+    from llamabundle.build import BuildTools, plan_build
+    from llamabundle.recipe import NO_HOST
+
+    build = build_tree(tmp_path)
+    plan = plan_build(keys.load(LINUX_CPU), NO_HOST, source_dir=tmp_path / "src", build_dir=build,
+                      tools=BuildTools(cmake="cmake", ninja="ninja"))
+    for name in plan.programs + plan.backends:
+        (plan.output_dir / name).write_bytes(b"\x7fELF")
+    refused(capsys, 2, f"{build} embeds no web UI, the recipe says ui: build", LINUX_CPU, build, "--out", tmp_path / "o")
+    (build / "tools" / "ui").mkdir(parents=True)
+    (build / "tools" / "ui" / "ui.h").write_text("#pragma once\n#define LLAMA_UI_HAS_ASSETS 1\n")
+    none = tmp_path / "none.yaml"
+    none.write_text(LINUX_CPU.read_text(encoding="utf-8").replace("ui: build ", "ui: none "), encoding="utf-8")
+    refused(capsys, 2, f"{build} embeds a web UI, the recipe says ui: none", none, build, "--out", tmp_path / "o")
+    assert not (tmp_path / "o").exists()

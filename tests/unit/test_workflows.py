@@ -278,6 +278,16 @@ def test_a_leg_builds_without_publishing() -> None:
     assert condition(log) == ON_BUILD_FAILURE
 
 
+def test_each_leg_has_node_for_the_web_ui_before_it_builds() -> None:
+    """Every released recipe builds llama.cpp's web UI with npm (ui: build): each leg sets up Node.js 20, whatever
+    its image (Debian 12's own is 18), before the build."""
+    steps = release_steps()
+    [node] = uses_steps(steps, "actions/setup-node")
+    assert str(node["with"]["node-version"]) == "20" and "if" not in node
+    assert steps.index(node) < steps.index(step_running(steps, "llamabundle build"))
+    assert all(recipe_of(row).get("ui") == "build" for row in release_matrix())
+
+
 def test_each_leg_runs_on_an_image_with_the_tools_its_recipe_pins() -> None:
     """Debian 12 has g++ 12.2.0, a mingw-w64 g++ whose macros say 12.0.0 and glslc 2023.2-1; windows-2022 has
     MSVC 14.44.35207: each leg's recipe pins exactly what its image has (else `build` would stop at exit 3).
