@@ -13,11 +13,17 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from filelock import FileLock, Timeout
 
 if sys.platform != "win32":  # Windows has no flock: sources, toolkits and downloads are never pruned there
     import fcntl
 
 from . import scratch
+
+if TYPE_CHECKING:
+    from .log import Log
 
 SOURCE_PREFIX = "src-"  # a source being fetched, or a cached tree being discarded
 STAGE_PREFIX = "stage-"  # a bundle being collected and packed
@@ -56,6 +62,23 @@ def wine_prefix(cache_dir: Path) -> Path:
 
 def lock_dir(cache_dir: Path) -> Path:
     return cache_dir / "locks"
+
+
+@contextmanager
+def waiting_lock(path: Path, log: Log, waiting: str) -> Iterator[None]:
+    """An exclusive lock at `path` (its directory made): taken at once, else after logging `waiting` (who holds
+    it and that this run waits for it)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(path))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        log.info(waiting)
+        lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def build_lock(cache_dir: Path, key: str) -> Path:
@@ -261,8 +284,6 @@ def prune(cache_dir: Path, *, limit: int, keep: Iterable[str] = (), dry_run: boo
 def _remove(cache_dir: Path, e: Entry, *, dry_run: bool) -> bool:
     """Remove e (with its siblings), a build tree only if its build lock can be had at once; whether it was
     (with `dry_run`: could be) removed."""
-    from filelock import FileLock, Timeout
-
     lock = FileLock(str(build_lock(cache_dir, e.path.name))) if e.area == "build" else None
     try:
         if lock is not None:

@@ -11,8 +11,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from filelock import FileLock, Timeout
-
 from . import backends, cache, keys, opscheck, platforms, repro, scratch, webui
 from . import bundle as bundle_mod
 from . import source as source_mod
@@ -156,19 +154,10 @@ def making(settings: Settings, key: str, log: Log) -> Iterator[None]:
     """One process at a time makes the bundle of a key with a cache (`build`, `bundle`): its build tree and
     its zip in out/ are the cache's, not the process's; another waits, saying so. Meanwhile the cache's
     sources, toolkits and downloads are in use (no prune removes them)."""
-    locks = cache.lock_dir(settings.cache_dir)
-    locks.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(str(cache.build_lock(settings.cache_dir, key)))
-    try:
-        lock.acquire(timeout=0)
-    except Timeout:
-        log.info(f"another llamabundle process is making {key[:12]} with this cache; waiting for it")
-        lock.acquire()
-    try:
+    with cache.waiting_lock(cache.build_lock(settings.cache_dir, key), log,
+                            f"another llamabundle process is making {key[:12]} with this cache; waiting for it"):
         with cache.in_use(settings.cache_dir):
             yield
-    finally:
-        lock.release()
 
 
 def _build_locked(keyed: Keyed, *, settings: Settings, store: Store, log: Log, env: Mapping[str, str],

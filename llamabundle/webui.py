@@ -14,8 +14,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from filelock import FileLock, Timeout
-
 from . import cache, proc, scratch
 from .digest import sha256_file, walk
 from .errors import BuildError, ToolchainError
@@ -67,19 +65,10 @@ def provide(src: Path, *, cache_dir: Path, log: Log, env: Mapping[str, str], tim
     source = source_id(src)
     home = kept(cache_dir, source)
     if not (home / "dist" / "index.html").is_file():
-        locks = cache.lock_dir(cache_dir)
-        locks.mkdir(parents=True, exist_ok=True)
-        lock = FileLock(str(locks / f"ui-{source[:16]}.lock"))  # one npm build of a UI source at a time
-        try:
-            lock.acquire(timeout=0)
-        except Timeout:
-            log.info(f"another llamabundle process is building the web UI {source[:12]}; waiting for it")
-            lock.acquire()
-        try:
+        with cache.waiting_lock(cache.lock_dir(cache_dir) / f"ui-{source[:16]}.lock", log,  # one npm build at a time
+                                f"another llamabundle process is building the web UI {source[:12]}; waiting for it"):
             if not (home / "dist" / "index.html").is_file():  # the other one may have kept it meanwhile
                 build(src, home, cache_dir=cache_dir, log=log, env=env, timeout=timeout)
-        finally:
-            lock.release()
     cache.touch(home)
     digest, files = tree_digest(home / "dist")
     recorded = (home / "dist.sha256").read_text(encoding="utf-8").strip() if (home / "dist.sha256").is_file() else ""
