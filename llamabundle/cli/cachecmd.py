@@ -36,7 +36,7 @@ def _size(raw: str | None) -> int | None:
 @pass_ctx
 def list_cmd(c: Ctx, as_json: bool) -> None:
     """Bytes per area, and each entry a prune may remove (fetched bundles, built zips, build trees, downloads,
-    sources, toolkits), least recently used first."""
+    sources, toolkits, built web UIs), least recently used first."""
     from .. import cache
 
     areas = cache.usage(c.settings.cache_dir)
@@ -62,7 +62,7 @@ def list_cmd(c: Ctx, as_json: bool) -> None:
 @JSON_OPT
 @pass_ctx
 def prune_cmd(c: Ctx, max_size: str | None, dry_run: bool, as_json: bool) -> None:
-    """Remove the least recently used fetched bundles, built zips, build trees, downloads, sources and toolkits
+    """Remove the least recently used fetched bundles, built zips, build trees, downloads, sources, toolkits and web UIs
     until the cache holds at most SIZE. Anything used in the last two minutes stays; so does a build tree
     another process is building in, and every source, toolkit and download while a build runs on this cache."""
     from .. import cache

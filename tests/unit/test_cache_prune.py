@@ -175,15 +175,17 @@ def test_cache_list_and_prune_on_the_command_line(tmp_path: Path, capsys: pytest
     monkeypatch.setenv("LLAMABUNDLE_CACHE_DIR", str(c))
     a = _fill(c, "fetched/" + "a" * 64 + "/", 1000, 3)
     _fill(c, "src/" + "f" * 40 + "/", 700, 3)
+    _fill(c, "ui/" + "9" * 64 + "/", 300, 2)  # a built web UI (webui.py)
     code, out, err = run(capsys, "cache", "list", "--json")
     assert code == 0, err
     listed = valid("cache-list", json.loads(out))
-    assert listed["areas"]["fetched"] == 1000 and listed["areas"]["src"] == 700
-    assert [e["path"] for e in listed["entries"]] == [str(a), str(c / "src" / ("f" * 40))]
+    assert listed["areas"]["fetched"] == 1000 and listed["areas"]["src"] == 700 and listed["areas"]["ui"] == 300
+    assert [e["path"] for e in listed["entries"]] == [str(a), str(c / "src" / ("f" * 40)), str(c / "ui" / ("9" * 64))]
     code, out, err = run(capsys, "cache", "prune", "--max", "0", "--dry-run", "--json")
     assert code == 0 and valid("cache-prune", json.loads(out))["removed"][0]["path"] == str(a) and a.exists()
     code, out, err = run(capsys, "cache", "prune", "--max", "0")
     assert code == 0 and f"removed fetched/{a.name}" in out and not a.exists()
     assert not (c / "src").exists() or not any((c / "src").iterdir())  # no build uses it: it goes too
+    assert not (c / "ui").exists() or not any((c / "ui").iterdir())  # a kept web UI too
     code, out, err = run(capsys, "cache", "prune", "--max", "lots")
     assert code == 2 and "not a size" in err
