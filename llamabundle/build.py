@@ -432,12 +432,17 @@ def build_ops_tool(plan: BuildPlan, dest: Path, *, log: Log, env: Mapping[str, s
     return dest
 
 
+def compiler_record(build_dir: Path) -> tuple[str, str]:
+    """CMake's own record of the C++ compiler it used: ('GNU 12.2.0', its path) ('unknown' and '' where there
+    is none; '' where the record names no path)."""
+    for f in sorted(build_dir.glob("CMakeFiles/*/CMakeCXXCompiler.cmake")):
+        found = dict(re.findall(r'set\((CMAKE_CXX_COMPILER(?:_ID|_VERSION)?) "([^"]*)"\)',
+                                f.read_text(encoding="utf-8", errors="replace")))
+        if "CMAKE_CXX_COMPILER_ID" in found and "CMAKE_CXX_COMPILER_VERSION" in found:
+            return f"{found['CMAKE_CXX_COMPILER_ID']} {found['CMAKE_CXX_COMPILER_VERSION']}", found.get("CMAKE_CXX_COMPILER", "")
+    return "unknown", ""
+
+
 def compiler_of(build_dir: Path) -> str:
     """'GNU 12.2.0' from CMake's own record of the C++ compiler it used."""
-    for f in sorted(build_dir.glob("CMakeFiles/*/CMakeCXXCompiler.cmake")):
-        text = f.read_text(encoding="utf-8", errors="replace")
-        cid = re.search(r'set\(CMAKE_CXX_COMPILER_ID "([^"]*)"\)', text)
-        ver = re.search(r'set\(CMAKE_CXX_COMPILER_VERSION "([^"]*)"\)', text)
-        if cid and ver:
-            return f"{cid.group(1)} {ver.group(1)}"
-    return "unknown"
+    return compiler_record(build_dir)[0]

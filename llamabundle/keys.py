@@ -13,7 +13,7 @@ from typing import Any
 from . import backends, compilers, data, platforms
 from .digest import sha256_json
 from .errors import ToolchainError
-from .recipe import HostFacts, Recipe, load_recipe, parse_recipe
+from .recipe import HostFacts, Recipe, ToolFound, load_recipe, parse_recipe
 from .recipe import model as recipe_model
 
 # What the tool itself derives from a recipe (the CMake flags and files of build.py, the CPU-variant sets, the
@@ -63,8 +63,12 @@ def host_facts(recipe: Recipe, *, env: Mapping[str, str] | None = None) -> HostF
     path): the exact version of the compiler when the recipe does not pin it, and the tools its backends
     build with (glslc). Each is asked once per environment in a process."""
     compiler = None if recipe.pins_compiler else compilers.detect_version(recipe.toolchain.compiler, env=env)
-    tools = {b.name: t for b in backends.of(recipe) if (t := b.host_tool(recipe, env=env)) is not None}
-    return HostFacts(compiler=compiler, tools=tools)
+    return HostFacts(compiler=compiler, tools=_tools(recipe, env, building=False))
+
+
+def _tools(recipe: Recipe, env: Mapping[str, str] | None, *, building: bool) -> dict[str, ToolFound]:
+    """Each backend's tool found on env's PATH, by backend name (pinned ones only when `building`)."""
+    return {b.name: t for b in backends.of(recipe) if (t := b.host_tool(recipe, env=env, building=building)) is not None}
 
 
 def unpinned(recipe: Recipe) -> list[str]:
@@ -85,8 +89,7 @@ def for_build(keyed: Keyed, *, env: Mapping[str, str]) -> Keyed:
     """Before a build: the tools a build runs, found here even where the recipe pins them, must be the ones
     the key holds (a backend's check names the pin; ToolchainError). Returns the keyed recipe with them."""
     recipe = keyed.recipe
-    tools = {b.name: t for b in backends.of(recipe) if (t := b.host_tool(recipe, env=env, building=True)) is not None}
-    host = HostFacts(compiler=keyed.host.compiler, tools=tools)
+    host = HostFacts(compiler=keyed.host.compiler, tools=_tools(recipe, env, building=True))
     inputs = key_inputs(recipe, host)
     if inputs != keyed.inputs:
         raise ToolchainError(f"the tools here would give {recipe.name} another key than {keyed.key[:12]}",

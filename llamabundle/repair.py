@@ -15,7 +15,7 @@ from pathlib import Path
 
 from . import backends, cache, keys, platforms
 from .backends import Prepared
-from .build import MEMORY_PROGRAM, BuildResult, BuildTools, compiler_of, plan_build
+from .build import MEMORY_PROGRAM, BuildResult, BuildTools, compiler_record, plan_build
 from .compilers import version_matches
 from .errors import ToolchainError, UsageError
 from .log import Log
@@ -56,17 +56,10 @@ def read_build_tree(build_dir: Path) -> BuildTree:
         m = re.search(r'LLAMA_COMMIT\s*=\s*"([0-9a-f]+)"', f.read_text(encoding="utf-8", errors="replace"))
         commit = m.group(1) if m else None
     versions = sorted(f.parent.name for f in build_dir.glob("CMakeFiles/*/CMakeCXXCompiler.cmake"))
+    compiler, compiler_path = compiler_record(build_dir)
     return BuildTree(build_dir=build_dir, source_dir=Path(source), cmake=entries.get("CMAKE_COMMAND", "cmake"),
-                     cmake_version=versions[-1] if versions else "", commit=commit, compiler=compiler_of(build_dir),
-                     compiler_path=_compiler_path(build_dir))
-
-
-def _compiler_path(build_dir: Path) -> str:
-    for f in sorted(build_dir.glob("CMakeFiles/*/CMakeCXXCompiler.cmake")):
-        m = re.search(r'set\(CMAKE_CXX_COMPILER "([^"]*)"\)', f.read_text(encoding="utf-8", errors="replace"))
-        if m:
-            return m.group(1)
-    return ""
+                     cmake_version=versions[-1] if versions else "", commit=commit, compiler=compiler,
+                     compiler_path=compiler_path)
 
 
 def check_ui(recipe: Recipe, build_dir: Path) -> None:

@@ -32,7 +32,8 @@ _HEX64 = r"^[0-9a-f]{64}$"
 _VERSION = r"^[0-9]+(\.[0-9]+)*$"
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 _TOOL_VERSION = r"^[0-9A-Za-z][0-9A-Za-z.+~:-]*$"
-_RANGE = r"^([\[(][0-9.]*,[0-9.]*[\])]|=?[0-9]+(\.[0-9]+)*)$"
+_RANGE = r"^([\[(][0-9.]*,[0-9.]*[\])]|[0-9]+(\.[0-9]+)*)$"
+_PIN = r"^([\[(][0-9.]*,[0-9.]*[\])]|=?[0-9]+(\.[0-9]+)*)$"  # a range, or =X.Y.Z exactly (a compiler's version)
 
 
 def _f(doc: str, *, pattern: str = "", default: Any = dataclasses.MISSING, **kw: Any) -> Any:
@@ -89,7 +90,7 @@ class Toolchain:
     version: str | None = _f("the C++ compiler's version (gcc, clang, mingw): \"=12.2.0\" exactly that one, \"12.2\" "
                              "any 12.2.x, \"[12.2,13)\" a range (a range says those compilers are interchangeable); "
                              "in the cache key. Without it the key holds the exact version of the compiler found "
-                             "here, so computing it needs that compiler", default=None, pattern=_RANGE)
+                             "here, so computing it needs that compiler", default=None, pattern=_PIN)
     toolset: str | None = _f("the exact MSVC toolset (msvc only), e.g. \"14.44.35207\": selected with vcvars64.bat "
                              "-vcvars_ver and in the cache key. Without it any toolset of a Visual Studio in "
                              "msvc_version builds, under one key", default=None, pattern=r"^14\.[0-9]+\.[0-9]+$")
