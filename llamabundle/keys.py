@@ -139,8 +139,10 @@ def key_inputs(recipe: Recipe, host: HostFacts) -> dict[str, Any]:
         "targets": sorted(recipe.targets),
         "runtime": {"openmp": recipe.runtime.openmp},
     }
-    if recipe.ui != "none":  # only then (the keys of recipes without the UI stay as they were): the commit pins its source
-        inputs["ui"] = recipe.ui
+    if recipe.embeds_ui:  # only then (the keys of recipes without the UI stay as they were)
+        # built: the commit pins its source (and its lockfile every package); pinned: the archive's bytes (not
+        # where they are published)
+        inputs["ui"] = recipe.ui if isinstance(recipe.ui, str) else {"archive_sha256": recipe.ui.sha256}
     for b in backends.REGISTRY.values():
         inputs.update(b.key_inputs(recipe, host))
     return inputs

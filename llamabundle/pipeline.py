@@ -28,12 +28,14 @@ from .build import (
 from .bundle import manifest as manifest_mod
 from .bundle import zipstream
 from .bundle.manifest import Expect, Manifest
+from .digest import sha256_file
 from .errors import LlamaBundleError, ToolchainError, UsageError, VerifyError
 from .keys import Keyed
 from .log import Log
 from .package import Made, package
 from .platforms import Collected
 from .platforms.base import HostToolchain
+from .recipe import Recipe
 from .settings import Settings
 from .store.base import Entry, Published, Store
 from .verify import Level, Naming, VerifyReport, verify_bundle, verify_unpacked
@@ -181,8 +183,7 @@ def _build_locked(keyed: Keyed, *, settings: Settings, store: Store, log: Log, e
         log.warn("the commit's date is unknown (this source does not prove it): built_at and the zip's timestamps "
                  "come from the clock, so the bundle is not reproducible; set SOURCE_DATE_EPOCH to fix them")
     build_env = {**env, "SOURCE_DATE_EPOCH": str(sde)} if sde is not None else env
-    ui = (webui.provide(src.path, cache_dir=settings.cache_dir, log=log, env=env, timeout=settings.build_timeout)
-          if recipe.ui == "build" else None)  # the last step with a network: npm's registry, once per UI source
+    ui = web_ui(recipe, src.path, settings=settings, log=log, env=env) if recipe.embeds_ui else None
     made = Made(keyed=keyed, src=src, tools=tools, prepared=prepared, sde=sde, ui=ui)
     build_dir = cache.build_dir(settings.cache_dir, key, tools.ids, made.toolkit_roots.values())
     plan = plan_build(recipe, host, source_dir=src.path, build_dir=build_dir, tools=tools, jobs=jobs,
@@ -218,6 +219,42 @@ def _build_locked(keyed: Keyed, *, settings: Settings, store: Store, log: Log, e
         outcome.out_dir = unpack_to(out_zip, out, expect_for(keyed))
         log.info(f"bundle unpacked in {out}")
     return outcome
+
+
+def web_ui(recipe: Recipe, src: Path, *, settings: Settings, log: Log, env: Mapping[str, str]) -> webui.Assets:
+    """The web UI the recipe's ui: names for the source tree src: built with npm (or the kept one), or the pinned
+    archive (downloaded once). The last step of a build with a network: npm's registry or the archive's host."""
+    if isinstance(recipe.ui, str):
+        return webui.built(src, cache_dir=settings.cache_dir, log=log, env=env, timeout=settings.build_timeout)
+    return webui.pinned(recipe.ui.url, recipe.ui.sha256, src, cache_dir=settings.cache_dir, log=log)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PackedUi:
+    assets: webui.Assets
+    commit: str
+    path: Path
+    sha256: str
+    size: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"commit": self.commit, "source": self.assets.source, "digest": self.assets.digest,
+                "files": self.assets.files, "archive": str(self.path), "sha256": self.sha256, "size": self.size}
+
+
+def pack_ui(recipe: Recipe, *, settings: Settings, log: Log, env: Mapping[str, str], out_dir: Path) -> PackedUi:
+    """`ui pack`: the web UI of the recipe's commit, built with npm (or the kept one), as an archive in out_dir
+    that recipes pin with ui: {url, sha256} once it is published."""
+    if not recipe.embeds_ui:
+        raise UsageError(f"{recipe.origin} says ui: none", why="there is no web UI to pack",
+                         fix="use a recipe with ui: build (or {url, sha256})")
+    with cache.in_use(settings.cache_dir):
+        with log.step(f"source llama.cpp {recipe.llama_cpp.commit[:12]}"):
+            src = source_mod.fetch_source(recipe, settings, log, env=env)
+        assets = webui.built(src.path, cache_dir=settings.cache_dir, log=log, env=env, timeout=settings.build_timeout)
+    path = webui.pack(assets, out_dir)
+    return PackedUi(assets=assets, commit=recipe.llama_cpp.commit, path=path, sha256=sha256_file(path),
+                    size=path.stat().st_size)
 
 
 def assemble(made: Made, plan: BuildPlan, result: BuildResult, out_zip: Path, *, toolchain: HostToolchain,

@@ -63,15 +63,15 @@ def read_build_tree(build_dir: Path) -> BuildTree:
 
 
 def check_ui(recipe: Recipe, build_dir: Path) -> None:
-    """The build embeds the web UI exactly when the recipe says ui: build (llama.cpp's generated ui.h says
+    """The build embeds the web UI exactly when the recipe has one (built or pinned; llama.cpp's generated ui.h says
     whether it embedded assets): the key holds it."""
     header = build_dir / "tools" / "ui" / "ui.h"
     try:
         embedded = "#define LLAMA_UI_HAS_ASSETS 1" in header.read_text(encoding="utf-8", errors="replace")
     except OSError:
         embedded = False
-    if embedded != (recipe.ui == "build"):
-        raise UsageError(f"{build_dir} {'embeds no' if not embedded else 'embeds a'} web UI, the recipe says ui: {recipe.ui}",
+    if embedded != recipe.embeds_ui:
+        raise UsageError(f"{build_dir} {'embeds no' if not embedded else 'embeds a'} web UI, the recipe says ui: {recipe.ui_said}",
                          why=f"{header} {'says it embedded assets' if embedded else 'is missing or names no assets'}, "
                              "and the web UI is part of the bundle's key",
                          fix="bundle it with a recipe that says so, or build with the recipe's ui (llamabundle build)")

@@ -17,7 +17,7 @@ from .. import __version__
 from ..errors import LlamaBundleError, from_os_error
 from ..log import Log
 from ..settings import Settings
-from . import app, archs, bundles, cachecmd, deps, index, plan, recipes, telemetry, toolkit
+from . import app, archs, bundles, cachecmd, deps, index, plan, recipes, telemetry, toolkit, ui
 from .context import Ctx, environment
 from .output import emit_failure, wants_json
 
@@ -33,7 +33,8 @@ def cli(ctx: click.Context, debug: bool, quiet: bool) -> None:
 
 
 for command in (*recipes.COMMANDS, *bundles.COMMANDS, *toolkit.COMMANDS, *archs.COMMANDS, *app.COMMANDS,
-                *plan.COMMANDS, *deps.COMMANDS, *index.COMMANDS, *telemetry.COMMANDS, *cachecmd.COMMANDS):
+                *plan.COMMANDS, *deps.COMMANDS, *index.COMMANDS, *telemetry.COMMANDS, *cachecmd.COMMANDS,
+                *ui.COMMANDS):
     cli.add_command(command)
 
 

@@ -218,6 +218,15 @@ def _convert(node: Node, tp: Any, path: str, ctx: _Ctx) -> Any:
             return None
         if tp == Source or set(args) == set(get_args(Source)):
             return _convert_source(node, path, ctx)
+        if len(args) == 2 and any(_is_literal(a) for a in args):  # a word, or a mapping (ui: build | {url, sha256})
+            word, form = sorted(args, key=lambda a: not _is_literal(a))
+            if isinstance(node, MappingNode):
+                return _convert(node, form, path, ctx)
+            if isinstance(node, ScalarNode) and _scalar(node) not in get_args(word):
+                keys = ", ".join(f.name for f in dataclasses.fields(form))
+                raise ctx.fail(node, path, f"'{_scalar(node)}' is not one of {', '.join(get_args(word))}, or a mapping of {keys}",
+                               fix="use one of: " + ", ".join(get_args(word)) + f", or {{{keys}}}")
+            return _convert(node, word, path, ctx)
         (inner,) = args
         return _convert(node, inner, path, ctx)
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
@@ -344,12 +353,12 @@ def _check(r: Recipe, ctx: _Ctx) -> None:
         raise ctx.fail(None, "toolchain.toolset", "toolset is only for compiler: msvc", fix="pin the compiler with version:")
     if not r.targets:
         raise ctx.fail(None, "targets", "no targets", fix="add llama-server")
-    if r.ui == "build":  # llamabundle lays the UI into the build: llama.cpp must neither download nor npm-build it
+    if r.embeds_ui:  # llamabundle lays the UI into the build: llama.cpp must neither download nor npm-build it
         cmake = dict(r.cmake)
         for name in ("LLAMA_USE_PREBUILT_UI", "LLAMA_BUILD_UI"):
             if str(cmake.get(name, "ON" if name == "LLAMA_USE_PREBUILT_UI" else "OFF")).upper() != "OFF":
                 raise ctx.fail(None, f"cmake.{name}" if name in cmake else "ui",
-                               f"ui: build lays the web UI into the build itself, and {name} "
+                               f"ui: {'build' if r.ui == 'build' else '{url, sha256}'} lays the web UI into the build itself, and {name} "
                                f"{'is ON' if name in cmake else 'defaults to ON'} (llama.cpp would "
                                f"{'download' if name == 'LLAMA_USE_PREBUILT_UI' else 'npm-build'} it during the build)",
                                fix=f"set {name}: OFF in cmake:")
@@ -394,3 +403,7 @@ def _check_template(tag: str, ctx: _Ctx) -> None:
         raise ctx.fail(None, "publish.tag", f"template '{tag}' does not end with {{key}} or {{key12}}",
                        fix="one release per cache key: end the tag with the key, e.g. '{name}-{key12}' "
                            "(a store that knows only the key finds the release by it)")
+
+
+def _is_literal(tp: Any) -> bool:
+    return bool(get_origin(tp) == Literal)

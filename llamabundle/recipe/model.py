@@ -145,6 +145,13 @@ class Vulkan:
 
 
 @dataclass(frozen=True, kw_only=True)
+class UiArchive:
+    url: str = _f("a web UI archive made by `llamabundle ui pack` from this commit's tools/ui (where you published "
+                  "it: a release asset, a mirror)", pattern=r"^https?://\S+$")
+    sha256: str = _f("sha256 of that archive: checked before use, and in the cache key", pattern=_HEX64)
+
+
+@dataclass(frozen=True, kw_only=True)
 class Runtime:
     openmp: OpenMP = _f("OpenMP runtime to ship", default="auto")
 
@@ -178,8 +185,10 @@ class Recipe:
                                    default_factory=CpuVariants)
     targets: tuple[str, ...] = _f("CMake targets whose programs go into the bundle", pattern=r"^[A-Za-z0-9_.+-]+$")
     runtime: Runtime = _f("runtime library policy", default_factory=Runtime)
-    ui: WebUi = _f("llama-server's web UI: build (from the pinned commit's tools/ui with npm, once per UI source, "
-                   "kept in the cache and reused) or none (llama-server answers GET / with 404)", default="none")
+    ui: WebUi | UiArchive = _f("llama-server's web UI: build (from the pinned commit's tools/ui with npm, once per UI "
+                               "source, kept in the cache and reused), {url, sha256} (an archive `llamabundle ui pack` "
+                               "made, pinned by sha256: every machine embeds the same bytes) or none (llama-server "
+                               "answers GET / with 404)", default="none")
     publish: Publish = _f("publish settings (not part of the cache key)", default_factory=Publish)
     # Not from YAML: where the recipe came from (for relative paths and messages), and where in it each key
     # path was set (for the messages of checks made after loading).
@@ -189,6 +198,16 @@ class Recipe:
     @property
     def cmake_options(self) -> dict[str, str]:
         return dict(self.cmake)
+
+    @property
+    def embeds_ui(self) -> bool:
+        """Whether llama-server embeds the web UI (built here or a pinned archive)."""
+        return self.ui != "none"
+
+    @property
+    def ui_said(self) -> str:
+        """The recipe's ui: as a message names it."""
+        return self.ui if isinstance(self.ui, str) else f"{{url: {self.ui.url}, sha256: {self.ui.sha256[:12]}…}}"
 
     @property
     def driver_floor(self) -> str | None:

@@ -141,7 +141,7 @@ RECIPE_COMMANDS = [["show", "{p}"], ["key", "{p}"], ["check", "{p}", "--store", 
                    ["build", "{p}", "--store", "{store}"], ["fetch", "{p}", "--store", "{store}", "--out", "{out}"],
                    ["install", "--recipe", "{p}", "--store", "{store}", "--dest", "{dest}"], ["recipe", "lint", "{p}"],
                    ["toolkit", "plan", "{p}"], ["toolkit", "install", "{p}"], ["bundle", "{p}", "{dir}", "--out", "{out}"],
-                   ["matrix", "{p}", "--store", "{store}"]]
+                   ["matrix", "{p}", "--store", "{store}"], ["ui", "pack", "{p}", "--out", "{out}"]]
 BUNDLE_INPUTS = [("missing", 2, "does not exist"), ("empty", 5, ""), ("notzip", 5, ""), ("truncated-zip", 5, ""),
                  ("symlink-zip", 5, "symbolic link"), ("binary", 5, ""), ("fifo", 2, "")]
 BUNDLE_INPUTS += [(f"manifest:{k}", 5, FIELD[k]) for k in MANIFESTS]
@@ -267,7 +267,7 @@ def test_other_malformed_inputs(tmp_path: Path, argv: list[str], code: int, text
 
 
 def test_the_walk_covers_every_command() -> None:
-    walked = {" ".join(a[:2]) if a[0] in ("recipe", "toolkit", "cache") else a[0]
+    walked = {" ".join(a[:2]) if a[0] in ("recipe", "toolkit", "cache", "ui") else a[0]
               for a in [*RECIPE_COMMANDS, *BUNDLE_COMMANDS, *STORE_COMMANDS, *(o[0] for o in OTHER)]}
-    commands = {" ".join(c) for c in all_commands() if c and not (len(c) == 1 and c[0] in ("recipe", "toolkit", "cache"))}
+    commands = {" ".join(c) for c in all_commands() if c and not (len(c) == 1 and c[0] in ("recipe", "toolkit", "cache", "ui"))}
     assert commands - walked == set(), "add malformed inputs for these commands"

@@ -8,14 +8,23 @@ llama-server that serves it: tests/e2e/test_pipeline.py.)"""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import io
+import json
 import re
+import tarfile
 from pathlib import Path
 
 import pytest
 
 from llamabundle import keys, webui
-from llamabundle.errors import BuildError, RecipeError, ToolchainError
+from llamabundle.archive import UnsafeArchive
+from llamabundle.errors import BuildError, RecipeError, ToolchainError, VerifyError
 from llamabundle.log import Log
+from tests import gitsources
+from tests.clicontract import valid
+from tests.clirun import run
+from tests.loopback import Loopback, static
 from tests.recipes import LINUX, edit
 
 NPM = """#!/bin/sh
@@ -49,7 +58,7 @@ def fake_npm(tmp: Path, *, fail: bool = False) -> tuple[dict[str, str], Path]:
 
 
 def provide(src: Path, cache: Path, env: dict[str, str]) -> webui.Assets:
-    return webui.provide(src, cache_dir=cache, log=Log(quiet=True), env=env, timeout=60)
+    return webui.built(src, cache_dir=cache, log=Log(quiet=True), env=env, timeout=60)
 
 
 def test_built_once_per_ui_source_then_reused_without_npm(tmp_path: Path) -> None:
@@ -99,7 +108,7 @@ def test_a_damaged_kept_tree_is_refused_and_removed(tmp_path: Path) -> None:
     env, calls = fake_npm(tmp_path)
     a = provide(src, cache, env)
     (a.dist / "index.html").write_text("<html>changed</html>\n")
-    with pytest.raises(BuildError, match="changed after it was built"):
+    with pytest.raises(BuildError, match="changed after it was kept"):
         provide(src, cache, env)
     assert not a.dist.exists()
     assert provide(src, cache, env).digest == a.digest and len(calls.read_text().splitlines()) == 4  # built anew
@@ -144,3 +153,163 @@ def test_every_shipped_recipe_builds_the_ui() -> None:
     for path in sorted((Path(__file__).resolve().parents[2] / "recipes").glob("*.yaml")):
         assert keys.load(path).ui == "build", path.name
     assert dataclasses.fields(webui.Assets)
+
+
+# ------------------------------------------------- a pinned archive (ui: {url, sha256}) and `ui pack`
+
+
+def archived(tmp: Path) -> tuple[Path, webui.Assets, Path]:
+    """The source, its UI built by the stand-in npm, and `ui pack`'s archive of it."""
+    src = source(tmp)
+    env, _ = fake_npm(tmp)
+    a = provide(src, tmp / "cache", env)
+    return src, a, webui.pack(a, tmp / "packed")
+
+
+def pinned(tmp: Path, body: bytes, src: Path, *, sha: str | None = None, name: str = "webui.tar",
+           cache: Path | None = None) -> tuple[webui.Assets, Loopback]:
+    with Loopback(static({f"/{name}": body})) as server:  # a pinned UI needs no npm
+        return webui.pinned(f"{server.url}/{name}", sha or hashlib.sha256(body).hexdigest(), src,
+                            cache_dir=cache or tmp / "cache2", log=Log(quiet=True)), server
+
+
+def test_pack_writes_the_same_bytes_for_the_same_assets(tmp_path: Path) -> None:
+    _, a, path = archived(tmp_path)
+    again = webui.pack(a, tmp_path / "again")
+    assert path.read_bytes() == again.read_bytes() and path.name == f"webui-{a.source[:12]}-{a.digest[:12]}.tar"
+    with tarfile.open(path) as tf:
+        members = tf.getmembers()
+    assert [m.name for m in members] == ["webui.json", "dist/_app/cache.txt", "dist/index.html"]
+    assert {(m.mtime, m.uid, m.gid, m.mode, m.uname) for m in members} == {(0, 0, 0, 0o644, "")}
+    assert not list((tmp_path / "again").glob(".*"))  # nothing of the writing left beside it
+
+
+def test_a_pinned_archive_is_downloaded_once_checked_and_embeds_the_same_files(tmp_path: Path) -> None:
+    src, a, path = archived(tmp_path)
+    got, server = pinned(tmp_path, path.read_bytes(), src)
+    assert (got.source, got.digest, got.files) == (a.source, a.digest, a.files)
+    sha = hashlib.sha256(path.read_bytes()).hexdigest()
+    assert got.dist == tmp_path / "cache2" / "ui" / f"archive-{sha}" / "dist" and server.paths() == ["/webui.tar"]
+    again, server = pinned(tmp_path, b"not served", src, sha=sha)  # kept: not downloaded again
+    assert again.digest == a.digest and server.paths() == []
+    dest = webui.place(again, tmp_path / "build", Log(quiet=True))
+    assert webui.tree_digest(dest)[0] == a.digest
+
+
+def _tar(members: list[tuple[str, bytes | None, str]]) -> bytes:
+    """A tar of (name, data, kind): kind "file", "link" (data is the target) or "dir"."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tf:
+        for name, data, kind in members:
+            info = tarfile.TarInfo(name)
+            if kind == "link":
+                info.type, info.linkname = tarfile.SYMTYPE, (data or b"").decode()
+                tf.addfile(info)
+            else:
+                info.size = len(data or b"")
+                tf.addfile(info, io.BytesIO(data or b""))
+    return buf.getvalue()
+
+
+def _meta(source: str, digest: str, files: int) -> bytes:
+    return json.dumps({"schema": 1, "source": source, "digest": digest, "files": files}).encode()
+
+
+@pytest.mark.parametrize("case", ["sha256", "other-source", "tampered", "symlink", "escape", "stray", "no-meta",
+                                  "bad-meta", "not-a-tar"])
+def test_a_bad_pinned_archive_is_refused_and_nothing_is_kept(tmp_path: Path, case: str) -> None:
+    src, a, path = archived(tmp_path)
+    good = path.read_bytes()
+    index = b"<html>ui</html>\n"
+    meta = _meta(a.source, a.digest, a.files)
+    cache_txt = (a.dist / "_app" / "cache.txt").read_bytes()
+    body, sha, error, said = {
+        "sha256": (good, "0" * 64, VerifyError, "sha256"),
+        "tampered": (_tar([("webui.json", meta, "file"), ("dist/_app/cache.txt", cache_txt, "file"),
+                           ("dist/index.html", b"<html>evil</html>\n", "file")]), None, VerifyError,
+                     "holds other files than its webui.json records"),
+        "symlink": (_tar([("webui.json", meta, "file"), ("dist/index.html", b"/etc/passwd", "link")]), None,
+                    UnsafeArchive, "member 'dist/index.html' is not one a web UI archive holds"),
+        "escape": (_tar([("webui.json", meta, "file"), ("dist/../../x", index, "file")]), None, UnsafeArchive,
+                   "escapes the destination"),
+        "stray": (_tar([("webui.json", meta, "file"), ("dist/index.html", index, "file"), ("run.sh", b"x", "file")]),
+                  None, UnsafeArchive, "member 'run.sh' is not one"),
+        "no-meta": (_tar([("dist/index.html", index, "file")]), None, VerifyError, "has no webui.json"),
+        "bad-meta": (_tar([("webui.json", b'{"schema": 1, "source": "x"}', "file"), ("dist/index.html", index, "file")]),
+                     None, VerifyError, "is not what `ui pack` writes"),
+        "not-a-tar": (b"PK\x03\x04 not a tar at all", None, VerifyError, "not a readable tar"),
+        "other-source": (good, None, BuildError, "built from another web UI source"),
+    }[case]
+    if case == "other-source":
+        (src / "tools" / "ui" / "src" / "app.ts").write_text("export const changed = 1\n")
+    with pytest.raises(error) as e:
+        pinned(tmp_path, body, src, sha=sha)
+    assert said in str(e.value.what) + str(e.value.why), e.value
+    ui_area = tmp_path / "cache2" / "ui"
+    kept = [p.name for p in ui_area.iterdir()] if ui_area.exists() else []
+    assert kept == ([f"archive-{hashlib.sha256(good).hexdigest()}"] if case == "other-source" else []), kept
+    assert not list((tmp_path / "cache2" / "tmp").glob("*")) if (tmp_path / "cache2" / "tmp").exists() else True
+
+
+PINNED = "ui:\n  url: https://example.invalid/webui.tar\n  sha256: " + "ab" * 32 + "\n"
+
+
+def test_a_recipe_pins_a_ui_archive_by_sha256_and_the_key_holds_that_sha256() -> None:
+    pinned_text = re.sub(r"^ui: build.*\n", PINNED, LINUX, flags=re.M)
+    r = keys.resolve(keys.parse(pinned_text))
+    assert r.recipe.embeds_ui and r.inputs["ui"] == {"archive_sha256": "ab" * 32}
+    assert r.key != keys.resolve(keys.parse(LINUX)).key
+    mirror = keys.resolve(keys.parse(pinned_text.replace("example.invalid", "mirror.example.invalid")))
+    assert mirror.key == r.key  # where it is published is not in the key: its bytes are
+    other = keys.resolve(keys.parse(pinned_text.replace("ab" * 32, "cd" * 32)))
+    assert other.key != r.key
+    with pytest.raises(RecipeError, match="LLAMA_USE_PREBUILT_UI is ON"):  # still no download by llama.cpp itself
+        keys.parse(edit(pinned_text, "  LLAMA_USE_PREBUILT_UI: OFF", "  LLAMA_USE_PREBUILT_UI: ON"))
+
+
+@pytest.mark.parametrize(("ui", "message"), [
+    ("ui: npm\n", "'npm' is not one of build, none, or a mapping of url, sha256"),
+    ("ui: [build]\n", "expected one of build, none"),
+    ("ui: {url: ftp://x/webui.tar, sha256: " + "ab" * 32 + "}\n", "'ftp://x/webui.tar' is not valid"),
+    ("ui: {url: https://x/webui.tar}\n", "missing required key 'sha256'"),
+    ("ui: {url: https://x/webui.tar, sha256: " + "ab" * 32 + ", name: x}\n", "unknown key 'name'"),
+])
+def test_a_bad_ui_is_a_recipe_error_at_its_line(ui: str, message: str) -> None:
+    with pytest.raises(RecipeError) as e:
+        keys.parse(re.sub(r"^ui: build.*\n", ui, LINUX, flags=re.M))
+    assert message in e.value.what and e.value.line is not None
+
+
+def test_ui_pack_builds_the_commits_ui_and_writes_the_archive_a_recipe_pins(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    repo = tmp_path / "llama.cpp"
+    ui_files = {f"tools/ui/{k}": v for k, v in {"package.json": b'{"name": "llama-ui"}\n',
+                                                  "package-lock.json": b'{"lockfileVersion": 3}\n',
+                                                  "src/app.ts": b"export {}\n"}.items()}
+    commit = gitsources.make_repo(repo, {**gitsources.FILES, **ui_files})
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("\n".join(["recipe: 1", "name: ui-test", "platform: linux-x86_64", "llama_cpp:",
+                                 f"  commit: {commit}", f"  sources: [{{path: {repo}}}]", "backends: [cpu]",
+                                 "toolchain: {compiler: gcc}", "targets: [llama-server]",
+                                 "cmake: {LLAMA_USE_PREBUILT_UI: 'OFF'}", "ui: build", ""]))
+    env, calls = fake_npm(tmp_path)
+    monkeypatch.setenv("PATH", env["PATH"])
+    monkeypatch.setenv("LLAMABUNDLE_CACHE_DIR", str(tmp_path / "cache"))
+    code, out, err = run(capsys, "ui", "pack", recipe, "--out", tmp_path / "out", "--json")
+    assert code == 0, err
+    got = valid("ui-pack", json.loads(out))
+    archive = Path(got["archive"])
+    assert archive.parent == tmp_path / "out" and got["sha256"] == hashlib.sha256(archive.read_bytes()).hexdigest()
+    assert got["commit"] == commit and got["files"] == 2 and got["size"] == archive.stat().st_size
+    assert len(calls.read_text().splitlines()) == 2
+    code, out, _ = run(capsys, "ui", "pack", recipe, "--out", tmp_path / "out2")  # the kept UI: no npm again
+    assert code == 0 and len(calls.read_text().splitlines()) == 2
+    assert (tmp_path / "out2" / archive.name).read_bytes() == archive.read_bytes()
+    assert f"sha256: {got['sha256']}" in out and "ui:\n  url: https://…/" in out
+    src = tmp_path / "cache" / "src" / commit
+    assets, _ = pinned(tmp_path, archive.read_bytes(), src if src.is_dir() else repo)
+    assert assets.digest == got["digest"]
+    none = recipe.read_text().replace("ui: build", "ui: none")
+    recipe.write_text(none)
+    code, _, err = run(capsys, "ui", "pack", recipe)
+    assert code == 2 and "says ui: none" in err
