@@ -1,5 +1,6 @@
 """The core pipeline, end to end on Linux: recipe → pinned source → web UI (npm, once) → CPU build → runtime
-closure → bundle.json → verify → local store → cache hit; the bundle's llama-server serves a model and the UI."""
+closure → bundle.json → verify → local store → cache hit; the bundle's llama-server serves a model and the UI,
+and `ui pack` makes the archive of that UI that a recipe pins."""
 
 from __future__ import annotations
 
@@ -16,8 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from llamabundle import webui
+from llamabundle.log import Log
 from tests.e2e.conftest import RECIPE, run_cli
 from tests.e2e.tinymodel import write_tiny_qwen2
+from tests.loopback import Loopback, static
 
 COMMIT = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"
 
@@ -204,3 +207,22 @@ def test_a_failing_configure_exits_4_with_the_tail_and_the_log(first_build: dict
     assert "GGML_CPU_ALL_VARIANTS requires GGML_BACKEND_DL" in res.stderr
     assert "llamabundle-build.log" in res.stderr and "Traceback" not in res.stderr
     assert not store.exists() or not any(store.iterdir())
+
+
+def test_ui_pack_makes_the_archive_a_recipe_pins_and_it_embeds_the_same_files(
+        unpacked: Path, e2e_env: dict[str, str], tmp_path: Path) -> None:
+    """`ui pack` of the recipe whose bundle was built: the kept UI (no npm run again) as an archive; taken as a
+    pinned ui: {url, sha256} from a loopback server into a fresh cache, it is the UI the bundle embeds."""
+    res = run_cli("ui", "pack", RECIPE, "--out", tmp_path / "ui", "--json", env=e2e_env)
+    assert res.returncode == 0, res.stderr
+    got = json.loads(res.stdout)
+    toolchain = json.loads((unpacked / "bundle.json").read_text())["toolchain"]
+    assert (got["digest"], got["source"], got["commit"]) == (toolchain["ui"], toolchain["ui_source"], COMMIT)
+    archive = Path(got["archive"])
+    again = run_cli("ui", "pack", RECIPE, "--out", tmp_path / "again", "--json", env=e2e_env)
+    assert again.returncode == 0 and json.loads(again.stdout)["sha256"] == got["sha256"]  # the same bytes
+    src = Path(e2e_env["LLAMABUNDLE_CACHE_DIR"]) / "src" / COMMIT
+    with Loopback(static({f"/{archive.name}": archive.read_bytes()})) as server:
+        assets = webui.pinned(f"{server.url}/{archive.name}", got["sha256"], src, cache_dir=tmp_path / "cache",
+                              log=Log(quiet=True))
+    assert (assets.digest, assets.files) == (toolchain["ui"], got["files"]) and got["files"] > 10
