@@ -145,7 +145,7 @@ def plan_build(recipe: Recipe, host: HostFacts, *, source_dir: Path, build_dir: 
     configure = (tools.cmake, "-S", str(source_dir), "-B", str(build_dir), "-G", "Ninja",
                  f"-DCMAKE_MAKE_PROGRAM={tools.ninja}", *(f"-D{k}={v}" for k, v in defs.items()))
     modules = backend_targets(recipe)
-    programs = tuple(dict.fromkeys((*recipe.targets, MEMORY_PROGRAM)))
+    programs = tuple(dict.fromkeys((*recipe.targets, *(p for p, _, _ in OWN_PROGRAMS))))
     targets = programs + modules
     build = (tools.cmake, "--build", str(build_dir), "--target", *targets)
     if jobs:
@@ -164,14 +164,21 @@ def plan_build(recipe: Recipe, host: HostFacts, *, source_dir: Path, build_dir: 
 
 PROJECT_INCLUDE = "llamabundle-project.cmake"
 MEMORY_PROGRAM = data.MEMORY_PROGRAM  # llama.cpp's dry run of a llama-server launch, built into every bundle
-_MEMORY_CMAKE = """# {program}: llama.cpp's memory figures for a llama-server launch (runtime/dryrun.py), built beside it
-if(PROJECT_NAME STREQUAL "llama.cpp" AND NOT COMMAND llamabundle_memory_program)
-  function(llamabundle_memory_program)
+PROBE_PROGRAM = data.PROBE_PROGRAM  # which backends load here and why not, and their devices: in every bundle
+# Programs of llamabundle's own (data/programs/NAME.cpp), built beside llama-server in every bundle: the name,
+# what it is, and the llama.cpp targets it links
+OWN_PROGRAMS: tuple[tuple[str, str, str], ...] = (
+    (MEMORY_PROGRAM, "llama.cpp's memory figures for a llama-server launch (runtime/dryrun.py)", "llama-common llama"),
+    (PROBE_PROGRAM, "the backends that load on this machine, why the others do not, and their devices", "ggml ${CMAKE_DL_LIBS}"),
+)
+_PROGRAM_CMAKE = """# {program}: {what}, built beside llama-server
+if(PROJECT_NAME STREQUAL "llama.cpp" AND NOT COMMAND {function})
+  function({function})
     add_executable({program} "{source}")
-    target_link_libraries({program} PRIVATE llama-common llama)
+    target_link_libraries({program} PRIVATE {libs})
     target_compile_features({program} PRIVATE cxx_std_17)
   endfunction()
-  cmake_language(DEFER CALL llamabundle_memory_program)
+  cmake_language(DEFER CALL {function})
 endif()"""
 
 
@@ -186,10 +193,13 @@ def _project_files(recipe: Recipe, platform: Platform, have: Sequence[Backend],
     include = ["# Written by llamabundle (build.py): read after every project() call.", *lines]
     for b in have:
         include += b.project_include(recipe)
-    source = build_dir / f"{MEMORY_PROGRAM}.cpp"  # CMake paths take forward slashes on Windows too
-    include.append(_MEMORY_CMAKE.format(program=MEMORY_PROGRAM, source=source.as_posix()))
-    files = [*files, (str(source), data.text(f"programs/{MEMORY_PROGRAM}.cpp")),
-             (str(build_dir / PROJECT_INCLUDE), "\n".join(include) + "\n")]
+    files = list(files)
+    for program, what, libs in OWN_PROGRAMS:
+        source = build_dir / f"{program}.cpp"  # CMake paths take forward slashes on Windows too
+        include.append(_PROGRAM_CMAKE.format(program=program, what=what, libs=libs, source=source.as_posix(),
+                                             function=program.replace("-", "_") + "_program"))
+        files.append((str(source), data.text(f"programs/{program}.cpp")))
+    files.append((str(build_dir / PROJECT_INCLUDE), "\n".join(include) + "\n"))
     defs = {**defs, "CMAKE_PROJECT_INCLUDE": str(build_dir / PROJECT_INCLUDE)}
     return defs, tuple(files)
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from . import backends, cache, keys, platforms
 from .backends import Prepared
-from .build import MEMORY_PROGRAM, BuildResult, BuildTools, compiler_record, plan_build
+from .build import MEMORY_PROGRAM, OWN_PROGRAMS, BuildResult, BuildTools, compiler_record, plan_build
 from .compilers import version_matches
 from .errors import ToolchainError, UsageError
 from .log import Log
@@ -154,11 +154,13 @@ def bundle_build(recipe: Recipe, build_dir: Path, *, out: Path, toolkit_root: Pa
     made = Made(keyed=keyed, src=src, tools=tools, prepared=prepared, sde=settings.source_date_epoch)
     plan = plan_build(recipe, keyed.host, source_dir=tree.source_dir, build_dir=build_dir, tools=tools,
                       toolkit_roots=made.toolkit_roots)
-    memory = platform.program_file(MEMORY_PROGRAM)
-    if not (plan.output_dir / memory).is_file():  # a tree configured without llamabundle's project include
-        plan = dataclasses.replace(plan, programs=tuple(p for p in plan.programs if p != memory))
-        log.info(f"    {build_dir} has no {memory} (it was configured without llamabundle): `plan` sizes its rungs "
-                 "with the closed-form estimate for this bundle")
+    for program, _, _ in OWN_PROGRAMS:
+        own = platform.program_file(program)
+        if not (plan.output_dir / own).is_file():  # a tree configured without llamabundle's project include
+            plan = dataclasses.replace(plan, programs=tuple(p for p in plan.programs if p != own))
+            log.info(f"    {build_dir} has no {own} (it was configured without llamabundle): " + (
+                "`plan` sizes its rungs with the closed-form estimate for this bundle" if program == MEMORY_PROGRAM
+                else "the bundle cannot answer for its backends itself"))
     absent = [n for n in plan.programs + plan.backends if not (plan.output_dir / n).is_file()]
     if absent:
         raise UsageError(f"{build_dir} lacks {', '.join(absent)}", why=f"the recipe's programs and backends are "

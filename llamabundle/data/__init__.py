@@ -8,6 +8,7 @@ from importlib import resources
 from typing import Any
 
 MEMORY_PROGRAM = "llamabundle-memory"  # programs/llamabundle-memory.cpp: built into every bundle (build.py)
+PROBE_PROGRAM = "llamabundle-probe"  # programs/llamabundle-probe.cpp: built into every bundle (build.py)
 
 
 @cache

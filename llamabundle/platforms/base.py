@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, TypeVar, runtime_checkable
 
-from ..data import MEMORY_PROGRAM
+from ..data import MEMORY_PROGRAM, PROBE_PROGRAM
 from ..errors import VerifyError
 from .load import Loaded
 
@@ -168,6 +168,8 @@ def reasons(plan: Products, bundled: Iterable[str], *, extras: Mapping[str, str]
     for name in bundled:
         if name in plan.programs and name.split(".")[0] == MEMORY_PROGRAM:
             out[name] = "program: llama.cpp's dry run of a llama-server launch, for `llamabundle plan`"
+        elif name in plan.programs and name.split(".")[0] == PROBE_PROGRAM:
+            out[name] = "program: which backends load here and why not, and their devices, as JSON"
         elif name in plan.programs:
             out[name] = "program: a target of the recipe"
         elif name in plan.backends:

@@ -19,6 +19,7 @@ from typing import Any
 from llamabundle import webui
 from llamabundle.log import Log
 from tests.e2e.conftest import RECIPE, run_cli
+from tests.e2e.probeprogram import ABSENT, add_unloadable_module, module, run_probe
 from tests.e2e.tinymodel import write_tiny_qwen2
 from tests.loopback import Loopback, static
 
@@ -226,3 +227,36 @@ def test_ui_pack_makes_the_archive_a_recipe_pins_and_it_embeds_the_same_files(
         assets = webui.pinned(f"{server.url}/{archive.name}", got["sha256"], src, cache_dir=tmp_path / "cache",
                               log=Log(quiet=True))
     assert (assets.digest, assets.files) == (toolchain["ui"], got["files"]) and got["files"] > 10
+
+
+def test_the_bundles_probe_says_which_backends_load_why_the_others_do_not_and_the_devices(
+        unpacked: Path, tmp_path: Path) -> None:
+    """llamabundle-probe (built into every bundle): each CPU variant of the bundle opened and scored as ggml
+    scores it, the best one loaded and registered, the others not chosen or unsupported on this CPU, the CPU
+    device; and a module whose import is nowhere is named with the loader's own message."""
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    got = run_probe([str(unpacked / "llamabundle-probe")], env=env)
+    manifest = json.loads((unpacked / "bundle.json").read_text())
+    assert "llamabundle-probe" in {f["path"] for f in manifest["files"] if f["role"] == "exe"}
+    backends = {f["path"] for f in manifest["files"] if f["role"] == "backend"}
+    cpu = [m for m in got["modules"] if m["backend"] == "cpu"]
+    assert {m["file"] for m in cpu} == backends and len(cpu) == 14 and got["dir"] == str(unpacked)
+    (loaded,) = [m for m in cpu if m["loaded"]]
+    assert loaded["registered"] == "CPU" and loaded["outcome"] == "loaded"
+    assert loaded["score"] == max(m["score"] for m in cpu if m["opened"]) > 0
+    assert all(m["opened"] and m["error"] is None for m in cpu)
+    assert {m["outcome"] for m in cpu if not m["loaded"]} <= {"not_chosen", "unsupported"}
+    assert all((m["score"] == 0) == (m["outcome"] == "unsupported") for m in cpu if not m["loaded"])
+    assert [d["name"] for d in got["devices"]] == ["CPU"] and got["devices"][0]["memory_total"] > 0
+    assert any(f"loaded CPU backend from {unpacked / loaded['file']}" in line["text"] for line in got["log"])
+    print(f"\nprobe: {loaded['file']} loaded (score {loaded['score']}); "
+          f"{sum(m['outcome'] == 'unsupported' for m in cpu)} variants unsupported on this CPU")
+
+    copy = tmp_path / "bundle"
+    shutil.copytree(unpacked, copy, symlinks=True)
+    add_unloadable_module(copy, cc="gcc", name="libggml-rpc.so", dep=f"lib{ABSENT}.so")
+    again = run_probe([str(copy / "llamabundle-probe")], env=env)
+    rpc = module(again, "libggml-rpc.so")
+    assert (rpc["opened"], rpc["loaded"], rpc["outcome"]) == (False, False, "not_opened")
+    assert rpc["error"] == f"lib{ABSENT}.so: cannot open shared object file: No such file or directory"
+    assert [m["file"] for m in again["modules"] if m["loaded"]] == [loaded["file"]]  # the CPU backend still loads

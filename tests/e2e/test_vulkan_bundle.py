@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from .conftest import BUILD_TIMEOUT, REPO, run_cli
+from .probeprogram import module, run_probe
 from .tinymodel import write_tiny_qwen2
 
 MiB = 1 << 20
@@ -234,3 +235,38 @@ def _wait_ready(port: int, server: subprocess.Popen[bytes], log: Path, timeout: 
 if __name__ == "__main__":  # write the e2e recipe (to build it ahead of the test run): python -m tests.e2e.test_vulkan_bundle OUT
     print(small_recipe(Path(sys.argv[1])))
     os._exit(0)
+
+
+def test_the_bundles_probe_lists_the_vulkan_device_and_says_when_the_loader_is_absent(
+        vulkan_build: dict[str, Any], tmp_path: Path) -> None:
+    """llamabundle-probe of the Vulkan bundle: on lavapipe (made a device by GGML_VK_VISIBLE_DEVICES=0) the Vulkan
+    module loads and lists Vulkan0 with its memory; on a machine without the Vulkan loader (libvulkan.so.1 hidden
+    in a mount namespace of the probe's own) the module's reason is the loader's message naming it."""
+    bundle = vulkan_build["bundle"]
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "GGML_VK_VISIBLE_DEVICES": "0", "VK_DRIVER_FILES": LAVAPIPE}
+    got = run_probe([str(bundle / "llamabundle-probe")], env=env)
+    vulkan = module(got, "libggml-vulkan.so")
+    assert (vulkan["loaded"], vulkan["registered"], vulkan["error"]) == (True, "Vulkan", None)
+    (dev,) = [d for d in got["devices"] if d["backend"] == "Vulkan"]
+    assert dev["name"] == "Vulkan0" and "llvmpipe" in (dev["description"] or "") and dev["memory_total"] > 0
+    assert got["devices"][-1]["name"] == "CPU" and dev["compute_capability"] is None
+    print(f"\nprobe on lavapipe: {dev}")
+
+    loader = subprocess.run(["sh", "-c", "ldconfig -p | awk '/libvulkan.so.1 .*x86-64/{print $NF; exit}'"],
+                            capture_output=True, text=True).stdout.strip()
+    assert loader, "no libvulkan.so.1 on this machine"
+    # the loader's directory, seen through a farm of links to all it holds but libvulkan.so* (its own files stay
+    # reachable through a second mount of it), in a mount namespace that ends with the probe
+    hide = (f"set -e; real=$(readlink -f {loader}); dir=$(dirname $real); orig={tmp_path}/orig; farm={tmp_path}/farm; "
+            "mkdir $orig $farm; "
+            "mount --bind $dir $orig; for f in $orig/*; do case ${f##*/} in libvulkan.so*) ;; *) ln -s $f $farm/;; esac; "
+            f"done; mount --bind $farm $dir; exec {bundle / 'llamabundle-probe'}")
+    namespace = ["unshare", "--mount"] if os.geteuid() == 0 else ["unshare", "--user", "--map-root-user", "--mount"]
+    if subprocess.run([*namespace, "true"], capture_output=True).returncode != 0:
+        pytest.skip("no mount namespace here (unshare refused): the loader cannot be hidden from the probe")
+    absent = run_probe([*namespace, "sh", "-c", hide], env=env)
+    vulkan = module(absent, "libggml-vulkan.so")
+    assert (vulkan["opened"], vulkan["outcome"]) == (False, "not_opened")
+    assert vulkan["error"] == "libvulkan.so.1: cannot open shared object file: No such file or directory"
+    assert [d["name"] for d in absent["devices"]] == ["CPU"]
+    print(f"probe without the Vulkan loader: {vulkan['error']}")

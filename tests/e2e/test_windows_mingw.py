@@ -13,7 +13,9 @@ from typing import Any
 
 import pytest
 
+from llamabundle import cache
 from tests.e2e.conftest import BUILD_TIMEOUT, REPO, run_cli
+from tests.e2e.probeprogram import ABSENT, add_unloadable_module, module, run_probe
 
 RECIPE = REPO / "recipes" / "windows-x86_64-cpu-mingw.yaml"
 CXX = "x86_64-w64-mingw32-g++-posix"
@@ -48,7 +50,7 @@ def test_the_bundle_holds_the_programs_13_variants_and_the_mingw_runtime(unpacke
     assert manifest["toolchain"]["compiler"].startswith("GNU ")
     roles = {f["path"]: f["role"] for f in manifest["files"]}
     assert {p for p, r in roles.items() if r == "exe"} == {"llama-server.exe", "llama-cli.exe", "llama-bench.exe",
-                                                            "llamabundle-memory.exe"}
+                                                            "llamabundle-memory.exe", "llamabundle-probe.exe"}
     backends = sorted(p for p, r in roles.items() if r == "backend")
     assert len(backends) == 13 and all(p.startswith("ggml-cpu-") and p.endswith(".dll") for p in backends)
     assert "ggml-cpu-sapphirerapids.dll" not in roles
@@ -96,3 +98,28 @@ def test_a_bundle_without_libgomp_fails_static_verification(unpacked_mingw: Path
     assert "libgomp-1.dll (imported by " in res.stderr and "is not in the bundle" in res.stderr
     assert "ggml-cpu-haswell.dll" in res.stderr  # one of the binaries that import it (OpenMP)
     assert "Traceback" not in res.stderr
+
+
+def test_the_bundles_probe_exe_lists_the_cpu_backend_under_wine_and_names_a_missing_dll(
+        unpacked_mingw: Path, e2e_env: dict[str, str], tmp_path: Path) -> None:
+    """llamabundle-probe.exe (the same program, cross-built) under Wine: one CPU variant loaded, the CPU device; a
+    module importing a DLL that is nowhere gets LoadLibraryW's error 126 with that DLL's name, found from its imports."""
+    if shutil.which("wine") is None:
+        pytest.skip("wine is not installed")
+    copy = tmp_path / "bundle"
+    shutil.copytree(unpacked_mingw, copy)
+    add_unloadable_module(copy, cc=CXX.replace("g++", "gcc"), name="ggml-rpc.dll", dep=f"{ABSENT}.dll")
+    prefix = cache.wine_prefix(Path(e2e_env["LLAMABUNDLE_CACHE_DIR"]))
+    prefix.mkdir(parents=True, exist_ok=True)
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(prefix), "WINEPREFIX": str(prefix), "WINEDEBUG": "-all",
+           "WINEDLLOVERRIDES": "mscoree,mshtml="}
+    got = run_probe(["wine", str(copy / "llamabundle-probe.exe")], env=env, cwd=copy, timeout=600)
+    cpu = [m for m in got["modules"] if m["backend"] == "cpu"]
+    assert len(cpu) == 13 and all(m["opened"] for m in cpu)
+    (loaded,) = [m for m in cpu if m["loaded"]]
+    assert loaded["registered"] == "CPU" and loaded["score"] == max(m["score"] for m in cpu)
+    assert [d["name"] for d in got["devices"]] == ["CPU"]
+    rpc = module(got, "ggml-rpc.dll")
+    assert (rpc["opened"], rpc["outcome"]) == (False, "not_opened")
+    assert rpc["error"].startswith("error 126: ") and rpc["error"].endswith(f"(missing: {ABSENT}.dll)"), rpc["error"]
+    print(f"\nprobe under Wine: {loaded['file']} loaded; ggml-rpc.dll: {rpc['error']}")

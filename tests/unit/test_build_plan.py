@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from llamabundle import keys, proc
-from llamabundle.build import _NINJA_PROGRESS, MEMORY_PROGRAM, BuildTools, backend_targets, plan_build
+from llamabundle.build import _NINJA_PROGRESS, MEMORY_PROGRAM, PROBE_PROGRAM, BuildTools, backend_targets, plan_build
 from llamabundle.errors import BuildError
 from llamabundle.log import Log
 from llamabundle.recipe import NO_HOST
@@ -44,9 +44,9 @@ def test_linux_cpu_plan() -> None:
     assert defs["CMAKE_BUILD_RPATH_USE_ORIGIN"] == "ON"
     assert (defs["CMAKE_C_COMPILER"], defs["CMAKE_CXX_COMPILER"]) == ("gcc", "g++")
     assert "CMAKE_CUDA_ARCHITECTURES" not in defs and "CMAKE_C_COMPILER_LAUNCHER" not in defs
-    assert plan.targets == ("llama-server", MEMORY_PROGRAM, *(f"ggml-cpu-{v}" for v in X86_VARIANTS))
+    assert plan.targets == ("llama-server", MEMORY_PROGRAM, PROBE_PROGRAM, *(f"ggml-cpu-{v}" for v in X86_VARIANTS))
     assert plan.build == ("/opt/cmake", "--build", "/b", "--target", *plan.targets)
-    assert plan.programs == ("llama-server", MEMORY_PROGRAM)
+    assert plan.programs == ("llama-server", MEMORY_PROGRAM, PROBE_PROGRAM)
     assert plan.backends == tuple(f"libggml-cpu-{v}.so" for v in X86_VARIANTS)
     assert plan.output_dir == Path("/b/bin")
 
@@ -61,7 +61,7 @@ def test_windows_cuda_plan_is_made_on_linux() -> None:
     assert backend_targets(WINDOWS) == (*(f"ggml-cpu-{v}" for v in
                                           ["x64", "sse42", "sandybridge", "haswell", "skylakex", "cannonlake",
                                            "cascadelake", "icelake", "alderlake"]), "ggml-cuda")
-    assert plan.programs == ("llama-server.exe", f"{MEMORY_PROGRAM}.exe")
+    assert plan.programs == ("llama-server.exe", f"{MEMORY_PROGRAM}.exe", f"{PROBE_PROGRAM}.exe")
     assert plan.backends[-1] == "ggml-cuda.dll" and all(b.endswith(".dll") for b in plan.backends)
     assert plan.build[-2:] == ("--parallel", "8")
     assert defs["GGML_CUDA_COMPRESSION_MODE"] == "size"
@@ -108,7 +108,7 @@ def test_variants_off_builds_the_single_cpu_backend(tmp_path: Path) -> None:
     text = (REPO / "recipes" / "linux-x86_64-cpu.yaml").read_text().replace("GGML_CPU_ALL_VARIANTS: ON", "GGML_CPU_ALL_VARIANTS: OFF")
     (tmp_path / "r.yaml").write_text(text)
     plan = _plan(keys.load(tmp_path / "r.yaml"))
-    assert plan.targets == ("llama-server", MEMORY_PROGRAM, "ggml-cpu")
+    assert plan.targets == ("llama-server", MEMORY_PROGRAM, PROBE_PROGRAM, "ggml-cpu")
     assert plan.backends == ("libggml-cpu.so",)
 
 

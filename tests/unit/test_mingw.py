@@ -20,6 +20,7 @@ import yaml
 from llamabundle import data, keys
 from llamabundle.build import (
     MEMORY_PROGRAM,
+    PROBE_PROGRAM,
     PROJECT_INCLUDE,
     BuildPlan,
     BuildTools,
@@ -120,7 +121,7 @@ def test_the_mingw_plan_cross_compiles_and_leaves_the_variant_out(tmp_path: Path
     assert not bd.exists()  # pure: the files are data for the executor
     files = dict(plan.files)
     assert set(files) == {str(bd / MINGW_TOOLCHAIN), str(bd / MINGW_COMPAT), str(bd / PROJECT_INCLUDE),
-                          str(bd / f"{MEMORY_PROGRAM}.cpp")}
+                          str(bd / f"{MEMORY_PROGRAM}.cpp"), str(bd / f"{PROBE_PROGRAM}.cpp")}
     assert f"-DCMAKE_TOOLCHAIN_FILE={bd / MINGW_TOOLCHAIN}" in plan.configure
     assert f"-DCMAKE_PROJECT_INCLUDE={bd / PROJECT_INCLUDE}" in plan.configure
     toolchain = files[str(bd / MINGW_TOOLCHAIN)]
@@ -135,20 +136,23 @@ def test_the_mingw_plan_cross_compiles_and_leaves_the_variant_out(tmp_path: Path
     assert "#ifndef THREAD_POWER_THROTTLING_CURRENT_VERSION" in files[str(bd / MINGW_COMPAT)]
     assert "ggml-cpu-sapphirerapids" not in plan.build and "ggml-cpu-zen4" in plan.build
     assert len(plan.backends) == 13 and all(b.endswith(".dll") for b in plan.backends)
-    assert plan.programs == ("llama-server.exe", "llama-cli.exe", "llama-bench.exe", f"{MEMORY_PROGRAM}.exe")
+    assert plan.programs == ("llama-server.exe", "llama-cli.exe", "llama-bench.exe", f"{MEMORY_PROGRAM}.exe",
+                             f"{PROBE_PROGRAM}.exe")
     shown = plan.to_json()
     assert shown["files"] == files and json.dumps(shown)  # what `llamabundle show --json` prints
 
 
-def test_a_linux_plan_writes_only_the_memory_program_and_excludes_only_when_asked(tmp_path: Path) -> None:
+def test_a_linux_plan_writes_only_the_own_programs_and_excludes_only_when_asked(tmp_path: Path) -> None:
     linux = keys.load(LINUX_RECIPE)
     plan = plan_build(linux, NO_HOST, source_dir=tmp_path, build_dir=tmp_path / "b", tools=TOOLS)
-    assert [Path(p).name for p, _ in plan.files] == [f"{MEMORY_PROGRAM}.cpp", PROJECT_INCLUDE]
+    assert [Path(p).name for p, _ in plan.files] == [f"{MEMORY_PROGRAM}.cpp", f"{PROBE_PROGRAM}.cpp", PROJECT_INCLUDE]
     assert not any("TOOLCHAIN_FILE" in a for a in plan.configure)
     include = dict(plan.files)[str(tmp_path / "b" / PROJECT_INCLUDE)]
     assert "_add_dependencies(" not in include and f"add_executable({MEMORY_PROGRAM} " in include
     assert "common_fit_print(" in dict(plan.files)[str(tmp_path / "b" / f"{MEMORY_PROGRAM}.cpp")]
-    assert "ggml-cpu-sapphirerapids" in plan.build and MEMORY_PROGRAM in plan.build
+    assert f"add_executable({PROBE_PROGRAM} " in include and "target_link_libraries(llamabundle-probe PRIVATE ggml ${CMAKE_DL_LIBS})" in include
+    assert "ggml_backend_load(" in dict(plan.files)[str(tmp_path / "b" / f"{PROBE_PROGRAM}.cpp")]
+    assert "ggml-cpu-sapphirerapids" in plan.build and MEMORY_PROGRAM in plan.build and PROBE_PROGRAM in plan.build
     text = LINUX_RECIPE.read_text(encoding="utf-8").replace("targets:", "cpu_variants: {exclude: [zen4]}\ntargets:")
     plan = plan_build(keys.parse(text), NO_HOST, source_dir=tmp_path, build_dir=tmp_path / "b", tools=TOOLS)
     assert "foreach(_dep ggml-cpu-zen4)" in dict(plan.files)[str(tmp_path / "b" / PROJECT_INCLUDE)]
@@ -162,7 +166,7 @@ def test_the_executor_writes_the_files_before_configure_and_keeps_unchanged_ones
     fake.write_text(textwrap.dedent("""\
         #!/bin/sh
         if [ "$1" = "--build" ]; then
-          mkdir -p "$2/bin"; for n in llama-server.exe llama-cli.exe llama-bench.exe llamabundle-memory.exe; do : > "$2/bin/$n"; done
+          mkdir -p "$2/bin"; for n in llama-server.exe llama-cli.exe llama-bench.exe llamabundle-memory.exe llamabundle-probe.exe; do : > "$2/bin/$n"; done
           for v in x64 sse42 sandybridge ivybridge piledriver haswell skylakex cannonlake cascadelake icelake \\
                    cooperlake zen4 alderlake; do : > "$2/bin/ggml-cpu-$v.dll"; done
           exit 0

@@ -14,7 +14,7 @@ import pytest
 from llamabundle import backends, keys, platforms, recipe
 from llamabundle.backends.base import Backend
 from llamabundle.backends.cuda.toolkit import manifest as toolkit_manifest
-from llamabundle.build import MEMORY_PROGRAM, BuildTools, plan_build
+from llamabundle.build import MEMORY_PROGRAM, PROBE_PROGRAM, BuildTools, plan_build
 from llamabundle.bundle import manifest as bundle_manifest
 from llamabundle.platforms.base import Platform
 from llamabundle.recipe import NO_HOST
@@ -106,7 +106,7 @@ targets: [llama-server]
 publish: {{tag: "{{name}}-{{key12}}"}}
 """)
     plan = plan_build(r, NO_HOST, source_dir=Path("/s"), build_dir=Path("/b"), tools=BuildTools(cmake="cmake", ninja="ninja"))
-    assert plan.programs == tuple(p.program_file(t) for t in (*r.targets, MEMORY_PROGRAM))
+    assert plan.programs == tuple(p.program_file(t) for t in (*r.targets, MEMORY_PROGRAM, PROBE_PROGRAM))
     assert plan.backends == (p.library_file("ggml-cpu"),)
     assert "-DGGML_CUDA=OFF" in plan.configure  # every switched backend is named, on or off
 
