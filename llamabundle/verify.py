@@ -40,6 +40,9 @@ class VerifyReport:
     compute_caps: dict[str, str] = field(default_factory=dict)  # CUDA0 -> 9.0: what ggml-cuda reported
     ops: list[dict[str, Any]] = field(default_factory=list)  # the ops level: per device, counts and failing cases
     load_env: dict[str, str] = field(default_factory=dict)  # the environment the load check ran the bundle in
+    load_source: str | None = None  # what answered the load check: llamabundle-probe, or llama-server's log lines
+    modules: dict[str, str] = field(default_factory=dict)  # (probe) backend module -> outcome or the loader's message
+    device_ids: dict[str, str] = field(default_factory=dict)  # (probe) device -> PCI bus id
 
     def to_json(self) -> dict[str, Any]:
         return {"schema": 1, **asdict(self)}
@@ -49,6 +52,7 @@ class VerifyReport:
         out = [f"{level}: {result}" for level, result in self.levels.items()]
         out += [f"{name} backend loaded from {where}" for name, where in self.backends_loaded.items()]
         out += [f"device {dev}" for dev in self.devices]
+        out += [f"{name}: {why}" for name, why in self.modules.items() if why not in ("loaded", "not_chosen")]
         out += [f"ops {o['device']}: {o['passed']} passed, {o['failed']} failed, {o['not_supported']} not supported "
                 f"({', '.join(o['ops_run'])}; {o['seconds']:.0f}s)" for o in self.ops]
         return out
@@ -240,6 +244,9 @@ def check_load(root: Path, manifest: Manifest, report: VerifyReport, *, wine_pre
     report.devices.extend(loaded.devices)
     report.compute_caps.update(loaded.compute_caps)
     report.load_env = dict(loaded.env)
+    report.load_source = loaded.source if not loaded.level.startswith("skipped") else None
+    report.modules.update(loaded.modules)
+    report.device_ids.update(loaded.device_ids)
     report.levels["load"] = loaded.level
 
 

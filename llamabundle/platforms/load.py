@@ -1,20 +1,27 @@
-"""The load check of every platform (DESIGN §7, level load): the bundle's `llama-server --verbose
---list-devices` run from inside the bundle in a clean environment, what it says read (the backends loaded and
-where from, the devices listed, ggml-cuda's compute capabilities), and why no CPU variant loaded when none did.
-Natively here; the Windows platform runs the same reading under Wine (windows/wine.py)."""
+"""The load check of every platform (DESIGN §7, level load): the bundle run from inside itself in a clean
+environment. A bundle with `llamabundle-probe` answers for itself: its JSON says which backend modules loaded
+and where from, why each other one did not (the loader's own message), the devices with their PCI bus ids and
+ggml-cuda's compute capabilities; `llama-server --list-devices` then runs once, to show that llama-server
+itself starts there and lists the same devices. A bundle without it (built before llamabundle 8) is read from
+`llama-server --verbose --list-devices` alone, whose log lines can be lost (retried), and why no CPU variant
+loaded is worked out afterwards. Natively here; the Windows platform runs the same under Wine (windows/wine.py)."""
 
 from __future__ import annotations
 
 import re
+import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from .. import proc
+from .. import data, proc, untrusted
 from ..errors import VerifyError
 
-LOAD_TIMEOUT = 120  # seconds `llama-server --list-devices` may take
+LOAD_TIMEOUT = 120  # seconds `llama-server --list-devices` (or the probe) may take
+PROBE_PROGRAM = data.PROBE_PROGRAM
+LIST_DEVICES = "llama-server --verbose --list-devices"
 LOADED = re.compile(r"load_backend: loaded (\S+) backend from (.+?)\s*$")
 DEVICE = re.compile(r"^\s+(\S+): (.+)$")
 # ggml_cuda_init's "  Device 0: NVIDIA H200, compute capability 9.0, VMM: yes" (after the log prefix)
@@ -29,6 +36,9 @@ class Loaded:
     devices: list[str] = field(default_factory=list)
     compute_caps: dict[str, str] = field(default_factory=dict)  # CUDA0 -> 9.0, as ggml-cuda reported them
     env: dict[str, str] = field(default_factory=dict)  # the environment the bundle ran in
+    source: str = LIST_DEVICES  # what said it: PROBE_PROGRAM's JSON, or llama-server's log lines
+    modules: dict[str, str] = field(default_factory=dict)  # (probe) module file -> outcome, or the loader's message
+    device_ids: dict[str, str] = field(default_factory=dict)  # (probe) CUDA0 -> 0000:c1:00.0, where ggml gives it
 
 
 def read_list_devices(lines: Sequence[str], *, root: Path, loaded: Loaded, exe: str, where: str = "",
@@ -94,36 +104,153 @@ def windows_env(bundle: str, tmp: str, system_root: str, keep: Mapping[str, str]
 
 
 def run_list_devices(root: Path, *, exe_name: str, keep: Mapping[str, str] | None = None) -> Loaded:
-    """`<exe> --verbose --list-devices` run natively from `root` in a clean environment (nothing of the
-    caller's: no LD_LIBRARY_PATH, no PATH to other libraries; only `keep`, the variables a backend's driver
-    lookup reads) and its own process group (a hang ends with all it started).
+    """The bundle at `root` run natively in a clean environment (nothing of the caller's: no LD_LIBRARY_PATH, no
+    PATH to other libraries; only `keep`, the variables a backend's driver lookup reads), each program in its own
+    process group (a hang ends with all it started): its llamabundle-probe where it has one, then llama-server
+    once; else llama-server's lines alone (list_devices_only)."""
+    env = clean_env(root, keep)
+    exe = root / exe_name
+    if not exe.is_file():
+        raise VerifyError(f"the bundle has no {exe_name}", fix="include llama-server in the recipe's targets")
+    probe = root / (PROBE_PROGRAM + exe.suffix)
+    if not probe.is_file():
+        return list_devices_only(root, exe_name=exe_name, env=env)
+    said = read_probe(_native(probe, [], root=root, env=env, what=probe.name).stdout, root=root, exe=probe.name)
+    out = _native(exe, ["--verbose", "--list-devices"], root=root, env=env, what=f"{exe_name} --list-devices")
+    loaded = Loaded(level="passed", env=env, source=PROBE_PROGRAM)
+    from_probe(said, root=root, loaded=loaded, server=(out.stderr + out.stdout).splitlines(), exe=exe_name)
+    return loaded
+
+
+def _native(exe: Path, args: list[str], *, root: Path, env: Mapping[str, str], what: str) -> subprocess.CompletedProcess[str]:
+    try:
+        out = proc.capture([str(exe), *args], cwd=root.parent, env=env, timeout=LOAD_TIMEOUT)
+    except proc.Timeout:
+        raise VerifyError(f"{what} did not finish in {LOAD_TIMEOUT}s") from None
+    except OSError as e:
+        raise VerifyError(f"{exe.name} could not be started", why=str(e)) from None
+    if out.returncode != 0:
+        raise VerifyError(f"{what} exited with {out.returncode}", why="the bundle does not load in a clean environment",
+                          details="\n".join((out.stderr + out.stdout).strip().splitlines()[-20:]))
+    return out
+
+
+OUTCOMES = ("loaded", "not_opened", "unsupported", "not_chosen", "no_score", "refused")
+_MODULE = {"file": str, "backend": str, "variant": (str, None), "opened": bool, "error": (str, None),
+           "score": (int, None), "chosen": bool, "loaded": bool, "outcome": str, "registered": (str, None), "log": list}
+_DEVICE = {"name": (str, None), "description": (str, None), "backend": (str, None), "type": str, "memory_total": int,
+           "memory_free": int, "device_id": (str, None), "compute_capability": (str, None)}
+
+
+def read_probe(stdout: str, *, root: Path, exe: str) -> dict[str, Any]:
+    """The probe's one JSON object, checked field by field as data/llamabundle-probe.schema.json says (a test
+    holds the two together): what the rest reads of it is there and of its type."""
+    fix = "rebuild the bundle (llamabundle build --force): its probe is damaged"
+    try:
+        said = untrusted.loads(stdout)
+    except ValueError as e:
+        raise VerifyError(f"{exe} of {root} printed no JSON", why=str(e)[:300], details=stdout.strip()[-2000:],
+                          fix=fix) from None
+    if problem := probe_problem(said):
+        raise VerifyError(f"{exe} of {root} printed an answer llamabundle cannot read", why=problem,
+                          details=stdout.strip()[-2000:], fix=fix)
+    out: dict[str, Any] = said
+    return out
+
+
+def probe_problem(said: Any) -> str:
+    """What is wrong with a probe's answer ('' when nothing is)."""
+    def wrong(obj: Any, fields: Mapping[str, Any], where: str) -> str:
+        if not isinstance(obj, dict):
+            return f"{where} is not an object"
+        for name, kinds in fields.items():
+            kinds = kinds if isinstance(kinds, tuple) else (kinds,)
+            value = obj.get(name, ...)
+            ok = any(value is None if k is None else isinstance(value, k) and not (k is int and isinstance(value, bool))
+                     for k in kinds)
+            if not ok:
+                return f"{where}.{name} is {'missing' if value is ... else repr(value)[:60]}"
+        return ""
+
+    if not isinstance(said, dict) or said.get("schema") != 1 or said.get("program") != PROBE_PROGRAM:
+        return f'not a {PROBE_PROGRAM} answer of schema 1'
+    if problem := wrong(said, {"dir": str, "modules": list, "devices": list, "log": list}, "the answer"):
+        return problem
+    for i, m in enumerate(said["modules"]):
+        if problem := wrong(m, _MODULE, f"modules[{i}]"):
+            return problem
+        if m["outcome"] not in OUTCOMES:
+            return f"modules[{i}].outcome is {m['outcome']!r}"
+    for i, d in enumerate(said["devices"]):
+        if problem := wrong(d, _DEVICE, f"devices[{i}]"):
+            return problem
+    for i, line in enumerate(said["log"]):
+        if problem := wrong(line, {"level": str, "text": str}, f"log[{i}]"):
+            return problem
+    return ""
+
+
+def device_line(d: Mapping[str, Any]) -> str:
+    """A device as llama-server lists it: 'CUDA0: NVIDIA H200 (143155 MiB, 142629 MiB free)'."""
+    mib = 1024 * 1024
+    return f"{d['name']}: {d['description']} ({d['memory_total'] // mib} MiB, {d['memory_free'] // mib} MiB free)"
+
+
+def from_probe(said: Mapping[str, Any], *, root: Path, loaded: Loaded, server: Sequence[str], exe: str,
+               translate: Callable[[str], str] | None = None) -> None:
+    """Fill `loaded` from the probe's answer: the registered backends and the files they came from (inside the
+    bundle), each module's outcome or the loader's message, the devices with their bus ids and compute
+    capabilities. llama-server's own run (`server`, its lines) must list the same devices."""
+    directory = Path(translate(said["dir"]) if translate is not None else said["dir"])
+    for m in said["modules"]:
+        loaded.modules[m["file"]] = m["error"] if m["error"] else m["outcome"]
+        if m["loaded"] and m["registered"]:
+            loaded.backends[m["registered"]] = str(directory / m["file"])
+    for d in said["devices"]:
+        if d["name"] is None or d["type"] == "cpu":  # llama-server lists no CPU device either
+            continue
+        loaded.devices.append(device_line(d))
+        if d["device_id"]:
+            loaded.device_ids[d["name"]] = d["device_id"]
+        if d["compute_capability"]:
+            loaded.compute_caps[d["name"]] = d["compute_capability"]
+    log = "\n".join(line["text"] for line in said["log"][-20:])
+    if "CPU" not in loaded.backends:
+        cpu = {f: why for f, why in loaded.modules.items() if re.match(r"(lib)?ggml-cpu", f)}
+        raise VerifyError(f"{exe} did not load a CPU backend",
+                          why="loaded one by one: " + "; ".join(f"{f}: {why}" for f, why in cpu.items()) if cpu
+                          else "the bundle has no CPU backend module", details=log)
+    if directory.resolve() != root.resolve():
+        raise VerifyError(f"{PROBE_PROGRAM} looked in {directory}, not the bundle {root}", details=log)
+    listed, in_list = [], False
+    for line in server:
+        if line.startswith("Available devices"):
+            in_list = True
+        elif in_list and (d := DEVICE.match(line)):
+            listed.append(d.group(1))
+    probed = [line.split(":", 1)[0] for line in loaded.devices]
+    if listed != probed:
+        raise VerifyError(f"{exe} --list-devices listed other devices than {PROBE_PROGRAM}",
+                          why=f"llama-server: {', '.join(listed) or 'none'}; the probe: {', '.join(probed) or 'none'}",
+                          details="\n".join(list(server)[-20:]))
+
+
+def list_devices_only(root: Path, *, exe_name: str, env: Mapping[str, str]) -> Loaded:
+    """A bundle without the probe: `<exe> --verbose --list-devices` read alone.
 
     llama.cpp's log is written by a thread of its own, and --list-devices exits without waiting for it (the
     logger is leaked on purpose, llama.cpp issue 22142): on a busy machine its 'loaded X backend from' lines
     can be lost while the device list, printed directly, is not. So a run whose lines are incomplete (no CPU
     line, or a listed device whose backend has none) is repeated, up to LIST_ATTEMPTS runs, and the lines
     of all runs are read together (the same binary in the same environment loads the same backends)."""
-    env = clean_env(root, keep)
     exe = root / exe_name
-    if not exe.is_file():
-        raise VerifyError(f"the bundle has no {exe_name}", fix="include llama-server in the recipe's targets")
 
     def run() -> list[str]:
-        try:
-            out = proc.capture([str(exe), "--verbose", "--list-devices"], cwd=root.parent, env=env,
-                               timeout=LOAD_TIMEOUT)
-        except proc.Timeout:
-            raise VerifyError(f"{exe_name} --list-devices did not finish in {LOAD_TIMEOUT}s") from None
-        except OSError as e:
-            raise VerifyError(f"{exe_name} could not be started", why=str(e)) from None
-        if out.returncode != 0:
-            raise VerifyError(f"{exe_name} --list-devices exited with {out.returncode}",
-                              why="the bundle does not load in a clean environment",
-                              details="\n".join((out.stderr + out.stdout).strip().splitlines()[-20:]))
+        out = _native(exe, ["--verbose", "--list-devices"], root=root, env=env, what=f"{exe_name} --list-devices")
         return (out.stderr + out.stdout).splitlines()
 
     lines = until_complete(run)
-    loaded = Loaded(level="passed", env=env)
+    loaded = Loaded(level="passed", env=dict(env))
     try:
         read_list_devices(lines, root=root, loaded=loaded, exe=exe_name)
     except VerifyError as e:

@@ -130,19 +130,23 @@ def _stamp(bundle_dir: Path) -> str | None:
     return hashlib.sha256(listing.encode("utf-8", "surrogateescape")).hexdigest()[:16]
 
 
-def pair_devices(devices: list[str]) -> list[dict[str, Any]]:
+def pair_devices(devices: list[str], bus_ids: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
     """One entry per physical GPU: the same GPU seen through CUDA and Vulkan (`CUDA0: NVIDIA H200 (…)`,
-    `Vulkan0: NVIDIA H200 (…)`) pairs by name, in order (llama.cpp itself skips the second one by PCI id when
-    it loads a model)."""
+    `Vulkan0: NVIDIA H200 (…)`). Where the bundle's probe gave their PCI bus ids (`bus_ids`), devices pair by
+    id, as llama.cpp itself skips the second one when it loads a model; else by name, in order."""
     seen: list[dict[str, Any]] = []
     for line in devices:
         dev, _, desc = line.partition(": ")
         name = device_name(desc)
-        family = re.sub(r"\d+$", "", dev)
-        same = next((g for g in seen if g["name"] == name and not any(re.sub(r"\d+$", "", d) == family
-                                                                       for d in g["devices"])), None)
+        bus = (bus_ids or {}).get(dev)
+        if bus is not None:
+            same = next((g for g in seen if g.get("bus_id") == bus), None)
+        else:
+            family = re.sub(r"\d+$", "", dev)
+            same = next((g for g in seen if "bus_id" not in g and g["name"] == name and not any(
+                re.sub(r"\d+$", "", d) == family for d in g["devices"])), None)
         if same is None:
-            seen.append({"name": name, "devices": [dev]})
+            seen.append({"name": name, "devices": [dev], **({"bus_id": bus} if bus is not None else {})})
         else:
             same["devices"].append(dev)
     return seen
@@ -189,7 +193,9 @@ def _probe_now(target: tuple[Path, Manifest] | None, context: dict[str, Any], *,
                     keep=backends.run_keep(manifest))
                 listed["loaded"] = loaded
                 facts.update(backends_loaded=dict(loaded.backends), devices=list(loaded.devices),
-                             gpu_devices=pair_devices([d for d in loaded.devices if not d.startswith("CPU")]))
+                             gpu_devices=pair_devices([d for d in loaded.devices if not d.startswith("CPU")],
+                                                      loaded.device_ids),
+                             load_source=loaded.source, **({"modules": dict(loaded.modules)} if loaded.modules else {}))
             except VerifyError as e:
                 listed["loaded"] = e
         out: Loaded | VerifyError = listed["loaded"]

@@ -28,6 +28,7 @@ from llamabundle.backends.cuda.toolkit.layout import Toolkit
 from llamabundle.digest import canonical_json
 from llamabundle.errors import VerifyError
 from llamabundle.verify import Level, verify_bundle
+from tests.clicontract import valid
 from tests.e2e.conftest import CUDA_RECIPE, run_cli
 
 BUNDLE_TIMEOUT = 30 * 60
@@ -103,6 +104,7 @@ def cuda_bundle(build_dir: Path, toolkit: Toolkit, e2e_env: dict[str, str],
                   env=e2e_env, timeout=BUNDLE_TIMEOUT)
     assert res.returncode == 0, f"bundle exited {res.returncode}:\n{res.stderr[-6000:]}"
     result = json.loads(res.stdout)
+    valid("bundle", result)  # its own schema (ops_tool at the top, verify's compute_caps, load_source: issue 32)
     assert result["out"] == str(out)
     zip_path = out.parent / "bundle.zip"  # the zip the command left in the cache, kept apart from other runs
     shutil.copyfile(result["zip"], zip_path)

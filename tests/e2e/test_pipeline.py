@@ -77,7 +77,7 @@ def test_second_build_is_a_cache_hit_that_compiles_nothing(first_build: dict[str
     out = json.loads(res.stdout)
     assert out["hit"] is True
     assert out["compiled"] == 0
-    assert out["verify"]["levels"]["load"] == "passed"
+    assert out["verify"]["levels"]["load"] == "passed" and out["verify"]["load_source"] == "llamabundle-probe"
     assert "cache hit" in res.stderr and "cmake" not in res.stderr
     assert ninja_log.stat().st_mtime_ns == before
 

@@ -83,7 +83,8 @@ def test_verify_load_passes_with_lavapipe_and_gpu_is_skipped(vulkan_build: dict[
     load = run_cli("verify", zip_path, "--level", "load", "--json", env=e2e_env)
     assert load.returncode == 0, load.stderr
     report = json.loads(load.stdout)
-    assert report["levels"]["load"] == "passed"
+    assert report["levels"]["load"] == "passed" and report["load_source"] == "llamabundle-probe"
+    assert report["modules"]["libggml-vulkan.so"] == "loaded"
     assert report["backends_loaded"]["Vulkan"].endswith(":libggml-vulkan.so")
     assert report["levels"]["vulkan"].startswith("passed")
     gpu = run_cli("verify", zip_path, "--level", "gpu", "--json", env=e2e_env)

@@ -76,7 +76,8 @@ def test_llama_server_exe_loads_its_backend_from_the_bundle_under_wine(mingw_bui
     res = run_cli("verify", mingw_build["location"], "--level", "load", "--json", env=e2e_env, timeout=900)
     assert res.returncode == 0, res.stderr
     report = json.loads(res.stdout)
-    assert report["levels"]["load"].startswith("passed (under Wine")
+    assert report["levels"]["load"].startswith("passed (under Wine; llamabundle-probe.exe, then llama-server.exe")
+    assert report["load_source"] == "llamabundle-probe" and sorted(report["modules"].values()).count("loaded") == 1
     cpu = report["backends_loaded"]["CPU"]
     # it ran from a temporary copy; the report names the member of the user's zip
     assert cpu.startswith(f"{mingw_build['location']}:ggml-cpu-") and "llamabundle-verify-" not in cpu

@@ -73,17 +73,31 @@ def elfs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {p.name: p for p in out.iterdir() if p.is_file()}
 
 
+def probe_said(cuda_error: str) -> bytes:
+    """A stand-in llamabundle-probe: the CPU module loaded, ggml-cuda not opened with the loader's `cuda_error`."""
+    said = {"schema": 1, "program": "llamabundle-probe", "dir": "DIR", "devices": [], "log": [], "modules": [
+        {"file": "libggml-cuda.so", "backend": "cuda", "variant": None, "opened": False, "error": cuda_error,
+         "score": None, "chosen": False, "loaded": False, "outcome": "not_opened", "registered": None, "log": []},
+        {"file": "libggml-cpu.so", "backend": "cpu", "variant": None, "opened": True, "error": None, "score": None,
+         "chosen": True, "loaded": True, "outcome": "loaded", "registered": "CPU", "log": []}]}
+    text = json.dumps(said).replace('"DIR"', '"\'"$(cd "$(dirname "$0")" && pwd -P)"\'"')
+    return f"#!/bin/sh\necho '{text}'\n".encode()
+
+
 def cuda_bundle(tmp: Path, elfs: dict[str, Path], *, server: str = "cpu_only", sass: tuple[str, ...] = ("90",),
                 ptx: tuple[str, ...] = ("75",), floor: str | None = "580.65.06", toolkit: str = "13.0.2",
-                without: tuple[str, ...] = ()) -> Path:
-    """An unpacked CPU + CUDA bundle with a consistent bundle.json; `without` names files removed afterwards."""
+                without: tuple[str, ...] = (), probe: bytes | None = None) -> Path:
+    """An unpacked CPU + CUDA bundle with a consistent bundle.json; `without` names files removed afterwards;
+    `probe`, a llamabundle-probe it carries."""
     stage = tmp / "bundle"
     files = {"llama-server": SERVER[server], "libggml-cpu.so": b"cpu backend\n", "LICENSE": b"MIT License\n",
-             "libggml-cuda.so": elfs["libggml-cuda.so"].read_bytes(), **{n: elfs[n].read_bytes() for n in BUNDLED}}
+             "libggml-cuda.so": elfs["libggml-cuda.so"].read_bytes(), **{n: elfs[n].read_bytes() for n in BUNDLED},
+             **({"llamabundle-probe": probe} if probe is not None else {})}
     roles = {"llama-server": "exe", "libggml-cpu.so": "backend", "libggml-cuda.so": "backend", "LICENSE": "license",
-             **dict.fromkeys(BUNDLED, "runtime")}
+             **dict.fromkeys(BUNDLED, "runtime"), **({"llamabundle-probe": "exe"} if probe is not None else {})}
     cuda = {"toolkit": toolkit, "driver_floor": floor}
-    write_bundle(stage, files, roles, name="linux-x86_64-cuda13.0", executables=("llama-server",),
+    write_bundle(stage, files, roles, name="linux-x86_64-cuda13.0",
+                 executables=("llama-server", *(("llamabundle-probe",) if probe is not None else ())),
                  inputs=inputs_for(f"causes-{server}-{sass}-{ptx}-{floor}-{toolkit}", cuda=cuda),
                  backends=["cpu", "cuda"], cuda={**cuda, "archs": {"sass": list(sass), "ptx": list(ptx)}})
     for name in without:
@@ -155,6 +169,26 @@ def test_a_library_removed_from_the_bundle_is_named(tmp_path: Path, elfs: dict[s
     assert cause["searched"] == [str(stage.resolve()), str(tmp_path / "machine-lib")]
     assert r.facts["detail"] == "the CUDA backend did not load"  # the old words stay in the facts
     assert r.facts["server_args"] == ["--device", "none"]
+    valid_json(r)
+
+
+def test_the_loaders_own_words_from_the_bundles_probe_name_the_library(tmp_path: Path, elfs: dict[str, Path]) -> None:
+    """A bundle whose llamabundle-probe quotes the loader refusing ggml-cuda: the library it names is the cause,
+    with the loader's message, although the bundle holds every file (the reason comes from the probe's facts,
+    not from reading the imports)."""
+    message = "libcublasLt.so.13: cannot open shared object file: No such file or directory"
+    stage = cuda_bundle(tmp_path, elfs, probe=probe_said(message))
+    r = probe_of(tmp_path, stage, smi(tmp_path)[0], machine_libs(tmp_path, elfs))
+    assert (r.backend, r.reason) == (Chosen.CPU, Reason.CUDA_LIBRARY_MISSING), r.sentence
+    assert r.facts["library"] == "libcublasLt.so.13" and r.facts["loader_message"] == message
+    assert r.facts["cause"]["loader_message"] == message and r.facts["load_source"] == "llamabundle-probe"
+    assert r.facts["modules"] == {"libggml-cuda.so": message, "libggml-cpu.so": "loaded"}
+    assert "libcublasLt.so.13, needed by libggml-cuda.so (the loader, through llamabundle-probe)" in r.sentence
+    valid_json(r)
+    driver = cuda_bundle(tmp_path / "driver", elfs, probe=probe_said(
+        "libcuda.so.1: cannot open shared object file: No such file or directory"))
+    r = probe_of(tmp_path, driver, smi(tmp_path)[0], machine_libs(tmp_path, elfs))
+    assert r.reason is Reason.CUDA_DRIVER_LIBRARY_MISSING and r.facts["library"] == "libcuda.so.1"
     valid_json(r)
 
 

@@ -177,11 +177,38 @@ def diagnose(sight: Sight, *, checks: Sequence[str] = ALL_CHECKS) -> Diagnosis:
     return Diagnosis(cause=None, evidence=look.evidence, errors=tuple(look.errors))
 
 
+# The loader's words for a library it did not find, as the bundle's llamabundle-probe quotes them: dlerror's
+# "libcudart.so.13: cannot open shared object file: …", Windows' "error 126: … (missing: cudart64_12.dll)"
+_NOT_FOUND = (re.compile(r"^([^:\s]+): cannot open shared object file"), re.compile(r"\(missing: ([^,)]+)"))
+
+
+def _loader_says(look: Look, lib_name: str) -> tuple[str, str] | None:
+    """(the library the loader did not find, its message) where the bundle's probe opened ggml-cuda and the
+    loader refused it for a missing library; None for a bundle without the probe or another failure."""
+    loaded = look.sight.list_devices()
+    said = getattr(loaded, "modules", {}).get(lib_name) if not isinstance(loaded, VerifyError) else None
+    for pattern in _NOT_FOUND:
+        if said and (m := pattern.search(said)):
+            return m.group(1), said
+    return None
+
+
 def _library_cause(look: Look) -> Verdict | None:
-    """ggml-cuda's DT_NEEDED closure against the bundle directory and this machine's library directories (the
-    loader's view with the clean environment verify runs llama-server in): a library found nowhere, or a
-    driver library (libcuda.so.1, never bundled) this machine lacks."""
+    """Where the bundle's probe quotes the loader refusing ggml-cuda for a library it did not find, that library
+    (the loader's message in the cause). Else ggml-cuda's DT_NEEDED closure against the bundle directory and this
+    machine's library directories (the loader's view with the clean environment verify runs llama-server in): a
+    library found nowhere, or a driver library (libcuda.so.1, never bundled) this machine lacks."""
     lib_name = platforms.get(look.manifest.platform).library_file("ggml-cuda")
+    if (says := _loader_says(look, lib_name)) is not None:
+        gone, message = says
+        look.evidence["libraries"] = {"loader": message}
+        driver = gone.startswith("libcuda.so") or gone.lower() == "nvcuda.dll"
+        reason, needers = ((Reason.CUDA_DRIVER_LIBRARY_MISSING, [lib_name]) if driver else
+                           (Reason.CUDA_LIBRARY_MISSING, [f"{lib_name} (the loader, through llamabundle-probe)"]))
+        verdict = _library_verdict(reason, gone, needers, searched=[str(look.root)])
+        verdict[1]["cause"]["loader_message"] = message
+        verdict[1]["loader_message"] = message
+        return verdict
     lib = look.root / lib_name
     if not lib.is_file():
         look.evidence["libraries"] = f"{lib_name} is not in the bundle"

@@ -1,6 +1,6 @@
-"""Loading a Windows bundle on Linux: `wine llama-server.exe --verbose --list-devices` in a private
-prefix (never the user's ~/.wine). Wine 8 does not exit after the device list, so the run is stopped once
-the list is complete."""
+"""Loading a Windows bundle on Linux: its `llamabundle-probe.exe` (where it has one), then `wine llama-server.exe
+--verbose --list-devices`, in a private prefix (never the user's ~/.wine). Wine 8 does not exit after the
+device list, so that run is stopped once the list is complete."""
 
 from __future__ import annotations
 
@@ -13,7 +13,16 @@ from filelock import FileLock
 
 from ... import proc
 from ...errors import VerifyError
-from ..load import DEVICE, Loaded, read_list_devices, until_complete, windows_env
+from ..load import (
+    DEVICE,
+    PROBE_PROGRAM,
+    Loaded,
+    from_probe,
+    read_list_devices,
+    read_probe,
+    until_complete,
+    windows_env,
+)
 
 TIMEOUT = 300  # a new Wine prefix boots first (20-60 s)
 QUIET = 2.0  # seconds without output after the device list: the list is complete
@@ -57,11 +66,35 @@ def check_load(root: Path, *, prefix: Path) -> Loaded:
         stopped.append(res.stopped)
         return res.lines
 
+    probe = root / f"{PROBE_PROGRAM}.exe"
+    if probe.is_file():  # it answers for the bundle; llama-server.exe then runs once, to list the same devices
+        said = _probe_under_wine(probe, root=root, native=native, env=env, prefix=prefix, wine=wine)
+        lines = run()
+        loaded = Loaded(level=f"passed (under Wine; {PROBE_PROGRAM}.exe, then llama-server.exe: "
+                        + (STOPPED + ")" if stopped[-1] else "it exited 0)"), env=native, source=PROBE_PROGRAM)
+        from_probe(said, root=root, loaded=loaded, server=lines, exe="llama-server.exe", translate=wine_to_unix)
+        return loaded
     lines = until_complete(run)  # llama.cpp's log thread may lose lines at exit, as natively
     loaded = Loaded(level="passed (under Wine; " + (STOPPED + ")" if stopped[-1] else "it exited 0)"), env=native)
     read_list_devices(lines, root=root, loaded=loaded, exe="llama-server.exe", where=" under Wine",
                       translate=wine_to_unix)
     return loaded
+
+
+def _probe_under_wine(probe: Path, *, root: Path, native: Mapping[str, str], env: Mapping[str, str], prefix: Path,
+                      wine: str) -> dict[str, object]:
+    """The bundle's probe run under Wine in the native environment (a launcher of its own): it exits by itself."""
+    launcher = root.parent / PROBE_LAUNCHER
+    launcher.write_text(launcher_script(native, unix_to_wine(probe), []), encoding="utf-8", newline="\r\n")
+    try:
+        with FileLock(str(prefix) + ".lock"):
+            out = proc.capture([wine, "cmd", "/c", unix_to_wine(launcher)], env=env, cwd=root, timeout=TIMEOUT)
+    except proc.Timeout:
+        raise VerifyError(f"wine {probe.name} did not finish in {TIMEOUT}s") from None
+    if out.returncode != 0:
+        raise VerifyError(f"wine {probe.name} exited with {out.returncode}", why="the bundle does not load under Wine",
+                          details="\n".join((out.stderr + out.stdout).strip().splitlines()[-20:]))
+    return read_probe(out.stdout, root=root, exe=probe.name)
 
 
 def run_until_device_list(argv: list[str], *, env: dict[str, str], cwd: Path, timeout: float | None = None,
@@ -90,6 +123,7 @@ def run_until_device_list(argv: list[str], *, env: dict[str, str], cwd: Path, ti
 
 WINE_SYSTEM_ROOT = "C:\\windows"  # where a Wine prefix keeps Windows
 LAUNCHER = "llamabundle-load.cmd"  # beside the bundle: runs it in the native environment
+PROBE_LAUNCHER = "llamabundle-probe.cmd"  # the same, for the bundle's probe
 
 
 def launcher_script(env: Mapping[str, str], exe: str, args: Sequence[str]) -> str:
