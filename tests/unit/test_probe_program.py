@@ -53,6 +53,26 @@ def test_what_the_probe_printed_on_the_h200_is_valid_and_says_what_was_seen() ->
     assert [d["name"] for d in gone["devices"]] == ["CPU"]
 
 
+def test_on_the_h200_one_gpu_seen_by_cuda_and_vulkan_has_one_bus_id_and_pairs_once() -> None:
+    from llamabundle.platforms import load
+    from llamabundle.runtime.probe import pair_devices
+
+    got = recorded("probe-cuda-vulkan.json")
+    jsonschema.validate(got, schema())
+    assert load.probe_problem(got) == ""
+    gpus = [d for d in got["devices"] if d["type"] == "gpu"]
+    assert [(d["name"], d["device_id"]) for d in gpus] == [("CUDA0", "0000:00:06.0"), ("Vulkan0", "0000:00:06.0")]
+    lines = [load.device_line(d) for d in gpus]
+    assert pair_devices(lines, {d["name"]: d["device_id"] for d in gpus}) == [
+        {"name": "NVIDIA H200", "devices": ["CUDA0", "Vulkan0"], "bus_id": "0000:00:06.0"}]
+    refused = recorded("probe-vulkan-refused.json")
+    jsonschema.validate(refused, schema())
+    vulkan = next(m for m in refused["modules"] if m["backend"] == "vulkan")
+    assert (vulkan["opened"], vulkan["chosen"], vulkan["loaded"], vulkan["outcome"]) == (True, True, False, "refused")
+    assert vulkan["log"] == ["load_backend: failed to initialize backend from BUNDLE/libggml-vulkan.so: "
+                             "ggml_backend_init returned NULL"]
+
+
 @pytest.mark.parametrize(("path", "value"), [
     (("modules", 0, "outcome"), "maybe"),
     (("modules", 0, "score"), "64"),
