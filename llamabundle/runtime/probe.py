@@ -77,14 +77,23 @@ def with_gpu_layers(result: ProbeResult, ngl: int | None) -> ProbeResult:
     return replace(result, facts=facts)
 
 
-def gpu_candidate(root: Path, *, nvidia: bool = True) -> Installed | None:
-    """The installed bundle for this machine to probe: the most recent one with a GPU backend, one with CUDA
-    first where an NVIDIA GPU is present."""
+def _has_gpu(i: Installed) -> bool:
+    return any(b.gpu for b in backends.of(tuple(i.backends)))
+
+
+def candidates(root: Path, *, nvidia: bool = True) -> list[Installed]:
+    """Every installed bundle for this machine's platform, in the order probe considers them: those with CUDA
+    first where an NVIDIA GPU is present, then the other ones with a GPU backend, then the CPU-only ones; the
+    most recently installed first within each."""
     host = platforms.host_name()
-    found = [i for i in list_installed(root) if i.manifest.platform == host and
-             any(b.gpu for b in backends.of(tuple(i.backends)))]
-    with_cuda = [i for i in found if "cuda" in i.backends]
-    return max((with_cuda if nvidia and with_cuda else found), key=lambda i: i.installed_at, default=None)
+    mine = sorted((i for i in list_installed(root) if i.manifest.platform == host), key=lambda i: i.installed_at,
+                  reverse=True)
+    return sorted(mine, key=lambda i: 0 if nvidia and "cuda" in i.backends else 1 if _has_gpu(i) else 2)
+
+
+def gpu_candidate(root: Path, *, nvidia: bool = True) -> Installed | None:
+    """The first installed bundle with a GPU backend that probe considers (candidates)."""
+    return next((i for i in candidates(root, nvidia=nvidia) if _has_gpu(i)), None)
 
 
 def probe(*, root: Path, env: Mapping[str, str], cache_dir: Path | None = None, max_age: float = 0.0,
@@ -96,12 +105,14 @@ def probe(*, root: Path, env: Mapping[str, str], cache_dir: Path | None = None, 
     (cuda, vulkan, cpu) is honoured when that backend works here. `lib_dirs`: this machine's library
     directories, where a failed CUDA backend's imports are looked up (default: ldconfig's, then the usual)."""
     target: tuple[Path, Manifest] | None
+    others: list[Installed] = []  # the GPU bundles considered next when the first one's GPU backend does not work
     if bundle is not None:
         target = (bundle.resolve(), read_manifest(bundle))
     else:  # NVIDIA's driver, cheaply (nvidia-smi runs after the token is taken): its CUDA bundle first
         nvidia = bool(proc_version is not None and proc_version.exists()) or bool(gpus.find(env, nvidia_smi))
-        inst = gpu_candidate(root, nvidia=nvidia)
-        target = (inst.path, inst.manifest) if inst is not None else None
+        found = candidates(root, nvidia=nvidia)
+        target = (found[0].path, found[0].manifest) if found else None
+        others = [i for i in found[1:] if _has_gpu(i)]
     context = {"bundle_dir": str(target[0]) if target else None, "bundle_key": target[1].key if target else None,
                "bundle_stamp": _stamp(target[0]) if target else None, "prefer": prefer}
     if cache_dir is not None and max_age > 0:
@@ -111,9 +122,21 @@ def probe(*, root: Path, env: Mapping[str, str], cache_dir: Path | None = None, 
             return replace(last, cached=True)
     token = results.take_token(cache_dir) if cache_dir is not None else 0
     scan = gpus.scan_gpus(env=env, nvidia_smi=nvidia_smi, proc_version=proc_version, timeout=smi_timeout)
-    result = _probe_now(target, context, scan=scan, token=token, started=int(time.time()), prefer=prefer,
-                        wine_prefix=cache_dir / "wine" if cache_dir is not None else None, env=env,
-                        smi_timeout=smi_timeout, lib_dirs=tuple(lib_dirs) if lib_dirs is not None else None)
+    def now(t: tuple[Path, Manifest] | None, ctx: dict[str, Any]) -> ProbeResult:
+        return _probe_now(t, ctx, scan=scan, token=token, started=int(time.time()), prefer=prefer,
+                          wine_prefix=cache_dir / "wine" if cache_dir is not None else None, env=env,
+                          smi_timeout=smi_timeout, lib_dirs=tuple(lib_dirs) if lib_dirs is not None else None)
+
+    result = now(target, context)
+    if result.backend is Chosen.CPU and prefer != "cpu":  # the next installed GPU bundle, where one may work
+        for other in others:
+            got = now((other.path, other.manifest), {**context, "bundle_dir": str(other.path),
+                                                      "bundle_key": other.manifest.key})
+            if got.backend is not Chosen.CPU:
+                result = replace(got, facts={**got.facts, "bundle_stamp": _stamp(other.path),
+                                             "passed_over": {"bundle_dir": context["bundle_dir"],
+                                                             "reason": result.reason.value}})
+                break
     if cache_dir is not None:
         store_result(cache_dir, result)
     return result

@@ -180,7 +180,8 @@ def test_probe_without_a_gpu_bundle(tmp_path: Path) -> None:
     assert (none.backend, none.reason) == ("cpu", "gpu_missing") and "no NVIDIA GPU was found" in none.sentence
     seen = api.probe(root=root, env={"PATH": str(smi(tmp_path / "h200", H200))})
     assert (seen.backend, seen.reason) == ("cpu", "binary_missing_nvidia_detected") and "NVIDIA H200" in seen.sentence
-    assert seen.facts["gpus"][0]["name"] == "NVIDIA H200" and seen.server_args == ()
+    assert seen.facts["gpus"][0]["name"] == "NVIDIA H200"
+    assert seen.server_args == ("--device", "none")  # the installed CPU bundle is the answer's (issue 32, part 6)
     with pytest.raises(TypeError):
         seen.facts["gpus"] = ()  # type: ignore[index]  # read-only
 

@@ -180,6 +180,30 @@ def test_a_cpu_only_bundle_is_not_a_cuda_bundle(tmp_path: Path, env: dict[str, s
     assert run_probe(tmp_path, env, fake_smi(tmp_path / "bin", H200)).reason is Reason.BINARY_MISSING_NVIDIA_DETECTED
 
 
+def test_without_bundle_a_cpu_only_install_is_the_one_probed_with_its_server_args(tmp_path: Path,
+                                                                                 env: dict[str, str]) -> None:
+    """probe without --bundle considers every install, CPU-only ones last: with only a CPU bundle installed, that
+    bundle is the answer's (its directory, key and the flags that run it), not nothing."""
+    m = installed(tmp_path, name="linux-x86_64-cpu", backends=("cpu",))
+    r = run_probe(tmp_path, env, None)
+    assert (r.backend, r.reason) == (Chosen.CPU, Reason.GPU_MISSING)
+    assert r.facts["bundle_key"] == m.key and r.facts["bundle_dir"] is not None
+    assert r.facts["server_args"] == ["--device", "none"]
+
+
+def test_without_bundle_the_next_gpu_install_is_probed_when_the_first_ones_backend_does_not_work(
+        tmp_path: Path, env: dict[str, str]) -> None:
+    """The CUDA bundle comes first where an NVIDIA GPU is seen; its backend lists no device here, so the Vulkan
+    bundle installed before it is probed next and chosen, saying which bundle was passed over and why."""
+    vulkan = installed(tmp_path, name="linux-x86_64-vulkan", backends=("cpu", "vulkan"), server="vulkan_amd")
+    cuda = installed(tmp_path, name="linux-x86_64-cuda13.0", backends=("cpu", "cuda"), server="no_device")
+    installed(tmp_path, name="linux-x86_64-cpu", backends=("cpu",))
+    r = run_probe(tmp_path, env, fake_smi(tmp_path / "bin", H200))
+    assert (r.backend, r.reason) == (Chosen.VULKAN, Reason.VULKAN_OK), r.sentence
+    assert r.facts["bundle_key"] == vulkan.key and r.facts["passed_over"]["reason"] == "cuda_unavailable"
+    assert cuda.key[:12] in r.facts["passed_over"]["bundle_dir"]
+
+
 def test_probe_of_an_explicit_bundle_directory(tmp_path: Path, env: dict[str, str]) -> None:
     stage, m = make_stage(tmp_path, server="ok")
     r = run_probe(tmp_path, env, fake_smi(tmp_path / "bin", H200), bundle=stage)
