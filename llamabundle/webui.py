@@ -18,7 +18,7 @@ import os
 import re
 import shutil
 import tarfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -73,12 +73,26 @@ def built(src: Path, *, cache_dir: Path, log: Log, env: Mapping[str, str], timeo
                          "llama.cpp commit has no web UI to build there", fix="set ui: none in the recipe")
     source = source_id(src)
     home = kept(cache_dir, source)
-    if not (home / "dist" / "index.html").is_file():
-        with cache.waiting_lock(cache.lock_dir(cache_dir) / f"ui-{source[:16]}.lock", log,  # one npm build at a time
-                                f"another llamabundle process is building the web UI {source[:12]}; waiting for it"):
-            if not (home / "dist" / "index.html").is_file():  # the other one may have kept it meanwhile
-                build(src, home, cache_dir=cache_dir, log=log, env=env, timeout=timeout)
+    _keep_once(home, cache_dir=cache_dir, lock=f"ui-{source[:16]}", log=log,  # one npm build at a time
+               waiting=f"another llamabundle process is building the web UI {source[:12]}; waiting for it",
+               make=lambda: build(src, home, cache_dir=cache_dir, log=log, env=env, timeout=timeout))
     return _checked(home, source)
+
+
+def _keep_once(home: Path, *, cache_dir: Path, lock: str, log: Log, waiting: str, make: Callable[[], None]) -> None:
+    """Make the kept tree `home` unless it is there, one process at a time (a process that waited for another
+    uses what that one kept)."""
+    if not (home / "dist" / "index.html").is_file():
+        with cache.waiting_lock(cache.lock_dir(cache_dir) / f"{lock}.lock", log, waiting):
+            if not (home / "dist" / "index.html").is_file():  # the other one may have kept it meanwhile
+                make()
+
+
+def _work_dir(cache_dir: Path) -> Path:
+    """A new directory of this process in the cache's tmp/, where a UI is made before it is renamed into ui/."""
+    tmp_root = cache.tmp_dir(cache_dir)
+    tmp_root.mkdir(parents=True, exist_ok=True)
+    return scratch.make_dir(tmp_root, cache.UI_PREFIX)
 
 
 def _checked(home: Path, source: str) -> Assets:
@@ -139,11 +153,9 @@ def pinned(url: str, sha256: str, src: Path, *, cache_dir: Path, log: Log, http:
                          "has no web UI to embed it into", fix="set ui: none in the recipe")
     source = source_id(src)
     home = cache_dir / "ui" / f"archive-{sha256}"
-    if not (home / "dist" / "index.html").is_file():
-        with cache.waiting_lock(cache.lock_dir(cache_dir) / f"ui-{sha256[:16]}.lock", log,
-                                f"another llamabundle process is fetching the web UI {sha256[:12]}; waiting for it"):
-            if not (home / "dist" / "index.html").is_file():
-                _fetch_unpack(url, sha256, home, cache_dir=cache_dir, log=log, http=http)
+    _keep_once(home, cache_dir=cache_dir, lock=f"ui-{sha256[:16]}", log=log,
+               waiting=f"another llamabundle process is fetching the web UI {sha256[:12]}; waiting for it",
+               make=lambda: _fetch_unpack(url, sha256, home, cache_dir=cache_dir, log=log, http=http))
     meta = _read_meta(home / META, url)
     if meta["source"] != source:
         raise BuildError(f"the pinned web UI {url} was built from another web UI source",
@@ -160,9 +172,7 @@ def _fetch_unpack(url: str, sha256: str, home: Path, *, cache_dir: Path, log: Lo
     with log.step(f"web UI: {url} (sha256 {sha256[:12]})"):
         net.download(url, dl, http=http or net.session(), log=log, sha256=sha256, mismatch_error=VerifyError)
     _check_members(dl, url)
-    tmp_root = cache.tmp_dir(cache_dir)
-    tmp_root.mkdir(parents=True, exist_ok=True)
-    work = scratch.make_dir(tmp_root, cache.UI_PREFIX)
+    work = _work_dir(cache_dir)
     try:
         archive.extract_tar(dl, work / "tree")
         meta = _read_meta(work / "tree" / META, url)
@@ -221,9 +231,7 @@ def build(src: Path, home: Path, *, cache_dir: Path, log: Log, env: Mapping[str,
                              why="the UI is built once per llama.cpp commit with npm ci and npm run build",
                              fix="install Node.js 20 or newer with npm (Debian/Ubuntu: nodesource's nodejs), or set "
                                  "ui: none in the recipe (a bundle without the web UI)")
-    tmp_root = cache.tmp_dir(cache_dir)
-    tmp_root.mkdir(parents=True, exist_ok=True)
-    work = scratch.make_dir(tmp_root, cache.UI_PREFIX)
+    work = _work_dir(cache_dir)
     try:
         tree = work / "src"
         shutil.copytree(src / UI_DIR, tree, ignore=shutil.ignore_patterns(*SKIP))

@@ -14,6 +14,10 @@ from ..data import MEMORY_PROGRAM, PROBE_PROGRAM
 from ..errors import VerifyError
 from .load import Loaded
 
+# Why llamabundle's own programs (data/programs, built into every bundle) are in a bundle
+OWN_PROGRAMS = {MEMORY_PROGRAM: "program: llama.cpp's dry run of a llama-server launch, for `llamabundle plan`",
+                PROBE_PROGRAM: "program: which backends load here and why not, and their devices, as JSON"}
+
 if TYPE_CHECKING:
     from ..bundle.manifest import Manifest
     from ..log import Log
@@ -166,10 +170,8 @@ def reasons(plan: Products, bundled: Iterable[str], *, extras: Mapping[str, str]
     lower = {k.lower(): v for k, v in importers.items()}
     out: dict[str, str] = {}
     for name in bundled:
-        if name in plan.programs and name.split(".")[0] == MEMORY_PROGRAM:
-            out[name] = "program: llama.cpp's dry run of a llama-server launch, for `llamabundle plan`"
-        elif name in plan.programs and name.split(".")[0] == PROBE_PROGRAM:
-            out[name] = "program: which backends load here and why not, and their devices, as JSON"
+        if name in plan.programs and name.split(".")[0] in OWN_PROGRAMS:
+            out[name] = OWN_PROGRAMS[name.split(".")[0]]
         elif name in plan.programs:
             out[name] = "program: a target of the recipe"
         elif name in plan.backends:

@@ -69,6 +69,17 @@ def read_list_devices(lines: Sequence[str], *, root: Path, loaded: Loaded, exe: 
                                   "bundled one", details=tail)
 
 
+def listed_devices(lines: Sequence[str]) -> list[str]:
+    """The device names llama-server lists after 'Available devices' (CUDA0, Vulkan0)."""
+    out, in_list = [], False
+    for line in lines:
+        if line.startswith("Available devices"):
+            in_list = True
+        elif in_list and (d := DEVICE.match(line)):
+            out.append(d.group(1))
+    return out
+
+
 def clean_env(root: Path, keep: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment a bundle is run in from `root` on this host: nothing of the caller's (no LD_LIBRARY_PATH,
     no PATH to other libraries) but `keep`, the variables a backend's driver lookup reads, and what a program
@@ -222,12 +233,7 @@ def from_probe(said: Mapping[str, Any], *, root: Path, loaded: Loaded, server: S
                           else "the bundle has no CPU backend module", details=log)
     if directory.resolve() != root.resolve():
         raise VerifyError(f"{PROBE_PROGRAM} looked in {directory}, not the bundle {root}", details=log)
-    listed, in_list = [], False
-    for line in server:
-        if line.startswith("Available devices"):
-            in_list = True
-        elif in_list and (d := DEVICE.match(line)):
-            listed.append(d.group(1))
+    listed = listed_devices(server)
     probed = [line.split(":", 1)[0] for line in loaded.devices]
     if listed != probed:
         raise VerifyError(f"{exe} --list-devices listed other devices than {PROBE_PROGRAM}",
@@ -279,12 +285,7 @@ def until_complete(run: Callable[[], list[str]]) -> list[str]:
 def _complete(lines: Sequence[str]) -> bool:
     """A 'loaded CPU backend' line, and one for the backend of every listed device (CUDA0 -> CUDA)."""
     loaded = {m.group(1) for line in lines if (m := LOADED.search(line))}
-    listed, in_list = set(), False
-    for line in lines:
-        if line.startswith("Available devices"):
-            in_list = True
-        elif in_list and (d := DEVICE.match(line)) and (b := re.match(r"[A-Za-z]+", d.group(1))):
-            listed.add(b.group(0))
+    listed = {b.group(0) for name in listed_devices(lines) if (b := re.match(r"[A-Za-z]+", name))}
     return "CPU" in loaded and listed <= loaded
 
 

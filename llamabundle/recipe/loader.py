@@ -21,7 +21,7 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from .. import data
 from ..errors import RecipeError
-from .model import SCHEMA_VERSION, SOURCE_KINDS, TEMPLATE_FIELDS, Backend, Recipe, Source, recipe_error
+from .model import SCHEMA_VERSION, SOURCE_KINDS, TEMPLATE_FIELDS, Backend, Recipe, Source, recipe_error, word_or_form
 
 MAX_RECIPE_BYTES = 256 * 1024
 MAX_RECIPE_DEPTH = 64  # a shipped recipe nests 5 levels
@@ -218,8 +218,8 @@ def _convert(node: Node, tp: Any, path: str, ctx: _Ctx) -> Any:
             return None
         if tp == Source or set(args) == set(get_args(Source)):
             return _convert_source(node, path, ctx)
-        if len(args) == 2 and any(_is_literal(a) for a in args):  # a word, or a mapping (ui: build | {url, sha256})
-            word, form = sorted(args, key=lambda a: not _is_literal(a))
+        if (pair := word_or_form(tuple(args))) is not None:  # a word, or a mapping (ui: build | {url, sha256})
+            word, form = pair
             if isinstance(node, MappingNode):
                 return _convert(node, form, path, ctx)
             if isinstance(node, ScalarNode) and _scalar(node) not in get_args(word):
@@ -403,7 +403,3 @@ def _check_template(tag: str, ctx: _Ctx) -> None:
         raise ctx.fail(None, "publish.tag", f"template '{tag}' does not end with {{key}} or {{key12}}",
                        fix="one release per cache key: end the tag with the key, e.g. '{name}-{key12}' "
                            "(a store that knows only the key finds the release by it)")
-
-
-def _is_literal(tp: Any) -> bool:
-    return bool(get_origin(tp) == Literal)

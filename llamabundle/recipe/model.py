@@ -167,6 +167,14 @@ class Publish:
     tag: str = _f("release tag template; fields: " + ", ".join(TEMPLATE_FIELDS), default="{name}-{key12}")
 
 
+def word_or_form(args: tuple[Any, ...]) -> tuple[Any, Any] | None:
+    """(the Literal, the dataclass) of a field that takes a word or a mapping (ui: build | {url, sha256}); None
+    for any other union. The loader and the JSON schema read such a field alike."""
+    words = [a for a in args if typing.get_origin(a) is Literal]
+    forms = [a for a in args if dataclasses.is_dataclass(a)]
+    return (words[0], forms[0]) if len(args) == 2 and len(words) == len(forms) == 1 else None
+
+
 Marks = Mapping[str, tuple[int, int]]  # key path -> (line, column) of where the YAML set it
 
 

@@ -9,7 +9,7 @@ import typing
 from collections.abc import Mapping
 from typing import Any, Literal, Union, get_args, get_origin
 
-from .model import SCHEMA_VERSION, SOURCE_KINDS, Recipe, Source
+from .model import SCHEMA_VERSION, SOURCE_KINDS, Recipe, Source, word_or_form
 
 
 def json_schema() -> dict[str, Any]:
@@ -27,8 +27,8 @@ def _schema_for(tp: Any, meta: Mapping[str, Any] | None = None) -> dict[str, Any
         args = [a for a in get_args(tp) if a is not type(None)]
         if set(args) == set(get_args(Source)):
             out = {"oneOf": [_source_schema(c) for c in SOURCE_KINDS.values()]}
-        elif len(args) == 2 and any(_is_literal(a) for a in args):  # a word or a mapping (ui:)
-            out = {"oneOf": [_schema_for(a) for a in sorted(args, key=lambda a: not _is_literal(a))]}
+        elif (pair := word_or_form(tuple(args))) is not None:  # a word or a mapping (ui:)
+            out = {"oneOf": [_schema_for(a) for a in pair]}
         else:
             out = _schema_for(args[0], meta)
     elif dataclasses.is_dataclass(tp):
@@ -70,7 +70,3 @@ def _source_schema(cls: type[Source]) -> dict[str, Any]:
         options.append(body["properties"][cls.short])
     return {"type": "object", "additionalProperties": False, "required": [cls.kind],
             "properties": {cls.kind: options[0] if len(options) == 1 else {"oneOf": options}}}
-
-
-def _is_literal(tp: Any) -> bool:
-    return bool(get_origin(tp) == Literal)

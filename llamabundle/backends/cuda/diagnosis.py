@@ -186,7 +186,7 @@ def _loader_says(look: Look, lib_name: str) -> tuple[str, str] | None:
     """(the library the loader did not find, its message) where the bundle's probe opened ggml-cuda and the
     loader refused it for a missing library; None for a bundle without the probe or another failure."""
     loaded = look.sight.list_devices()
-    said = getattr(loaded, "modules", {}).get(lib_name) if not isinstance(loaded, VerifyError) else None
+    said = loaded.modules.get(lib_name) if not isinstance(loaded, VerifyError) else None
     for pattern in _NOT_FOUND:
         if said and (m := pattern.search(said)):
             return m.group(1), said
@@ -205,10 +205,7 @@ def _library_cause(look: Look) -> Verdict | None:
         driver = gone.startswith("libcuda.so") or gone.lower() == "nvcuda.dll"
         reason, needers = ((Reason.CUDA_DRIVER_LIBRARY_MISSING, [lib_name]) if driver else
                            (Reason.CUDA_LIBRARY_MISSING, [f"{lib_name} (the loader, through llamabundle-probe)"]))
-        verdict = _library_verdict(reason, gone, needers, searched=[str(look.root)])
-        verdict[1]["cause"]["loader_message"] = message
-        verdict[1]["loader_message"] = message
-        return verdict
+        return _library_verdict(reason, gone, needers, searched=[str(look.root)], loader=message)
     lib = look.root / lib_name
     if not lib.is_file():
         look.evidence["libraries"] = f"{lib_name} is not in the bundle"
@@ -251,9 +248,13 @@ def _library_cause(look: Look) -> Verdict | None:
     return None
 
 
-def _library_verdict(reason: Reason, name: str, by: list[str], *, searched: list[str], also: list[str] | None = None) -> Verdict:
-    cause = {"code": reason.value, "library": name, "needed_by": by, "searched": searched, "also_missing": also or []}
-    return reason, {"library": name, "needed_by": ", ".join(by) or "?", "cause": cause}
+def _library_verdict(reason: Reason, name: str, by: list[str], *, searched: list[str], also: list[str] | None = None,
+                     loader: str | None = None) -> Verdict:
+    """`loader`: the loader's own message, where the bundle's probe quoted it (in the cause and the facts)."""
+    said = {"loader_message": loader} if loader is not None else {}
+    cause = {"code": reason.value, "library": name, "needed_by": by, "searched": searched, "also_missing": also or [],
+             **said}
+    return reason, {"library": name, "needed_by": ", ".join(by) or "?", "cause": cause, **said}
 
 
 def _archs_of(look: Look) -> tuple[list[str], list[str]] | None:
