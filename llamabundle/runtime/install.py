@@ -19,8 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from filelock import FileLock, Timeout
-
 from .. import backends, platforms, scratch, untrusted
 from ..backends.cuda import section as cuda_section
 from ..backends.cuda.section import CudaInfo
@@ -33,10 +31,12 @@ from ..reasons import Reason
 from ..settings import Settings
 from ..store import sums
 from ..store.base import Entry, Store
+from . import slotlock
 from .results import utc_timestamp, write_atomic
 
 BUNDLES = "bundles"
 POINTER = "current"
+LOCKS = ".locks"
 POINTER_BYTES = 64 << 10  # a pointer names a directory, a key, a time and a digest: some 300 bytes
 LOCK_TIMEOUT = 600
 STAGE = ".stage-"
@@ -274,7 +274,9 @@ def install_bundle(store: Store, key: str, *, root: Path, log: Log, commit: str 
     if not _NAME.fullmatch(name):
         raise _invalid(key, f"the store names it {name!r}, which is not a usable bundle name")
     try:
-        with _slot_lock(root, name, doing="installing or removing"):
+        with _slot_lock(root, name, doing="installing or removing",
+                        on_wait=lambda owner: log.info(f"waiting for {owner.describe() if owner else 'another process'}, "
+                                                       f"which holds the lock of {name} in {root}")):
             return _install_locked(store, entry, root / BUNDLES / name, log=log, platform=platform or platforms.host_name(),
                                    commit=commit, toolkit=toolkit, hook=hook or (lambda _point: None), pin=pin)
     except OSError as e:
@@ -282,18 +284,20 @@ def install_bundle(store: Store, key: str, *, root: Path, log: Log, commit: str 
 
 
 @contextmanager
-def _slot_lock(root: Path, name: str, *, doing: str) -> Iterator[None]:
-    """The per-name lock that every read-decide-write of `bundles/<name>/` holds."""
-    locks = root / BUNDLES / ".locks"
+def _slot_lock(root: Path, name: str, *, doing: str, on_wait: Callable[[slotlock.Owner | None], None] | None = None
+               ) -> Iterator[None]:
+    """The per-name lock that every read-decide-write of `bundles/<name>/` holds (runtime/slotlock.py: a
+    directory any language can take). An OSError in the body passes through to the caller, which names what it was doing."""
     try:
-        locks.mkdir(parents=True, exist_ok=True)
-        lock = FileLock(str(locks / f"{name}.lock"), timeout=LOCK_TIMEOUT)
-        lock.acquire()
-    except Timeout:
-        raise StoreError(f"another process is {doing} {name} in {root}", why=f"waited {LOCK_TIMEOUT}s for its lock",
-                         fix="wait for it to finish, then retry") from None
+        lock = slotlock.take(root / BUNDLES / LOCKS, name, timeout=LOCK_TIMEOUT, on_wait=on_wait)
     except OSError as e:
         raise _os_error(f"cannot use the install root {root}", e) from None
+    except slotlock.Busy as e:
+        who = e.owner.describe() if e.owner else "a process whose owner.json cannot be read"
+        raise StoreError(f"another process ({who}) is {doing} {name} in {root}",
+                         why=f"waited {LOCK_TIMEOUT}s for its lock {e.path}",
+                         fix="wait for it to finish, then retry" if e.owner else
+                             f"when no process is installing {name}, remove {e.path}") from None
     try:
         yield
     finally:

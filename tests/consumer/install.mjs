@@ -2,17 +2,20 @@
 // A consumer of llamabundle bundles in another language, written from docs/consumer-walkthrough.md,
 // docs/store-layout.md and docs/bundle-format.md only: install a bundle by key from a LOCAL store
 // directory, checking everything on the way. Node.js built-ins only (no npm package): it reads the zip
-// itself (central directory + zlib.inflateRawSync).
+// itself (central directory + zlib.inflateRawSync), and takes the install root's slot lock the way
+// docs/install-rules.md#the-slot-lock says (a directory renamed into place: no flock, no native module).
 //
 //   node install.mjs --store DIR --key KEY --dest ROOT [--expect-commit C] [--expect-toolkit V]
 //                    [--expect-sha256 HEX] [--platform linux-x86_64|windows-x86_64]
 //
-// On success it prints one JSON object ({"ok": true, "name", "key", "path", "zip_sha256", "files"}) and
+// On success it prints one JSON object ({"ok": true, "name", "key", "path", "zip_sha256", "files", "waited_for":
+// the first live holder of the slot lock it waited for, "<program> pid N", or null}) and
 // exits 0. A refused bundle exits 5, a usage error (or a key the store does not hold) 2, a store or disk
 // error 6; the message is on stderr ("install.mjs: refused: ...").
 
 import crypto from "node:crypto";
 import fs from "node:fs";
+import os from "node:os";
 import path from "node:path";
 import process from "node:process";
 import zlib from "node:zlib";
@@ -397,6 +400,160 @@ function checkFiles(root, m) {
   }
 }
 
+// ------------------------------------------------------------ the slot lock (docs/install-rules.md#the-slot-lock)
+
+const LOCK_TIMEOUT_MS = 600 * 1000;
+const STALE_KEEP_MS = 600 * 1000;
+const INVALID_AGE_MS = 30 * 1000;
+const TOKEN = /^\d{1,10}-\d{1,20}-[0-9a-f]{6}$/;
+const HELD_CODES = new Set(["EEXIST", "ENOTEMPTY", "EACCES", "EPERM", "ENOTDIR", "EISDIR"]);
+
+const sleep = (ms) => Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, ms);
+
+// A process's start time as the protocol records it: Linux /proc/PID/stat field 22 (clock ticks since boot);
+// 0 where it cannot be read (it runs); null when no such process runs.
+function startTime(pid) {
+  if (process.platform === "linux") {
+    let stat;
+    try {
+      stat = fs.readFileSync(`/proc/${pid}/stat`, "latin1");
+    } catch (e) {
+      return e.code === "ENOENT" || e.code === "ESRCH" ? null : 0;
+    }
+    const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+    if (fields[0] === "Z" || fields[0] === "X") return null;
+    return /^\d+$/.test(fields[19] || "") ? Number(fields[19]) : 0;
+  }
+  try {
+    process.kill(pid, 0);
+    return 0;
+  } catch (e) {
+    return e.code === "EPERM" ? 0 : null;
+  }
+}
+
+function readOwner(held) {
+  let data;
+  try {
+    const raw = fs.readFileSync(path.join(held, "owner.json"));
+    if (raw.length > 4096) return null;
+    data = JSON.parse(raw.toString("utf8"));
+  } catch {
+    return null;
+  }
+  if (!isObj(data) || !Number.isInteger(data.pid) || data.pid <= 0 || !Number.isInteger(data.start) || data.start < 0
+      || typeof data.host !== "string" || typeof data.token !== "string" || !TOKEN.test(data.token)) return null;
+  return data;
+}
+
+// The holder may still hold it: on another host always; here while its pid runs with the start time it recorded.
+function ownerAlive(owner) {
+  if (owner.host !== os.hostname()) return true;
+  const running = startTime(owner.pid);
+  if (running === null) return false;
+  return owner.start === 0 || running === 0 || running === owner.start;
+}
+
+function tokenAlive(token) {
+  const [pid, start] = token.split("-").map(Number);
+  return ownerAlive({ pid, start, host: os.hostname() });
+}
+
+function breakLock(locks, held, tag) {
+  const aside = path.join(locks, `.stale-${tag}`);
+  try {
+    fs.renameSync(held, aside);
+  } catch {
+    return; // another waiter broke it first, or it was released meanwhile
+  }
+  try {
+    fs.writeFileSync(path.join(aside, "broken"), `${new Date().toISOString()} by pid ${process.pid}\n`);
+  } catch {
+    // its age is only a courtesy to the next sweep
+  }
+}
+
+function sweepLocks(locks) {
+  for (const n of fs.readdirSync(locks)) {
+    const p = path.join(locks, n);
+    const tail = n.startsWith(".new-") ? n.slice(5) : n.startsWith(".released-") ? n.slice(10) : null;
+    try {
+      if (tail !== null ? TOKEN.test(tail) && !tokenAlive(tail)
+          : n.startsWith(".stale-") && Date.now() - fs.statSync(p).mtimeMs > STALE_KEEP_MS) {
+        fs.rmSync(p, { recursive: true, force: true });
+      }
+    } catch {
+      // tried again by the next taker
+    }
+  }
+}
+
+function takeLock(root, name) {
+  const locks = path.join(root, "bundles", ".locks");
+  fs.mkdirSync(locks, { recursive: true });
+  sweepLocks(locks);
+  const held = path.join(locks, `${name}.held`);
+  const start = startTime(process.pid) || 0;
+  const token = `${process.pid}-${start}-${crypto.randomBytes(3).toString("hex")}`;
+  const fresh = path.join(locks, `.new-${token}`);
+  fs.mkdirSync(fresh);
+  const owner = { by: "install.mjs", host: os.hostname(), pid: process.pid, since: isoNow(), start, token };
+  fs.writeFileSync(path.join(fresh, "owner.json"), JSON.stringify(owner, Object.keys(owner).sort()) + "\n");
+  const deadline = Date.now() + LOCK_TIMEOUT_MS;
+  let delay = 20;
+  let waitedFor = null;
+  try {
+    for (;;) {
+      try {
+        fs.renameSync(fresh, held);
+        return { locks, held, token, waitedFor };
+      } catch (e) {
+        if (!HELD_CODES.has(e.code)) throw e;
+      }
+      const holder = readOwner(held);
+      if (holder && !ownerAlive(holder)) {
+        breakLock(locks, held, holder.token);
+        continue;
+      }
+      if (!holder) {
+        let st;
+        try {
+          st = fs.lstatSync(held);
+        } catch {
+          continue; // released meanwhile: take it now
+        }
+        if (Date.now() - st.mtimeMs > INVALID_AGE_MS) {
+          breakLock(locks, held, `invalid-${Date.now()}000000`);
+          continue;
+        }
+      }
+      if (Date.now() > deadline) {
+        const who = holder ? `pid ${holder.pid} (${holder.by || "?"}), since ${holder.since || "?"}` : "an unreadable owner";
+        throw storeError(`another process (${who}) is installing or removing ${name} in ${root}: waited 600 s for its lock ${held}`);
+      }
+      if (waitedFor === null) waitedFor = holder ? `${holder.by || "?"} pid ${holder.pid}` : "an unreadable owner";
+      sleep(delay);
+      delay = Math.min(delay * 1.5, 250);
+    }
+  } finally {
+    fs.rmSync(fresh, { recursive: true, force: true });
+  }
+}
+
+function releaseLock(lock) {
+  const owner = readOwner(lock.held);
+  if (!owner || owner.token !== lock.token) return; // broken by a waiter that judged this process dead: not ours
+  const gone = path.join(lock.locks, `.released-${lock.token}`);
+  try {
+    fs.renameSync(lock.held, gone);
+  } catch {
+    return;
+  }
+  fs.rmSync(gone, { recursive: true, force: true });
+}
+
+const isoNow = () => new Date().toISOString().replace(/\.\d{3}Z$/, "Z");
+
 // ------------------------------------------------------------------------------- install
 
 function install(opts) {
@@ -415,7 +572,25 @@ function install(opts) {
   const name = storeManifest.name;
   const root = path.resolve(opts.dest);
   const slot = path.join(root, "bundles", name);
+  const lock = takeLock(root, name); // every read-decide-write of the slot holds it
+  try {
+    return { ...installLocked(opts, found, storeManifest, expect, pinned, name, slot), waited_for: lock.waitedFor };
+  } finally {
+    releaseLock(lock);
+  }
+}
+
+function installLocked(opts, found, storeManifest, expect, pinned, name, slot) {
   fs.mkdirSync(slot, { recursive: true });
+  let old = null;
+  try {
+    old = JSON.parse(fs.readFileSync(path.join(slot, "current"), "utf8")).dir;
+  } catch {
+    old = null;
+  }
+  for (const leftover of fs.readdirSync(slot)) { // a killed install's stage, version or pointer temp file
+    if (leftover !== "current" && leftover !== old) fs.rmSync(path.join(slot, leftover), { recursive: true, force: true });
+  }
   const stage = path.join(slot, `.stage-${process.pid}-${Date.now()}-${crypto.randomBytes(4).toString("hex")}`);
   fs.mkdirSync(path.join(stage, "download"), { recursive: true });
   const version = `${opts.key.slice(0, 12)}-${crypto.randomBytes(4).toString("hex")}`;
@@ -438,14 +613,8 @@ function install(opts) {
     }
     checkFiles(tree, manifest);
     // 6: install atomically: the version directory, then the pointer, then the old version goes
-    let old = null;
-    try {
-      old = JSON.parse(fs.readFileSync(path.join(slot, "current"), "utf8")).dir;
-    } catch {
-      old = null;
-    }
     fs.renameSync(tree, path.join(slot, version));
-    const pointer = { dir: version, installed_at: new Date().toISOString().replace(/\.\d{3}Z$/, "Z"), key: opts.key, zip_sha256: got };
+    const pointer = { dir: version, installed_at: isoNow(), key: opts.key, zip_sha256: got };
     const tmp = path.join(slot, `.current.${process.pid}-${crypto.randomBytes(4).toString("hex")}.tmp`);
     const fd = fs.openSync(tmp, "wx");
     fs.writeSync(fd, JSON.stringify(pointer, Object.keys(pointer).sort()) + "\n");
