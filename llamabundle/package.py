@@ -14,7 +14,7 @@ from typing import Any
 from . import backends, cache, platforms, scratch, webui
 from .backends import Prepared
 from .build import BuildPlan, BuildResult, BuildTools
-from .bundle import built_at, file_entries, pack, write_manifest
+from .bundle import built_at, bundle_time, file_entries, pack, write_manifest
 from .bundle.manifest import Manifest
 from .errors import VerifyError
 from .keys import Keyed
@@ -63,6 +63,7 @@ def package(made: Made, plan: BuildPlan, result: BuildResult, out_zip: Path, *, 
     recipe = made.recipe
     platform = platforms.get(recipe.platform)
     have = backends.of(recipe)
+    when = bundle_time(made.sde)  # built_at and the zip's entries: one time (docs/bundle-format.md)
     tmp = scratch.make_dir(cache.tmp_dir(cache_dir), cache.STAGE_PREFIX)
     try:
         stage = tmp / "bundle"
@@ -88,14 +89,15 @@ def package(made: Made, plan: BuildPlan, result: BuildResult, out_zip: Path, *, 
                           "source": made.src.origin},
             "platform": recipe.platform,
             "backends": sorted(recipe.backends),
-            "toolchain": {"cmake": made.tools.cmake_version, "ninja": made.tools.ninja_version,
-                          "compiler": result.compiler,
+            # a tool whose version is not known (`bundle` of a build made elsewhere: its ninja) is null, never ""
+            "toolchain": {"cmake": made.tools.cmake_version or None, "ninja": made.tools.ninja_version or None,
+                          "compiler": result.compiler or None,
                           **{k: v for p in made.prepared.values() for k, v in p.toolchain.items()},
                           **({"ui": made.ui.digest, "ui_source": made.ui.source} if made.ui else {})},
             "system_deps": collected.system_deps,
             "glibc_floor": collected.glibc_floor,
             "files": file_entries(stage, roles, about),
-            "built_at": built_at(made.sde),
+            "built_at": built_at(when),
             "publish": {"tag": made.keyed.tag},
         }
         for b in backends.REGISTRY.values():  # every backend's section: null when the bundle lacks it
@@ -104,7 +106,7 @@ def package(made: Made, plan: BuildPlan, result: BuildResult, out_zip: Path, *, 
                                                             prepared=made.prepared.get(b.name)) if b in have else None
         manifest = write_manifest(stage, fields)
         with log.step("pack"):
-            pack(stage, out_zip, source_date_epoch=made.sde)
+            pack(stage, out_zip, source_date_epoch=when)  # every entry dated built_at
             log.info(f"    {out_zip} ({out_zip.stat().st_size / 1e6:.1f} MB, {len(manifest.files)} files)")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

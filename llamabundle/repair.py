@@ -152,6 +152,9 @@ def bundle_build(recipe: Recipe, build_dir: Path, *, out: Path, toolkit_root: Pa
     src = SourceTree(path=tree.source_dir, commit=recipe.llama_cpp.commit, origin=f"build directory {build_dir}")
     tools = BuildTools(cmake=tree.cmake, ninja="", cmake_version=tree.cmake_version)
     made = Made(keyed=keyed, src=src, tools=tools, prepared=prepared, sde=settings.source_date_epoch)
+    if made.sde is None:  # the build tree does not prove its commit's date, as a fetched source does
+        log.warn("SOURCE_DATE_EPOCH is not set: built_at and the zip's timestamps are the time of this run, so the "
+                 "zip is not reproducible; set it (e.g. to the llama.cpp commit's date, `git log -1 --format=%ct`)")
     plan = plan_build(recipe, keyed.host, source_dir=tree.source_dir, build_dir=build_dir, tools=tools,
                       toolkit_roots=made.toolkit_roots)
     for program, _, _ in OWN_PROGRAMS:

@@ -6,6 +6,7 @@ import datetime as dt
 import json
 import os
 import shutil
+import time
 import zipfile
 import zlib
 from collections.abc import Mapping
@@ -55,10 +56,19 @@ def file_entries(root: Path, roles: Mapping[str, str],
     return entries
 
 
+def bundle_time(source_date_epoch: int | None) -> int:
+    """The one time of a bundle, as Unix seconds: `built_at` and every zip entry's date. SOURCE_DATE_EPOCH (a
+    build's default: the pinned commit's date), else the time of the run in whole even seconds (what a zip's
+    date holds, so that built_at and the entries then agree to the second); held to 1980-01-01 to 2107-12-31,
+    the dates a zip can hold (a commit's date past 2107 does not stop the pack)."""
+    when = source_date_epoch if source_date_epoch is not None else int(time.time()) & ~1
+    return min(max(when, ZIP_EPOCH_FIRST), ZIP_EPOCH_LAST)
+
+
 def built_at(source_date_epoch: int | None) -> str:
-    when = (dt.datetime.fromtimestamp(min(max(source_date_epoch, 0), ZIP_EPOCH_LAST), dt.UTC) if source_date_epoch is not None
-            else dt.datetime.now(dt.UTC))
-    return when.replace(microsecond=0).isoformat().replace("+00:00", "Z")
+    """bundle.json's built_at: bundle_time() as ISO 8601 UTC."""
+    when = dt.datetime.fromtimestamp(bundle_time(source_date_epoch), dt.UTC)
+    return when.isoformat().replace("+00:00", "Z")
 
 
 def write_manifest(root: Path, fields: dict[str, Any]) -> Manifest:
@@ -74,11 +84,12 @@ def read_manifest(root: Path) -> Manifest:
 
 
 def pack(root: Path, zip_path: Path, *, source_date_epoch: int | None = None) -> Path:
-    """Deterministic zip of root: sorted entries, fixed timestamps (SOURCE_DATE_EPOCH held to what a zip can
-    date: a commit's date past 2107 does not stop the pack), normalised modes, bundle.json first."""
+    """Deterministic zip of root: sorted entries, fixed timestamps (`source_date_epoch` held to what a zip can
+    date, as bundle_time() holds it: a packaged bundle passes its bundle_time(), so that every entry is dated
+    its built_at; None: 1980-01-01), normalised modes, bundle.json first."""
     when = ZIP_EPOCH_DEFAULT
     if source_date_epoch is not None:
-        t = dt.datetime.fromtimestamp(min(max(source_date_epoch, ZIP_EPOCH_FIRST), ZIP_EPOCH_LAST), dt.UTC)
+        t = dt.datetime.fromtimestamp(bundle_time(source_date_epoch), dt.UTC)
         when = (t.year, t.month, t.day, t.hour, t.minute, t.second)
     names = sorted(walk(root), key=lambda n: (n != MANIFEST, n))
     zip_path.parent.mkdir(parents=True, exist_ok=True)
