@@ -133,9 +133,9 @@ def verify_bundle(path: Path, *, level: Level, cache_dir: Path, require_gpu: boo
         try:
             if path.is_file():
                 root = tmp / "bundle"
-                manifest, check = bundle_mod.unpack(path, root, expect)
+                manifest, check = bundle_mod.unpack(path, root, expect, name=naming.name)  # `bundle.zip:LICENSE`
             else:
-                manifest, check = bundle_mod.check_unpacked(path, hashes=None, expect=expect)
+                manifest, check = bundle_mod.check_unpacked(path, hashes=None, expect=expect, name=naming.name)
                 root = tmp / "bundle"
                 if level is not Level.STATIC:  # run a copy, never the original
                     shutil.copytree(path, root, symlinks=False)

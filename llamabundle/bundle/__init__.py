@@ -9,7 +9,7 @@ import shutil
 import time
 import zipfile
 import zlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -167,13 +167,15 @@ def extract_unstreamed(zip_path: Path, dest: Path) -> None:
     extract_zip(zip_path, dest, descriptors=False)
 
 
-def unpack(zip_path: Path, dest: Path, expect: Expect = ANYTHING) -> tuple[Manifest, ContentCheck]:
+def unpack(zip_path: Path, dest: Path, expect: Expect = ANYTHING, *,
+           name: Callable[[str], str] | None = None) -> tuple[Manifest, ContentCheck]:
     """Safely extract a bundle zip into dest (new directory) by extract()'s rules and check it against its
-    manifest. On any failure dest is not left behind."""
+    manifest (`name`: how its messages name a member, manifest.check_files). On any failure dest is not left
+    behind."""
     tmp = tmp_beside(dest)
     try:
         hashes = extract(zip_path, tmp)
-        manifest, check = check_unpacked(tmp, hashes=hashes, expect=expect)
+        manifest, check = check_unpacked(tmp, hashes=hashes, expect=expect, name=name)
         os.replace(tmp, dest)
         return manifest, check
     except BaseException:
@@ -181,11 +183,11 @@ def unpack(zip_path: Path, dest: Path, expect: Expect = ANYTHING) -> tuple[Manif
         raise
 
 
-def check_unpacked(root: Path, *, hashes: Mapping[str, str] | None,
-                   expect: Expect = ANYTHING) -> tuple[Manifest, ContentCheck]:
+def check_unpacked(root: Path, *, hashes: Mapping[str, str] | None, expect: Expect = ANYTHING,
+                   name: Callable[[str], str] | None = None) -> tuple[Manifest, ContentCheck]:
     """The manifest of a freshly unpacked bundle, trusted (manifest.trust) against `expect` and its files."""
     manifest = read_manifest(root)
-    check = manifest_mod.trust(manifest, root, expect, hashes=hashes)
+    check = manifest_mod.trust(manifest, root, expect, hashes=hashes, name=name)
     assert check is not None
     return manifest, check
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -382,35 +382,39 @@ class ContentCheck:
     bytes: int
 
 
-def check_files(root: Path, m: Manifest, *, hashes: Mapping[str, str] | None = None) -> ContentCheck:
+def check_files(root: Path, m: Manifest, *, hashes: Mapping[str, str] | None = None,
+                name: Callable[[str], str] | None = None) -> ContentCheck:
     """Every listed file exists with its size and sha256; no file outside the list. `hashes` (path -> sha256)
-    are digests of files just written by an unpack that hashed them as it went, so they are not read again."""
+    are digests of files just written by an unpack that hashed them as it went, so they are not read again.
+    `name` says a member as the messages name it (verify: `bundle.zip:LICENSE`; default: its path)."""
+    shown = name or str
     listed = {f.path: f for f in m.files}
     present = set(walk(root)) - {MANIFEST}
     extra = sorted(present - set(listed))
     if extra:
-        raise VerifyError(f"{extra[0]} is in the bundle but not in {MANIFEST}" + (f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""),
+        raise VerifyError(f"{shown(extra[0])} is in the bundle but not in {MANIFEST}" + (f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""),
                           why="a bundle holds exactly the files its manifest lists", fix=FIX)
     total = 0
     for path, entry in sorted(listed.items()):
         f = root / path
         if f.is_symlink() or not f.is_file():
-            raise VerifyError(f"{path} is listed in {MANIFEST} but " + ("is not a regular file" if f.exists() or f.is_symlink()
-                                                                          else "missing"), fix="fetch or rebuild the bundle")
+            raise VerifyError(f"{shown(path)} is listed in {MANIFEST} but " + ("is not a regular file" if f.exists() or f.is_symlink()
+                                                                                 else "missing"), fix="fetch or rebuild the bundle")
         size = f.stat().st_size
         if size != entry.size:
-            raise VerifyError(f"{path} has size {size}, {MANIFEST} says {entry.size}",
+            raise VerifyError(f"{shown(path)} has size {size}, {MANIFEST} says {entry.size}",
                               why="the file was changed after the bundle was made", fix="fetch or rebuild the bundle")
         got = hashes[path] if hashes is not None and path in hashes else sha256_file(f)
         if got != entry.sha256:
-            raise VerifyError(f"{path} does not match its sha256 in {MANIFEST}",
+            raise VerifyError(f"{shown(path)} does not match its sha256 in {MANIFEST}",
                               why="the file was changed after the bundle was made", fix="fetch or rebuild the bundle")
         total += size
     return ContentCheck(files=len(listed), bytes=total)
 
 
 def trust(m: Manifest, root: Path | None = None, expect: Expect = ANYTHING, *,
-          hashes: Mapping[str, str] | None = None) -> ContentCheck | None:
-    """The one trust check (DESIGN §5): consistency and what was asked for, then (root given) the files."""
+          hashes: Mapping[str, str] | None = None, name: Callable[[str], str] | None = None) -> ContentCheck | None:
+    """The one trust check (DESIGN §5): consistency and what was asked for, then (root given) the files
+    (`name`: how their messages name a member, check_files)."""
     check_consistent(m, expect)
-    return check_files(root, m, hashes=hashes) if root is not None else None
+    return check_files(root, m, hashes=hashes, name=name) if root is not None else None

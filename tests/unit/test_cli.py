@@ -243,8 +243,30 @@ def test_verify_a_directory_with_one_changed_byte(tmp_path: Path, capsys: pytest
     code, out, err = run(capsys, "verify", stage)
     assert code == 5
     assert out == ""
-    assert "error: llama-server does not match its sha256 in bundle.json" in err
+    assert f"error: {stage / 'llama-server'} does not match its sha256 in bundle.json" in err  # the user's directory
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("as_given", ["relative", "absolute"])
+def test_verify_of_a_tampered_zip_names_the_zip_and_its_member(as_given: str, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """As the README's verify row says: `bundle.zip:libggml-cpu.so`, the zip as the user named it, then the member
+    (issue 32: it said `LICENSE` alone). A changed size is named so too, by the zip reader."""
+    stage, _ = make_bundle_dir(tmp_path)
+    (stage / "LICENSE").write_bytes(b"MIT Licensf\n")  # same size, other bytes than bundle.json lists
+    bundle.pack(stage, tmp_path / "tampered.zip")
+    monkeypatch.chdir(tmp_path)
+    zip_arg = "tampered.zip" if as_given == "relative" else str(tmp_path / "tampered.zip")
+    code, out, err = run(capsys, "verify", zip_arg)
+    assert (code, out) == (5, "")
+    assert err.splitlines()[0] == f"error: {zip_arg}:LICENSE does not match its sha256 in bundle.json"
+    data = json.loads(run(capsys, "verify", zip_arg, "--json")[1])
+    assert data["error"]["what"] == f"{zip_arg}:LICENSE does not match its sha256 in bundle.json"
+    (stage / "LICENSE").write_bytes(b"MIT License, longer\n")
+    bundle.pack(stage, tmp_path / "longer.zip")
+    code, _, err = run(capsys, "verify", "longer.zip")
+    assert code == 5 and err.startswith("error: longer.zip: member 'LICENSE' is 20 bytes"), err
 
 
 def test_verify_a_missing_path(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -340,7 +340,7 @@ def test_errors_under_json_keep_their_exit_code(tmp_path: Path, capsys: pytest.C
     stage, _ = make_bundle_dir(tmp_path)
     (stage / "LICENSE").write_bytes(b"MIT Licensf\n")
     data = json_of(capsys, "error", "verify", stage, code=5)
-    assert data["error"]["what"] == "LICENSE does not match its sha256 in bundle.json"
+    assert data["error"]["what"] == f"{stage / 'LICENSE'} does not match its sha256 in bundle.json"  # the directory given
     data = json_of(capsys, "error", "fetch", "ef" * 32, "--store", tmp_path / "store", "--out", tmp_path / "o", code=2)
     assert "no bundle with key efefefefefef" in data["error"]["what"]
     data = json_of(capsys, "error", "build", WINDOWS, "--store", tmp_path / "store", code=2)
