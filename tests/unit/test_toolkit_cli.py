@@ -13,6 +13,7 @@ import pytest
 
 from llamabundle.backends.cuda.toolkit import layout
 from llamabundle.cli import main
+from llamabundle.errors import ToolchainError
 from tests.clirun import run  # noqa: E402
 from tests.redist import RECIPE_13, WINDOWS_12_8_1_TOTAL, WINDOWS_RECIPE, Repo, leftovers
 
@@ -179,8 +180,6 @@ def test_usage_and_recipe_errors_exit_2(argv: tuple, match: str, capsys: pytest.
 
 
 def test_toolkit_errors_exit_3(recipe13: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = run(capsys, "toolkit", "plan", "--version", "12.8.1", "--components", "cuda_cudart")
-    assert code == 3 and "a toolkit needs cuda_nvcc" in err
     code, out, err = run(capsys, "toolkit", "plan", "--version", "12.8.1", "--components", "cuda_nvcc,cuda_compat",
                          "--platform", "windows-x86_64")
     assert code == 3 and "no windows-x86_64 archive of cuda_compat" in err
@@ -190,6 +189,45 @@ def test_toolkit_errors_exit_3(recipe13: Path, tmp_path: Path, capsys: pytest.Ca
     assert code == 3 and "no CUDA 13.0.2 local installer" in err
     code, out, err = run(capsys, "toolkit", "plan", recipe13, "--manifest", tmp_path / "nope.json")
     assert code == 3 and "no such manifest" in err
+
+
+@pytest.mark.parametrize("source", ["redist", "pypi"])
+@pytest.mark.parametrize("cmd", ["plan", "install"])
+def test_components_without_nvcc_are_refused_before_any_download(cmd: str, source: str, cli_repo: Repo,
+                                                                 monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 32: `toolkit install --version 13.0.2 --components cuda_crt,cuda_cccl` (from PyPI) downloaded, then
+    exited 3 with "1736 files on disk, 1736 installed". A toolkit is a compiler: a set without cuda_nvcc is a
+    usage error (exit 2) naming the cause and the fix, before anything is asked of the redist server or the
+    package index (both on loopback here: neither may see one request)."""
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()  # nothing listens there now
+    monkeypatch.setenv("LLAMABUNDLE_PIP_INDEX_URL", f"http://127.0.0.1:{port}/simple")
+    code, out, err = run(capsys, "toolkit", cmd, "--source", source, "--version", "13.0.2", "--components",
+                         "cuda_crt,cuda_cccl", "--platform", "linux-x86_64")
+    assert (code, out) == (2, ""), err
+    assert "error: the components cuda_crt, cuda_cccl have no cuda_nvcc: a toolkit without nvcc cannot compile" in err
+    assert "fix: add cuda_nvcc: --components cuda_nvcc,cuda_crt,cuda_cccl" in err and "files on disk" not in err
+    assert cli_repo.server.requests == []
+    assert not (cli_repo.cache / "toolkits").exists() and not (cli_repo.cache / "downloads").exists()
+
+
+def test_an_installed_toolkit_without_nvcc_says_so(tmp_path: Path) -> None:
+    """A root installed complete but without nvcc (an older llamabundle let a PyPI set without cuda_nvcc in) is
+    named for what it lacks, not as "incomplete or changed" with equal file counts."""
+    root = tmp_path / "cuda"
+    (root / "include" / "crt").mkdir(parents=True)
+    (root / "include" / "crt" / "host_config.h").write_text("/* crt */\n")
+    layout.write_marker(root, version="13.0.2", platform="linux-x86_64", source="pypi",
+                        components={"cuda_crt": "13.0.88", "cuda_cccl": "13.0.85"})
+    with pytest.raises(ToolchainError) as e:
+        layout.read_installed(root)
+    assert e.value.what == f"the toolkit in {root} has no nvcc: it holds cuda_cccl, cuda_crt, without cuda_nvcc"
+    assert "incomplete" not in e.value.what and "cuda_nvcc" in e.value.fix
 
 
 @pytest.mark.race

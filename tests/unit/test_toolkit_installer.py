@@ -21,7 +21,7 @@ import pytest
 from llamabundle import keys, sevenzip
 from llamabundle.backends.cuda.toolkit import installer, layout
 from llamabundle.backends.cuda.toolkit.resolve import resolve_toolkit
-from llamabundle.errors import ToolchainError
+from llamabundle.errors import ToolchainError, UsageError
 from llamabundle.log import Log
 from llamabundle.settings import Settings
 from tests.clirun import run  # noqa: E402
@@ -198,7 +198,6 @@ def test_plan_is_pure_and_names_folders_versions_and_the_pin() -> None:
 @pytest.mark.parametrize("kwargs, words", [
     ({"platform": "linux-x86_64"}, "is for windows-x86_64, not linux-x86_64"),
     ({"components": ["cuda_nvcc", "cuda_demo_suite"]}, "cannot provide cuda_demo_suite"),
-    ({"components": ["cuda_cudart"]}, "needs cuda_nvcc"),
     ({"version": "11.8.0"}, "no CUDA 11.8.0 local installer"),
     ({"sha256": "0" * 64}, "not the pinned one"),
     ({"sha256": "xyz"}, "is not a sha256"),
@@ -208,6 +207,11 @@ def test_plan_refusals(kwargs: dict[str, Any], words: str) -> None:
     with pytest.raises(ToolchainError) as e:
         installer.plan_installer(**args)
     assert e.value.exit_code == 3 and words in e.value.what
+
+
+def test_a_component_set_without_nvcc_is_a_usage_error() -> None:
+    with pytest.raises(UsageError, match="have no cuda_nvcc: a toolkit without nvcc cannot compile"):
+        installer.plan_installer(version="12.8.1", components=["cuda_cudart"])
 
 
 # ------------------------------------------------------------------------------- the 7z inside

@@ -85,10 +85,17 @@ def read_installed(root: Path) -> Toolkit | None:
         return None
     tk = Toolkit(root=root, version=info["version"], source=info["source"], platform=info["platform"])
     files = sum(1 for p in root.rglob("*") if p.is_file() or p.is_symlink()) - 1  # minus the marker itself
-    if files != info.get("files") or not tk.nvcc.exists():
+    if files != info.get("files"):
         raise ToolchainError(f"the toolkit in {root} is incomplete or was changed",
                              why=f"{files} files on disk, {info.get('files')} installed",
                              fix=f"remove {root} and install it again (llamabundle toolkit install)")
+    if not tk.nvcc.exists():  # every file there, but no compiler: it was installed from components without cuda_nvcc
+        comps = info.get("components")
+        held = ", ".join(sorted(comps)) if isinstance(comps, dict) and comps else "components"
+        raise ToolchainError(f"the toolkit in {root} has no {tk.nvcc.name}: it holds {held}, without cuda_nvcc",
+                             why=f"all its {files} files are there; a toolkit without nvcc cannot compile",
+                             fix=f"remove {root} and install a set with cuda_nvcc (llamabundle toolkit install "
+                                 "--components cuda_nvcc,…)")
     return tk
 
 

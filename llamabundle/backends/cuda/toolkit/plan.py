@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ....errors import RecipeError, ToolchainError
+from ....errors import RecipeError, ToolchainError, UsageError
 from ....recipe import Recipe
 from . import layout
 from .manifest import PLATFORMS, Archive, Manifest, load_manifest
@@ -124,10 +124,14 @@ def plan_for_recipe(recipe: Recipe, *, source: str | None = None,
 
 
 def check_components(components: Sequence[str]) -> None:
-    """Every toolkit source installs a usable toolkit: at least its compiler."""
+    """Every toolkit source installs a usable toolkit: at least its compiler. Asked before anything is planned
+    or downloaded, of every source: the component set is what the command line or the recipe asked for (exit 2)."""
     if not components:
-        raise ToolchainError("no CUDA components to install", fix="list components, e.g. cuda_nvcc,cuda_cudart")
+        raise UsageError("no CUDA components to install", fix="list components, e.g. cuda_nvcc,cuda_cudart")
     if REQUIRED not in components:
-        raise ToolchainError(f"a toolkit needs {REQUIRED}; the components are {', '.join(components)}",
-                             why="an installed toolkit is usable (and verified) only with its compiler, bin/nvcc",
-                             fix=f"add {REQUIRED} to the components")
+        listed = ", ".join(components)
+        raise UsageError(f"the components {listed} have no {REQUIRED}: a toolkit without nvcc cannot compile",
+                         why="every toolkit llamabundle installs is a compiler, and it checks bin/nvcc once installed "
+                             "(headers such as cuda_crt and cuda_cccl are what nvcc compiles with)",
+                         fix=f"add {REQUIRED}: --components {REQUIRED},{','.join(components)} (in a recipe: "
+                             f"cuda.components), or leave --components out and install a recipe's toolkit")

@@ -33,6 +33,7 @@ from ....errors import ToolchainError, VerifyError
 from ....log import Log
 from ....settings import Settings
 from . import layout
+from .plan import check_components
 
 SOURCE = "pypi"
 _SONAME_FILE = re.compile(r"^(lib.+?\.so)\.[0-9]+(\.[0-9]+)*$")
@@ -138,6 +139,7 @@ def install_from_pypi(*, version: str, platform: str, components: Sequence[str],
     A complete install of the same set is verified (layout.read_installed) and returned without a
     download. Otherwise: cached wheels are re-hashed and reused, the rest come from the
     package index by URL, checked against their pinned sha256, and the root is assembled beside its final place, marker last, then renamed."""
+    check_components(components)  # before any download: a set without cuda_nvcc would install and then fail its check
     records = plan_pypi(version, platform, components)
     root = dest if dest is not None else default_root(settings, version=version, platform=platform, records=records)
     root = Path(os.path.abspath(root))

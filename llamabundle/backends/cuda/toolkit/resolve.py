@@ -80,8 +80,10 @@ def plan_source(source: str, *, version: str, platform: str, components: Sequenc
 
         return plan_installer(version=version, components=components, platform=platform, sha256=sha256)
     if source == "pypi":
+        from .plan import check_components
         from .pypi import plan_pypi
 
+        check_components(components)  # as every other source: a toolkit is a compiler
         return WheelPlan(version=version, platform=platform, components=list(components),
                          wheels=plan_pypi(version, platform, components))
     return plan_toolkit(version=version, components=components, platform=platform, source=source, manifest=manifest)
