@@ -99,6 +99,14 @@ class Settings:
     build_timeout: float = DEFAULT_BUILD_TIMEOUT  # seconds one cmake configure or build may run before it is stopped
     cache_max: int | None = DEFAULT_CACHE_MAX  # bytes the cache may hold (None: no bound)
 
+    @staticmethod
+    def reporting(env: Mapping[str, str]) -> tuple[bool, Path | None, bool]:
+        """(github_actions, github_workspace, debug): how a failure is reported, read from the variables that
+        cannot be wrong, so that even a bad value of another one (from_env's UsageError) is reported as every
+        failure is (a GitHub Actions annotation under GITHUB_ACTIONS=true). As from_env reads them."""
+        workspace = env.get("GITHUB_WORKSPACE")
+        return env.get("GITHUB_ACTIONS") == "true", Path(workspace) if workspace else None, env.get("LLAMABUNDLE_DEBUG") == "1"
+
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:
         def number(name: str, kind: Callable[[str], _N], default: _N | None, ok: Callable[[_N], bool],
@@ -138,14 +146,13 @@ class Settings:
         sde = number("SOURCE_DATE_EPOCH", int, None, lambda v: ZIP_EPOCH_FIRST <= v <= ZIP_EPOCH_LAST,
                      f"a Unix timestamp from {ZIP_EPOCH_FIRST} (1980-01-01) to {ZIP_EPOCH_LAST} (2107-12-31), "
                      "the dates a zip can hold")
-        actions = env.get("GITHUB_ACTIONS") == "true"
+        actions, workspace_path, debug = cls.reporting(env)
         installer = env.get("LLAMABUNDLE_CUDA_INSTALLER")
-        workspace = env.get("GITHUB_WORKSPACE")
         return cls(
             cache_dir=Path(cache).expanduser().resolve(),
             data_dir=Path(data).expanduser().resolve() if data else default_data_dir(),
             store=env.get("LLAMABUNDLE_STORE") or None,
-            debug=env.get("LLAMABUNDLE_DEBUG") == "1",
+            debug=debug,
             github_archive_url=env.get("LLAMABUNDLE_GITHUB_ARCHIVE_URL", DEFAULT_GITHUB_ARCHIVE_URL).rstrip("/"),
             # GITHUB_API_URL: set by GitHub Actions runners (GitHub Enterprise Server: https://HOST/api/v3)
             github_api_url=(env.get("LLAMABUNDLE_GITHUB_API_URL") or env.get("GITHUB_API_URL")
@@ -156,7 +163,7 @@ class Settings:
             github_actions=actions,
             github_output=Path(env["GITHUB_OUTPUT"]) if actions and env.get("GITHUB_OUTPUT") else None,
             github_step_summary=Path(env["GITHUB_STEP_SUMMARY"]) if actions and env.get("GITHUB_STEP_SUMMARY") else None,
-            github_workspace=Path(workspace) if workspace else None,
+            github_workspace=workspace_path,
             connect_timeout=seconds("LLAMABUNDLE_CONNECT_TIMEOUT", DEFAULT_CONNECT_TIMEOUT,
                                     "a number of seconds greater than 0 (e.g. 10)"),
             cuda_redist_url=env.get("LLAMABUNDLE_CUDA_REDIST_URL", DEFAULT_CUDA_REDIST_URL).rstrip("/"),

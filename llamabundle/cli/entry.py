@@ -14,12 +14,12 @@ from typing import NoReturn
 import click
 
 from .. import __version__
-from ..errors import LlamaBundleError, from_os_error
+from ..errors import LlamaBundleError, UsageError, from_os_error
 from ..log import Log
 from ..settings import Settings
 from . import app, archs, bundles, cachecmd, deps, index, plan, recipes, telemetry, toolkit, ui
 from .context import Ctx, environment
-from .output import emit_failure, wants_json
+from .output import emit_failure, error_json, wants_json
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -88,11 +88,10 @@ def main(argv: list[str] | None = None) -> NoReturn:
         utf8_output()
     if argv is None and hasattr(signal, "SIGTERM"):
         signal.signal(signal.SIGTERM, _terminated)
-    try:  # for how an error is printed; a bad setting is reported by the command itself
-        settings: Settings | None = Settings.from_env(environment())
-    except LlamaBundleError:
-        settings = None
-    debug = "--debug" in args or (settings is not None and settings.debug)
+    # how a failure is printed (a bad setting is reported by the command itself, as a failure like any other)
+    actions, workspace, debug_env = Settings.reporting(environment())
+    debug = "--debug" in args or debug_env
+    log = Log(github_actions=actions, workspace=workspace)
     try:
         _run(args)
         code = 0
@@ -104,19 +103,33 @@ def main(argv: list[str] | None = None) -> NoReturn:
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)
         code = 130
-    except click.ClickException as e:
+    except click.ClickException as e:  # a usage error click found (unknown option, missing argument, bad value)
         e.show()
+        if actions:  # its annotation too, as every failure's (click's usage lines stay for people)
+            log.error(_as_error(e))
         code = 2 if isinstance(e, click.UsageError) else e.exit_code
     except LlamaBundleError as e:
-        Log(github_actions=settings is not None and settings.github_actions,
-            workspace=settings.github_workspace if settings is not None else None).error(e)
+        log.error(e)
         if debug:
             traceback.print_exc()
         code = e.exit_code
     except Exception as e:  # a bug in llamabundle: say so plainly
-        click.echo(f"internal error: {type(e).__name__}: {e}", err=True)
-        click.echo("  this is a bug in llamabundle; rerun with --debug and report the traceback", err=True)
+        internal = LlamaBundleError(f"internal error: {type(e).__name__}: {e}", why="this is a bug in llamabundle",
+                                    fix="rerun with --debug and report the traceback")
+        if actions:
+            log.error(internal)
+        else:
+            click.echo(internal.what, err=True)
+            click.echo(f"  {internal.why}; {internal.fix}", err=True)
         if debug:
             traceback.print_exc()
         code = 70
     sys.exit(code)
+
+
+def _as_error(e: click.ClickException) -> LlamaBundleError:
+    """A click usage error as the tool's own (what, why, fix, exit code), for its annotation: as --json says it."""
+    info = error_json(e)
+    err = UsageError(info["what"], why=info["why"], fix=info["fix"])
+    err.exit_code = info["exit_code"]
+    return err

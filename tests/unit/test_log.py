@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 from pathlib import Path
 
 import pytest
@@ -209,3 +210,64 @@ def test_actions_report_writes_step_outputs_and_one_summary_row_each(tmp_path: P
     assert summary.read_text(encoding="utf-8").splitlines() == [
         "| key | result | size | sha256 |", "|---|---|---|---|",
         "| `abababababab` | miss |  |  |", f"| `abababababab` | built | 1.5 MB | `{sha}` |"]
+
+
+# ------------------------------------------------------------------ every failure path is one annotation
+
+
+@pytest.mark.parametrize(("env", "argv", "title", "what"), [
+    ({}, ("key", LINUX, "--frob"), "usage or recipe error", "No such option"),  # click's own usage errors
+    ({}, ("check",), "usage or recipe error", "Missing argument 'RECIPE'."),
+    ({}, ("verify", "x.zip", "--level", "most"), "usage or recipe error", "Invalid value for '--level'"),
+    ({}, ("no-such-command",), "usage or recipe error", "No such command 'no-such-command'."),
+    ({"LLAMABUNDLE_CONNECT_TIMEOUT": "abc"}, ("key", LINUX), "usage or recipe error",  # bad settings
+     "LLAMABUNDLE_CONNECT_TIMEOUT='abc' is not a number of seconds"),
+    ({"SOURCE_DATE_EPOCH": "yesterday"}, ("recipe", "list"), "usage or recipe error", "SOURCE_DATE_EPOCH='yesterday' is not"),
+    ({"LLAMABUNDLE_CACHE_MAX": "lots"}, ("key", LINUX), "usage or recipe error", "LLAMABUNDLE_CACHE_MAX='lots' is not"),
+    ({}, ("verify", "missing.zip"), "usage or recipe error", "missing.zip does not exist"),  # the tool's own
+], ids=["option", "argument", "choice", "command", "connect-timeout", "source-date-epoch", "cache-max", "tool"])
+@pytest.mark.parametrize("as_json", [False, True], ids=["text", "json"])
+def test_under_actions_every_failure_is_one_error_annotation(env: dict[str, str], argv: tuple[object, ...], title: str,
+                                                             what: str, as_json: bool, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 32: usage errors (click's) and bad LLAMABUNDLE_* values printed no ::error annotation under
+    GITHUB_ACTIONS=true, where every other failure did. Now each prints exactly one, with its title."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("GITHUB_ACTIONS", "true")
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    code, out, err = run(capsys, *argv, *(["--json"] if as_json else []))
+    assert code == 2
+    annotations = [line for line in err.splitlines() if line.startswith("::error")]
+    assert len(annotations) == 1, err
+    assert annotations[0].startswith(f"::error title=llamabundle%3A {title}::{escape_data(what)}"), annotations[0]
+    assert "%0Afix: " in annotations[0]
+    if as_json:
+        assert json.loads(out)["error"]["what"].startswith(what)
+
+
+def test_under_actions_an_internal_error_is_an_annotation(monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    from llamabundle import keys
+
+    def broken(*a: object, **kw: object) -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(keys, "load", broken)
+    monkeypatch.setenv("GITHUB_ACTIONS", "true")
+    code, _, err = run(capsys, "key", LINUX)
+    assert code == 70
+    assert err.splitlines() == ["::error title=llamabundle%3A error::internal error: RuntimeError: a bug"
+                                "%0Awhy: this is a bug in llamabundle%0Afix: rerun with --debug and report the traceback"]
+    monkeypatch.delenv("GITHUB_ACTIONS")
+    code, _, err = run(capsys, "key", LINUX)
+    assert code == 70 and err.splitlines() == [
+        "internal error: RuntimeError: a bug",
+        "  this is a bug in llamabundle; rerun with --debug and report the traceback"]
+    assert "::" not in err
+
+
+def test_outside_actions_a_usage_error_is_clicks_text_alone(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, "key", LINUX, "--frob")
+    assert code == 2 and "Error: No such option" in err and "::error" not in err
