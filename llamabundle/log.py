@@ -41,14 +41,17 @@ def workflow_command(name: str, message: str = "", properties: Mapping[str, obje
 
 
 def actions_report(*, output: Path | None, summary: Path | None, key: str, hit: bool, location: str | None,
-                   zip_path: Path | None = None) -> None:
+                   zip_path: Path | None = None, zip_name: str | None = None) -> None:
     """A bundle step's result for later steps and for the run's page: the step outputs key, hit and location
-    appended to `output` ($GITHUB_OUTPUT; the names and values of the --json output), and one row of a
-    markdown table (key, hit/built/miss, the zip's size and sha256) appended to `summary`
-    ($GITHUB_STEP_SUMMARY), the table's header first when the file is empty. A None path is not written."""
+    (the names and values of the --json output) and zip appended to `output` ($GITHUB_OUTPUT), and one row of
+    a markdown table (key, hit/built/miss, the zip's size and sha256) appended to `summary`
+    ($GITHUB_STEP_SUMMARY), the table's header first when the file is empty. A None path is not written.
+    `zip`: the zip on this machine (`zip_path`, build's) with forward slashes, as actions/upload-artifact takes
+    a path on Windows too; else the stored zip's file name (`zip_name`, check's hit); else empty (a miss)."""
     if output is not None:
+        zip_out = zip_path.as_posix() if zip_path is not None else zip_name or ""
         with open(output, "a", encoding="utf-8") as f:
-            f.write(f"key={key}\nhit={'true' if hit else 'false'}\nlocation={location or ''}\n")
+            f.write(f"key={key}\nhit={'true' if hit else 'false'}\nlocation={location or ''}\nzip={zip_out}\n")
     if summary is not None:
         size = sha = ""
         if zip_path is not None and zip_path.is_file():

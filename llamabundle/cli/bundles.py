@@ -31,7 +31,8 @@ def check(c: Ctx, recipe_path: Path, store_url: str | None, as_json: bool) -> No
     keyed = keys.resolve(keys.load(recipe_path), env=c.env)
     store = c.store(store_url, keyed)
     entry = store.lookup(keyed.key)
-    c.actions_report(key=keyed.key, hit=entry is not None, location=entry.location if entry else None)
+    c.actions_report(key=keyed.key, hit=entry is not None, location=entry.location if entry else None,
+                     zip_name=entry.zip_name if entry else None)
     if as_json:
         emit({"schema": 1, "key": keyed.key, "hit": entry is not None, "store": store.url,
               "location": entry.location if entry else None})

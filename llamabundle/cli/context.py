@@ -56,10 +56,11 @@ class Ctx:
         """Where probe and telemetry cache their results."""
         return Path(self.settings.cache_dir) / "runtime"
 
-    def actions_report(self, *, key: str, hit: bool, location: str | None, zip_path: Path | None = None) -> None:
+    def actions_report(self, *, key: str, hit: bool, location: str | None, zip_path: Path | None = None,
+                       zip_name: str | None = None) -> None:
         """Under GitHub Actions: the step outputs and the step summary's row of this key (log.actions_report)."""
         actions_report(output=self.settings.github_output, summary=self.settings.github_step_summary,
-                       key=key, hit=hit, location=location, zip_path=zip_path)
+                       key=key, hit=hit, location=location, zip_path=zip_path, zip_name=zip_name)
 
 
     def actions_matrix(self, matrix: dict[str, Any], *, rows: Sequence[Row]) -> None:

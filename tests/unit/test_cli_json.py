@@ -177,7 +177,13 @@ def test_github_actions_outputs_use_the_json_names(tmp_path: Path, monkeypatch: 
         gh_out.write_text("")
         data = json_of(capsys, cmd, cmd, LINUX, "--store", store)
         outputs = dict(line.split("=", 1) for line in gh_out.read_text().splitlines())
-        assert outputs == {"key": data["key"], "hit": "true", "location": data["location"]}, cmd
+        # and zip (issue 32): build's zip as its --json says it (forward slashes); check's hit: the stored zip's name
+        zip_out = Path(data["zip"]).as_posix() if cmd == "build" else Path(data["location"]).name
+        assert outputs == {"key": data["key"], "hit": "true", "location": data["location"], "zip": zip_out}, cmd
+        assert Path(outputs["zip"]).name == zip_path.name
+    gh_out.write_text("")
+    json_of(capsys, "check", "check", LINUX, "--store", tmp_path / "empty", code=1)
+    assert gh_out.read_text() == f"key={LINUX_KEY}\nhit=false\nlocation=\nzip=\n"  # a miss: no zip
 
 
 # --------------------------------------------------------------------------------- deps

@@ -205,7 +205,8 @@ def test_actions_report_writes_step_outputs_and_one_summary_row_each(tmp_path: P
     actions_report(output=out, summary=summary, key=key, hit=False, location=None)
     actions_report(output=out, summary=summary, key=key, hit=False, location="/s/b.zip", zip_path=zip_path)
     actions_report(output=None, summary=None, key=key, hit=True, location="x")  # outside Actions: nothing
-    assert out.read_bytes() == f"key={key}\nhit=false\nlocation=\nkey={key}\nhit=false\nlocation=/s/b.zip\n".encode()
+    assert out.read_bytes() == (f"key={key}\nhit=false\nlocation=\nzip=\n"
+                                f"key={key}\nhit=false\nlocation=/s/b.zip\nzip={zip_path.as_posix()}\n").encode()
     sha = hashlib.sha256(zip_path.read_bytes()).hexdigest()
     assert summary.read_text(encoding="utf-8").splitlines() == [
         "| key | result | size | sha256 |", "|---|---|---|---|",
@@ -271,3 +272,14 @@ def test_under_actions_an_internal_error_is_an_annotation(monkeypatch: pytest.Mo
 def test_outside_actions_a_usage_error_is_clicks_text_alone(capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run(capsys, "key", LINUX, "--frob")
     assert code == 2 and "Error: No such option" in err and "::error" not in err
+
+
+def test_the_zip_step_output_names_the_zip(tmp_path: Path) -> None:
+    """`zip` (issue 32: the release workflow parsed build's --json for it): the zip on this machine with forward
+    slashes (build), the stored zip's name (check's hit), empty on a miss."""
+    out, zip_path = tmp_path / "out.txt", tmp_path / "sub dir" / "b.zip"
+    actions_report(output=out, summary=None, key="k", hit=False, location="/s/b.zip", zip_path=zip_path)
+    actions_report(output=out, summary=None, key="k", hit=True, location="https://x/b.zip", zip_name="b.zip")
+    actions_report(output=out, summary=None, key="k", hit=False, location=None)
+    zips = [line.removeprefix("zip=") for line in out.read_text(encoding="utf-8").splitlines() if line.startswith("zip=")]
+    assert zips == [zip_path.as_posix(), "b.zip", ""]
