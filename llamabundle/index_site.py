@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from . import __version__, backends, scratch, untrusted
+from .data import SCHEMA_DRAFT, schema_id
 from .errors import DiskError, UsageError, disk_fix
 
 if TYPE_CHECKING:
@@ -116,7 +117,7 @@ def rows_of(entries: Iterable[Entry]) -> tuple[Row, ...]:
 
 
 def site_json(site: Site) -> dict[str, Any]:
-    """index.json: the site's data (schema: data/index-site.schema.json)."""
+    """index.json: the site's data (schema: data/schemas/index-site.schema.json)."""
     return {"schema": 1, "site": SITE, "tool": f"llamabundle {__version__}", "store": site.store,
             "generated_at": site.generated_at, "bundles": [r.to_json() for r in site.rows]}
 
@@ -496,7 +497,7 @@ def _row_schema() -> dict[str, Any]:
 
 
 def site_schema() -> dict[str, Any]:
-    """The JSON schema of index.json (committed as data/index-site.schema.json)."""
+    """The JSON schema of index.json (committed as data/schemas/index-site.schema.json)."""
     props: dict[str, Any] = {
         "schema": {"const": 1},
         "site": {"const": SITE, "description": "marks the directory as one that llamabundle index wrote"},
@@ -506,14 +507,14 @@ def site_schema() -> dict[str, Any]:
                          "description": "ISO 8601 UTC, to the second: YYYY-MM-DDTHH:MM:SSZ"},
         "bundles": {"type": "array", "items": {"$ref": "#/$defs/bundle"}},
     }
-    return {"$schema": "https://json-schema.org/draft/2020-12/schema",
+    return {"$schema": SCHEMA_DRAFT, "$id": schema_id("index-site"),
             "title": "llamabundle index: index.json of the static site",
             "type": "object", "properties": props, "required": sorted(props), "additionalProperties": False,
             "$defs": {"bundle": _row_schema()}}
 
 
 def report_schema() -> dict[str, Any]:
-    """The JSON schema of `llamabundle index --json` (committed as data/schemas/index.schema.json)."""
+    """The JSON schema of `llamabundle index --json` (committed as data/schemas/cli-index.schema.json)."""
     props: dict[str, Any] = {
         "schema": {"const": 1},
         "ok": {"const": True},
@@ -524,6 +525,6 @@ def report_schema() -> dict[str, Any]:
         "generated_at": site_schema()["properties"]["generated_at"],
         "bundles": {"type": "array", "items": {"$ref": "#/$defs/bundle"}},
     }
-    return {"$schema": "https://json-schema.org/draft/2020-12/schema", "title": "llamabundle index --json",
+    return {"$schema": SCHEMA_DRAFT, "$id": schema_id("cli-index"), "title": "llamabundle index --json",
             "type": "object", "properties": props, "required": sorted(props), "additionalProperties": False,
             "$defs": {"bundle": _row_schema()}}

@@ -1,5 +1,5 @@
 """The CLI's contract as the tests check it: `all_commands` walks the click group (every command and group,
-the top one as []), and `valid` checks an object against its JSON schema in llamabundle/data/schemas/."""
+the top one as []), and `valid` checks an object against its JSON schema, llamabundle/data/schemas/cli-<command>.schema.json."""
 
 from __future__ import annotations
 
@@ -15,11 +15,12 @@ SCHEMAS = resources.files("llamabundle.data") / "schemas"
 
 
 def schema(name: str) -> dict[str, Any]:
-    return json.loads((SCHEMAS / f"{name}.schema.json").read_text(encoding="utf-8"))
+    """The schema of a command's --json output (name: `recipe-lint` for `recipe lint`; `error` for a failure)."""
+    return json.loads((SCHEMAS / f"cli-{name}.schema.json").read_text(encoding="utf-8"))
 
 
 def valid(name: str, obj: Any) -> Any:
-    """obj, validated against schemas/<name>.schema.json."""
+    """obj, validated against schemas/cli-<name>.schema.json."""
     jsonschema.Draft202012Validator(schema(name)).validate(obj)
     return obj
 

@@ -47,7 +47,7 @@ def read_sections(manifest: Manifest) -> None:
 
 
 def bundle_schema() -> dict[str, Any]:
-    """bundle.json's JSON schema with every backend's section (committed as data/bundle.schema.json)."""
+    """bundle.json's JSON schema with every backend's section (committed as data/schemas/bundle.schema.json)."""
     from ..bundle import manifest as manifest_mod
 
     sections = {b.manifest_key: s for b in REGISTRY.values() if b.manifest_key and (s := b.section_schema())}

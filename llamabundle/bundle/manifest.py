@@ -18,6 +18,7 @@ from types import MappingProxyType
 from typing import Any, get_args
 
 from .. import untrusted
+from ..data import SCHEMA_DRAFT, schema_id
 from ..digest import sha256_file, sha256_json, walk
 from ..errors import VerifyError
 from ..recipe.model import Backend, Platform
@@ -248,7 +249,8 @@ def json_schema(sections: Mapping[str, dict[str, Any]], *, backends: tuple[str, 
         },
     }
     return {
-        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$schema": SCHEMA_DRAFT,
+        "$id": schema_id("bundle"),
         "title": "llamabundle bundle.json",
         "type": "object",
         "required": ["format", "name", "key", "inputs", "llama_cpp", "platform", "files"],

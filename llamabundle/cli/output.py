@@ -4,7 +4,7 @@ A report is one JSON object on stdout: `"schema": 1`, `"ok": true` and the comma
 with `--json` that fails prints one object too, `{"schema": 1, "ok": false, "error": {"what", "why", "fix",
 "exit_code"}}` (a command with a partial result, e.g. `deps` with a missing library, keeps its data beside
 the error); the human message still goes to stderr. Each command's output has a JSON schema in
-`llamabundle/data/schemas/<command>.schema.json` (`error.schema.json` for failures)."""
+`llamabundle/data/schemas/cli-<command>.schema.json` (`cli-error.schema.json` for failures)."""
 
 from __future__ import annotations
 

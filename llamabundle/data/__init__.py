@@ -9,6 +9,20 @@ from typing import Any
 
 MEMORY_PROGRAM = "llamabundle-memory"  # programs/llamabundle-memory.cpp: built into every bundle (build.py)
 PROBE_PROGRAM = "llamabundle-probe"  # programs/llamabundle-probe.cpp: built into every bundle (build.py)
+# Every JSON schema the tool ships lies in schemas/ (in the repository and in the installed package), one file
+# schemas/NAME.schema.json with the $id urn:llamabundle:schema:NAME: bundle, recipe, index-site (index.json),
+# llamabundle-probe, and cli-COMMAND for each command's --json output (cli-error for a failure).
+SCHEMA_DRAFT = "https://json-schema.org/draft/2020-12/schema"
+
+
+def schema_id(name: str) -> str:
+    """The $id of the shipped schema schemas/NAME.schema.json."""
+    return f"urn:llamabundle:schema:{name}"
+
+
+def schema(name: str) -> Any:
+    """The shipped schema schemas/NAME.schema.json, parsed once."""
+    return load(f"schemas/{name}.schema.json")
 
 
 @cache

@@ -154,7 +154,7 @@ _DEVICE = {"name": (str, None), "description": (str, None), "backend": (str, Non
 
 
 def read_probe(stdout: str, *, root: Path, exe: str) -> dict[str, Any]:
-    """The probe's one JSON object, checked field by field as data/llamabundle-probe.schema.json says (a test
+    """The probe's one JSON object, checked field by field as data/schemas/llamabundle-probe.schema.json says (a test
     holds the two together): what the rest reads of it is there and of its type."""
     fix = "rebuild the bundle (llamabundle build --force): its probe is damaged"
     try:

@@ -1,4 +1,4 @@
-"""The recipe's JSON schema, generated from the model's dataclasses (committed as data/recipe.schema.json; a
+"""The recipe's JSON schema, generated from the model's dataclasses (committed as data/schemas/recipe.schema.json; a
 test fails when it drifts): what editors and other languages validate a recipe with."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ import typing
 from collections.abc import Mapping
 from typing import Any, Literal, Union, get_args, get_origin
 
+from ..data import SCHEMA_DRAFT, schema_id
 from .model import SCHEMA_VERSION, SOURCE_KINDS, Recipe, Source, word_or_form
 
 
@@ -16,7 +17,7 @@ def json_schema() -> dict[str, Any]:
     """The recipe's JSON schema, generated from the dataclasses above (committed; a test checks drift)."""
     schema = _schema_for(Recipe)
     schema["properties"]["recipe"] = {"const": SCHEMA_VERSION, "description": "recipe schema version"}
-    return {"$schema": "https://json-schema.org/draft/2020-12/schema", "title": "llamabundle recipe", **schema}
+    return {"$schema": SCHEMA_DRAFT, "$id": schema_id("recipe"), "title": "llamabundle recipe", **schema}
 
 
 def _schema_for(tp: Any, meta: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -43,7 +44,8 @@ def _schema_for(tp: Any, meta: Mapping[str, Any] | None = None) -> dict[str, Any
     elif origin is tuple:
         elem = get_args(tp)[0]
         if get_origin(elem) is tuple:
-            out = {"type": "object", "additionalProperties": {"type": ["string", "boolean", "integer"]},
+            out = {"type": "object",  # one type a value, not a union (`type: [...]`): ajv's strict mode refuses those
+                   "additionalProperties": {"anyOf": [{"type": "string"}, {"type": "boolean"}, {"type": "integer"}]},
                    "propertyNames": {"pattern": r"^[A-Za-z_][A-Za-z0-9_]*$"}}
         else:
             item = _schema_for(elem)

@@ -17,7 +17,7 @@ ABSENT = "llamabundle-absent"  # the library the stand-in module imports, on no 
 
 
 def schema() -> dict[str, Any]:
-    got: dict[str, Any] = data.load("llamabundle-probe.schema.json")
+    got: dict[str, Any] = data.schema("llamabundle-probe")
     return got
 
 

@@ -49,7 +49,7 @@ def test_the_real_build_and_fetch_json_match_their_schemas(first_build: dict[str
     import jsonschema
 
     def schema(name: str) -> Any:
-        return json.loads(resources.files("llamabundle.data").joinpath(f"schemas/{name}.schema.json").read_text())
+        return json.loads(resources.files("llamabundle.data").joinpath(f"schemas/cli-{name}.schema.json").read_text())
 
     built = first_build["result"]
     jsonschema.Draft202012Validator(schema("build")).validate(built)

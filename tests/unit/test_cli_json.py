@@ -1,5 +1,5 @@
 """One output contract (README, DESIGN §8): every command's --json output validates against the schema committed
-in llamabundle/data/schemas/, a failure under --json is one error object on stdout, names are spelled alike
+as llamabundle/data/schemas/cli-<command>.schema.json, a failure under --json is one error object on stdout, names are spelled alike
 across commands and the GitHub Actions outputs, timestamps are ISO 8601 UTC, exit codes are the README's, and
 messages name the user's paths (never a temporary one, never Python's None).
 
@@ -52,7 +52,7 @@ def json_of(capsys: pytest.CaptureFixture[str], name: str, *argv: object, code: 
 
 
 def json_commands() -> list[str]:
-    """Every command with a --json option, as `toolkit plan` (its schema: toolkit-plan.schema.json)."""
+    """Every command with a --json option, as `toolkit plan` (its schema: cli-toolkit-plan.schema.json)."""
     out: list[str] = []
 
     def walk(group: click.Group, prefix: list[str]) -> None:
@@ -69,6 +69,10 @@ def json_commands() -> list[str]:
 # --------------------------------------------------------------------------------- the schemas themselves
 
 
+NOT_OUTPUTS = ("bundle", "recipe", "index-site", "llamabundle-probe")  # bundle.json, a recipe, index.json, the program's
+SHIPPED = sorted(p.name.removesuffix(".schema.json") for p in SCHEMAS.iterdir() if p.name.endswith(".schema.json"))
+
+
 def test_every_reporting_command_has_json_and_a_schema() -> None:
     commands = json_commands()
     assert {"key", "show", "check", "build", "fetch", "verify", "publish", "deps", "archs", "install", "list",
@@ -77,16 +81,31 @@ def test_every_reporting_command_has_json_and_a_schema() -> None:
     for cmd in commands:
         schema(cmd.replace(" ", "-"))  # exists and is JSON
     files = {p.name for p in SCHEMAS.iterdir() if p.name.endswith(".schema.json")}
-    assert files == {f"{c.replace(' ', '-')}.schema.json" for c in commands} | {"error.schema.json"}
+    assert files == ({f"cli-{c.replace(' ', '-')}.schema.json" for c in commands} | {"cli-error.schema.json"}
+                     | {f"{name}.schema.json" for name in NOT_OUTPUTS})
 
 
-@pytest.mark.parametrize("name", sorted(p.name.removesuffix(".schema.json") for p in SCHEMAS.iterdir()
-                                        if p.name.endswith(".schema.json")))
-def test_each_schema_is_a_draft_2020_12_schema_of_schema_1(name: str) -> None:
-    s = schema(name)
+@pytest.mark.parametrize("name", SHIPPED)
+def test_each_shipped_schema_is_draft_2020_12_with_its_own_id(name: str) -> None:
+    """One directory of schemas (data/schemas/, in the repository and the wheel), each file NAME.schema.json with
+    the $id urn:llamabundle:schema:NAME; the outputs' schemas are the cli-* ones."""
+    s = json.loads((SCHEMAS / f"{name}.schema.json").read_text(encoding="utf-8"))
     jsonschema.Draft202012Validator.check_schema(s)
     assert s["$schema"] == "https://json-schema.org/draft/2020-12/schema"
-    assert s["properties"]["schema"] == {"const": 1} and "ok" in s["required"]
+    assert s["$id"] == f"urn:llamabundle:schema:{name}"
+    assert name in NOT_OUTPUTS or name.startswith("cli-")
+    if name.startswith("cli-"):
+        assert s["properties"]["schema"] == {"const": 1} and "ok" in s["required"]
+    # ajv's strict mode (tests/e2e/test_schemas_node.py) refuses a union of types but [T, "null"]: anyOf instead
+    unions = [t for t in _types(s) if isinstance(t, list) and not (len(t) == 2 and t[1] == "null")]
+    assert not unions, f"{name}: a union type {unions[0]} (write anyOf)"
+
+
+def _types(node: Any) -> list[Any]:
+    """Every `type` keyword's value in a schema."""
+    if isinstance(node, dict):
+        return ([node["type"]] if "type" in node else []) + [t for v in node.values() for t in _types(v)]
+    return [t for v in node for t in _types(v)] if isinstance(node, list) else []
 
 
 def test_schemas_are_package_data() -> None:
@@ -422,7 +441,7 @@ def test_verify_of_a_zip_names_the_zip_not_the_temp_dir(tmp_path: Path, capsys: 
 def test_the_probe_result_inside_other_schemas_is_the_probe_schema(name: str) -> None:
     """doctor and install embed a probe result ($defs/probe): the same definition as probe's own schema (its
     reason codes, backends and facts), so a new reason code cannot pass one schema and fail another."""
-    own = {k: v for k, v in schema("probe").items() if k not in ("$schema", "title")}
+    own = {k: v for k, v in schema("probe").items() if k not in ("$schema", "$id", "title")}
     embedded = schema(name)["$defs"]["probe"]
     if "ok" not in embedded["properties"]:  # doctor's last probe is a record, not a command's answer
         own = {**own, "properties": {k: v for k, v in own["properties"].items() if k != "ok"},

@@ -56,7 +56,7 @@ def test_every_reason_code_has_its_section_in_probe_md() -> None:
 
 
 def test_every_top_level_bundle_json_property_is_in_bundle_format_md() -> None:
-    committed = json.loads((ROOT / "llamabundle" / "data" / "bundle.schema.json").read_text(encoding="utf-8"))
+    committed = json.loads((ROOT / "llamabundle" / "data" / "schemas" / "bundle.schema.json").read_text(encoding="utf-8"))
     assert committed == backends.bundle_schema()  # (test_manifest checks the committed bytes)
     page = text("bundle-format.md")
     rows = set(re.findall(r"^\| `([a-z0-9_]+)` \|", page, flags=re.M))

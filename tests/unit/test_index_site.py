@@ -37,9 +37,8 @@ GENERATED = "2025-06-01T12:00:00Z"
 
 
 def schema_file(name: str) -> Any:
-    """index-site (of index.json, a file the command writes) lies in data/ beside bundle.schema.json;
-    the schemas of command outputs in data/schemas/."""
-    return (DATA if name == "index-site" else SCHEMAS) / f"{name}.schema.json"
+    """index-site (of index.json, a file the command writes) and cli-COMMAND (a command's output), in data/schemas/."""
+    return SCHEMAS / f"{name if name == 'index-site' else 'cli-' + name}.schema.json"
 
 
 def valid(name: str, obj: Any) -> Any:
@@ -471,8 +470,8 @@ def test_a_github_error_is_exit_6_and_writes_nothing(gh: FakeGitHub, tmp_path: P
 
 REGENERATE = ("regenerate: .venv/bin/python -c 'import json; from llamabundle import index_site as s; "
               "[open(p, \"w\").write(json.dumps(f(), indent=2, sort_keys=True) + \"\\n\") for p, f in "
-              "((\"llamabundle/data/index-site.schema.json\", s.site_schema), "
-              "(\"llamabundle/data/schemas/index.schema.json\", s.report_schema))]'")
+              "((\"llamabundle/data/schemas/index-site.schema.json\", s.site_schema), "
+              "(\"llamabundle/data/schemas/cli-index.schema.json\", s.report_schema))]'")
 
 
 @pytest.mark.parametrize("name, generate", [("index-site", index_site.site_schema), ("index", index_site.report_schema)])

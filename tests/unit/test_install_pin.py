@@ -357,7 +357,7 @@ def install_json(capsys: pytest.CaptureFixture[str], *argv: object, code: int = 
     assert got == code, (out, err)
     obj: dict[str, Any] = json.loads(out)
     name = "install" if code == 0 else "error"
-    schema = json.loads((resources.files("llamabundle.data") / "schemas" / f"{name}.schema.json").read_text(encoding="utf-8"))
+    schema = json.loads((resources.files("llamabundle.data") / "schemas" / f"cli-{name}.schema.json").read_text(encoding="utf-8"))
     jsonschema.Draft202012Validator(schema).validate(obj)
     return obj
 

@@ -125,7 +125,7 @@ def test_a_bundle_without_the_probe_is_read_from_llama_servers_lines(tmp_path: P
     (("dir",), None), (("program",), "llama-server"),
 ])
 def test_the_hand_written_check_agrees_with_the_schema(path: tuple[Any, ...], value: Any) -> None:
-    schema = data.load("llamabundle-probe.schema.json")
+    schema = data.schema("llamabundle-probe")
     good = recorded()
     assert load.probe_problem(good) == "" and jsonschema.Draft202012Validator(schema).is_valid(good)
     bad = copy.deepcopy(good)

@@ -166,10 +166,10 @@ def test_verify_refuses_a_rekeyed_real_zip_and_names_the_zip(tmp_path: Path) -> 
 
 # -------------------------------------------------------------------------------- JSON schema
 
-BUNDLE_SCHEMA = Path(manifest.__file__).resolve().parents[1] / "data" / "bundle.schema.json"
-REGENERATE_BUNDLE = ("llamabundle/data/bundle.schema.json is out of date; regenerate it with:\n"
+BUNDLE_SCHEMA = Path(manifest.__file__).resolve().parents[1] / "data" / "schemas" / "bundle.schema.json"
+REGENERATE_BUNDLE = ("llamabundle/data/schemas/bundle.schema.json is out of date; regenerate it with:\n"
                      "  python3 -c 'import json; from llamabundle.backends import bundle_schema; "
-                     "open(\"llamabundle/data/bundle.schema.json\", \"w\").write(json.dumps(bundle_schema(), indent=2, "
+                     "open(\"llamabundle/data/schemas/bundle.schema.json\", \"w\").write(json.dumps(bundle_schema(), indent=2, "
                      "sort_keys=True) + \"\\n\")'")
 
 

@@ -65,7 +65,7 @@ def test_the_mingw_recipe_loads_and_pins_what_the_linux_one_does() -> None:
     assert r.targets == ("llama-server", "llama-cli", "llama-bench")
     assert r.cpu_variants.exclude == ("sapphirerapids",)
     assert r.cmake_options["GGML_BACKEND_DL"] == "ON" and r.cmake_options["GGML_CPU_ALL_VARIANTS"] == "ON"
-    schema = json.loads((ROOT / "llamabundle" / "data" / "recipe.schema.json").read_text(encoding="utf-8"))
+    schema = json.loads((ROOT / "llamabundle" / "data" / "schemas" / "recipe.schema.json").read_text(encoding="utf-8"))
     jsonschema.Draft202012Validator(schema).validate(yaml.safe_load(MINGW_RECIPE.read_text(encoding="utf-8")))
 
 

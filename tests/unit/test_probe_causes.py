@@ -148,7 +148,7 @@ def asked(log: Path) -> list[str]:
 def valid_json(r: ProbeResult) -> dict[str, Any]:
     """What `probe --json` prints for r, checked against the committed schema."""
     obj = {**r.to_json(), "ok": True}
-    schema = json.loads((resources.files("llamabundle.data") / "schemas" / "probe.schema.json").read_text(encoding="utf-8"))
+    schema = json.loads((resources.files("llamabundle.data") / "schemas" / "cli-probe.schema.json").read_text(encoding="utf-8"))
     jsonschema.Draft202012Validator(schema).validate(json.loads(json.dumps(obj)))
     return obj
 
@@ -487,7 +487,7 @@ def test_the_new_codes_have_sentences_and_fixes_and_the_schema_lists_every_code(
     table = reasons()
     for r in NEW:
         assert table[r.value]["backend"] == "cpu" and table[r.value]["sentence"] and table[r.value]["fix"]
-    schema = json.loads((resources.files("llamabundle.data") / "schemas" / "probe.schema.json").read_text(encoding="utf-8"))
+    schema = json.loads((resources.files("llamabundle.data") / "schemas" / "cli-probe.schema.json").read_text(encoding="utf-8"))
     assert schema["properties"]["reason"]["enum"] == [r.value for r in Reason]
     assert schema["properties"]["backend"]["enum"] == [b.value for b in Chosen]
     assert schema["properties"]["facts"]["properties"]["cause"]["oneOf"][1]["properties"]["code"]["enum"] == [r.value for r in NEW]
@@ -506,7 +506,7 @@ def test_cli_probe_json_names_the_cause(tmp_path: Path, elfs: dict[str, Path], c
     assert code == 0, err
     obj = json.loads(out)
     assert (obj["ok"], obj["reason"], obj["facts"]["cause"]["library"]) == (True, "cuda_library_missing", "libcublas.so.13")
-    schema = json.loads((resources.files("llamabundle.data") / "schemas" / "probe.schema.json").read_text(encoding="utf-8"))
+    schema = json.loads((resources.files("llamabundle.data") / "schemas" / "cli-probe.schema.json").read_text(encoding="utf-8"))
     jsonschema.Draft202012Validator(schema).validate(obj)
     code, out, _ = run(capsys, "probe", "--bundle", stage, "--nvidia-smi", smi(tmp_path)[0], "--max-age", "0")
     assert code == 0 and "reason   cuda_library_missing\n" in out and "libcublas.so.13" in out

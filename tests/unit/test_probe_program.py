@@ -20,7 +20,7 @@ H200 = Path(__file__).resolve().parents[1] / "data" / "h200"
 
 
 def schema() -> dict[str, Any]:
-    got: dict[str, Any] = data.load("llamabundle-probe.schema.json")
+    got: dict[str, Any] = data.schema("llamabundle-probe")
     return got
 
 

@@ -18,7 +18,7 @@ from llamabundle.recipe.schema import json_schema
 from tests.recipes import LINUX, LINUX_PATH, WINDOWS, WINDOWS_PATH, edit, line_of
 
 BASES = {"L": (LINUX, "linux.yaml"), "W": (WINDOWS, "windows.yaml")}
-SCHEMA_FILE = Path(recipe_mod.__file__).parents[1] / "data" / "recipe.schema.json"
+SCHEMA_FILE = Path(recipe_mod.__file__).parents[1] / "data" / "schemas" / "recipe.schema.json"
 
 COMMIT = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"
 WHERE = re.compile(r"^(?P<file>[^:]+):(?P<line>\d+):(?P<col>\d+): (?P<path>\S+): (?P<msg>.*)$", re.S)
@@ -410,9 +410,9 @@ def test_defaults() -> None:
 
 # -------------------------------------------------------------------------------- JSON schema
 
-REGENERATE = ("llamabundle/data/recipe.schema.json is out of date; regenerate it with:\n"
+REGENERATE = ("llamabundle/data/schemas/recipe.schema.json is out of date; regenerate it with:\n"
               "  python3 -c 'import json, llamabundle.recipe.schema as r; "
-              "open(\"llamabundle/data/recipe.schema.json\", \"w\").write(json.dumps(r.json_schema(), indent=2, sort_keys=True) + \"\\n\")'")
+              "open(\"llamabundle/data/schemas/recipe.schema.json\", \"w\").write(json.dumps(r.json_schema(), indent=2, sort_keys=True) + \"\\n\")'")
 
 
 def test_schema_file_is_current() -> None:

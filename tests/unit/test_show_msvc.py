@@ -106,7 +106,7 @@ def lines_of(out: str, prefix: str) -> list[str]:
 
 
 def show_schema() -> dict[str, Any]:
-    text = (resources.files("llamabundle.data") / "schemas" / "show.schema.json").read_text(encoding="utf-8")
+    text = (resources.files("llamabundle.data") / "schemas" / "cli-show.schema.json").read_text(encoding="utf-8")
     schema: dict[str, Any] = json.loads(text)
     return schema
 
