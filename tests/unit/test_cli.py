@@ -337,5 +337,6 @@ def test_github_actions_outputs_and_summary(tmp_path: Path, monkeypatch: pytest.
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
     code, _, _ = run(capsys, "check", LINUX, "--store", tmp_path / "store")
     assert code == 1
-    assert out.read_text().splitlines() == [f"key={LINUX_KEY}", "hit=false", "location="]  # the names of check --json
+    # the names of check --json, and zip (empty on a miss)
+    assert out.read_text().splitlines() == [f"key={LINUX_KEY}", "hit=false", "location=", "zip="]
     assert summary.read_text().splitlines()[-1] == f"| `{LINUX_KEY[:12]}` | miss |  |  |"
