@@ -1,19 +1,10 @@
-"""The install root's per-name lock, as a protocol any language can follow without a native module
-(docs/install-rules.md#the-slot-lock gives it step by step; tests/consumer/install.mjs follows it in Node).
-
-The lock of slot NAME is the directory `<root>/bundles/.locks/NAME.held/`, holding `owner.json`:
-`{"pid", "start", "host", "token", "since", "by"}`. A taker makes a directory of its own
-(`.new-<token>/`, owner.json written inside), then renames it to `NAME.held`: a rename onto an existing
-directory fails on every platform, so exactly one taker wins and the owner is always readable. The token is
-`<pid>-<start>-<6 hex>`, the scratch sweep's owner form (`start`: the process's start time, clock ticks since
-boot on Linux, 100 ns units since 1601 on Windows, 0 where the taker cannot read it).
-
-A waiter reads the holder's owner.json. The holder is stale when it names this host and its pid no longer
-runs, or runs with another non-zero start time (the pid was reused): the waiter then renames `NAME.held` to
-`.stale-<holder's token>`, a name every waiter of that holder computes alike, so one of them wins and a
-late one cannot move the next holder's lock (the stale directory stays for STALE_KEEP seconds). A holder on
-another host is never judged. Release renames `NAME.held` to `.released-<token>` and removes it. Readers of
-an install never take the lock: `current` is replaced in one rename."""
+"""The install root's per-name lock, a protocol any language follows without a native module: the directory
+`<root>/bundles/.locks/NAME.held/` with the holder's `owner.json` (pid, start time, host, token), made by renaming
+a directory of the taker's own into place, so exactly one taker wins and the owner is always readable. A waiter
+breaks the lock of a holder on this host whose pid runs no more (or runs with another start time) by renaming it
+to `.stale-<holder's token>`, a name every waiter of that holder computes alike, kept STALE_KEEP seconds so a
+late waiter cannot move the next holder's lock. Readers of an install never take it. docs/install-rules.md#the-slot-lock
+gives the protocol step by step; tests/consumer/install.mjs follows it in Node."""
 
 from __future__ import annotations
 

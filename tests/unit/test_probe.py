@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from llamabundle.backends import vulkan as vulkan_backend
 from llamabundle.gpus import driver_older, parse_nvidia_smi, parse_proc_version
 from llamabundle.platforms import load as platform_load
 from llamabundle.reasons import Chosen, Reason, explain, reasons
@@ -192,9 +193,10 @@ def test_without_bundle_a_cpu_only_install_is_the_one_probed_with_its_server_arg
 
 
 def test_without_bundle_the_next_gpu_install_is_probed_when_the_first_ones_backend_does_not_work(
-        tmp_path: Path, env: dict[str, str]) -> None:
+        tmp_path: Path, env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
     """The CUDA bundle comes first where an NVIDIA GPU is seen; its backend lists no device here, so the Vulkan
     bundle installed before it is probed next and chosen, saying which bundle was passed over and why."""
+    monkeypatch.setattr(vulkan_backend, "loader_path", lambda: "/usr/lib/x86_64-linux-gnu/libvulkan.so.1")  # any machine
     vulkan = installed(tmp_path, name="linux-x86_64-vulkan", backends=("cpu", "vulkan"), server="vulkan_amd")
     cuda = installed(tmp_path, name="linux-x86_64-cuda13.0", backends=("cpu", "cuda"), server="no_device")
     installed(tmp_path, name="linux-x86_64-cpu", backends=("cpu",))
