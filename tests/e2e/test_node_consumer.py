@@ -148,3 +148,63 @@ def test_node_says_when_the_store_lacks_the_key(tmp_path: Path) -> None:
     store, _m, _zip = stored(tmp_path)
     r = node(store, tb.key_for("absent"), tmp_path / "apps")
     assert r.returncode == 2 and "no bundle with key" in r.stderr
+
+
+# ------------------------------------------------------------------ the backend, from the bundle's own probe
+
+CHOOSER = REPO / "tests" / "consumer" / "backend.mjs"
+H200 = REPO / "tests" / "data" / "h200"
+
+
+def choose(*args: str, env: dict[str, str] | None = None) -> dict[str, Any]:
+    assert NODE is not None
+    r = subprocess.run([NODE, str(CHOOSER), *args], capture_output=True, text=True, timeout=180, env=env)
+    assert r.returncode == 0, r.stderr
+    got: dict[str, Any] = json.loads(r.stdout)
+    return got
+
+
+@pytest.mark.parametrize(("record", "backend", "device", "env", "passed_over"), [
+    ("probe-cuda-vulkan.json", "cuda", "CUDA0", {"GGML_VK_VISIBLE_DEVICES": ""}, []),
+    ("probe-cuda.json", "cuda", "CUDA0", {}, []),
+    ("probe-vulkan-refused.json", "cuda", "CUDA0", {"GGML_VK_VISIBLE_DEVICES": ""}, []),
+    ("probe-no-libcudart.json", "cpu", "CPU", {},
+     [{"backend": "cuda", "file": "libggml-cuda.so",
+       "why": "the loader refused it: libcudart.so.13: cannot open shared object file: No such file or directory"}]),
+])
+def test_node_chooses_the_backend_from_the_h200_probe_answers(record: str, backend: str, device: str,
+                                                             env: dict[str, str], passed_over: list[Any]) -> None:
+    """What the bundles' own llamabundle-probe printed on the H200 (tests/data/h200), read by the Node chooser alone."""
+    got = choose("--probe-json", str(H200 / record))
+    assert (got["backend"], got["device"], got["server_env"], got["passed_over"]) == (backend, device, env, passed_over)
+    assert got["server_args"] == ["--device", device if backend != "cpu" else "none"]
+    if backend == "cuda":
+        assert got["compute_capability"] == "9.0" and got["description"] == "NVIDIA H200" and got["memory_free"] > 10**11
+
+
+def test_node_falls_back_to_vulkan_when_the_cuda_module_does_not_load(tmp_path: Path) -> None:
+    """The CUDA+Vulkan answer with the CUDA module refused (as on a machine whose driver is too old for its
+    runtime): Vulkan0 is chosen, CUDA hidden from llama-server, and the CUDA module's reason given."""
+    got = json.loads((H200 / "probe-cuda-vulkan.json").read_text())
+    (cuda,) = [m for m in got["modules"] if m["backend"] == "cuda"]
+    cuda.update(opened=False, loaded=False, chosen=False, outcome="not_opened", registered=None,
+                error="libcuda.so.1: cannot open shared object file: No such file or directory")
+    got["devices"] = [d for d in got["devices"] if d["backend"] != "CUDA"]
+    (tmp_path / "probe.json").write_text(json.dumps(got))
+    out = choose("--probe-json", str(tmp_path / "probe.json"))
+    assert (out["backend"], out["device"], out["server_env"]) == ("vulkan", "Vulkan0", {"CUDA_VISIBLE_DEVICES": ""})
+    assert out["passed_over"] == [{"backend": "cuda", "file": "libggml-cuda.so",
+                                   "why": f"the loader refused it: {cuda['error']}"}]
+
+
+def test_node_installs_the_real_bundle_then_chooses_its_backend_from_its_probe(first_build: dict[str, Any], store: Path,
+                                                                               recipe_key: str, tmp_path: Path) -> None:
+    """The real CPU bundle of the shared e2e build, installed by Node from the store and asked by Node which
+    backend runs: its llamabundle-probe, run from the install, answers (the CPU, no GPU module passed over)."""
+    root = tmp_path / "apps"
+    r = node(store, recipe_key, root)
+    assert r.returncode == 0, r.stderr
+    name = json.loads(r.stdout)["name"]
+    got = choose("--dest", str(root), "--name", name)
+    assert (got["backend"], got["device"], got["server_args"], got["passed_over"]) == ("cpu", "CPU", ["--device", "none"], [])
+    assert got["memory_free"] > 0 and got["description"]

@@ -271,3 +271,25 @@ def test_the_bundles_probe_lists_the_vulkan_device_and_says_when_the_loader_is_a
     assert vulkan["error"] == "libvulkan.so.1: cannot open shared object file: No such file or directory"
     assert [d["name"] for d in absent["devices"]] == ["CPU"]
     print(f"probe without the Vulkan loader: {vulkan['error']}")
+
+
+def test_a_node_app_installs_the_vulkan_bundle_and_chooses_vulkan_from_its_probe(vulkan_build: dict[str, Any],
+                                                                                 tmp_path: Path) -> None:
+    """tests/consumer: Node installs the Vulkan bundle from its store, then asks the install's own llamabundle-probe
+    which backend runs (Vulkan0 on lavapipe, made a device by the user's GGML_VK_VISIBLE_DEVICES=0) — no Python,
+    no log parsing."""
+    node = shutil.which("node") or shutil.which("nodejs")
+    if node is None:
+        pytest.skip("node is not installed (Debian: apt-get install nodejs)")
+    consumer = REPO / "tests" / "consumer"
+    key = vulkan_build["result"]["key"]
+    inst = subprocess.run([node, str(consumer / "install.mjs"), "--store", str(vulkan_build["dir"] / "store"), "--key", key,
+                           "--dest", str(tmp_path / "apps")], capture_output=True, text=True, timeout=300)
+    assert inst.returncode == 0, inst.stderr
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "GGML_VK_VISIBLE_DEVICES": "0", "VK_DRIVER_FILES": LAVAPIPE}
+    got = subprocess.run([node, str(consumer / "backend.mjs"), "--dest", str(tmp_path / "apps"), "--name",
+                          json.loads(inst.stdout)["name"]], capture_output=True, text=True, timeout=300, env=env)
+    assert got.returncode == 0, got.stderr
+    chosen = json.loads(got.stdout)
+    assert (chosen["backend"], chosen["device"], chosen["server_args"]) == ("vulkan", "Vulkan0", ["--device", "Vulkan0"])
+    assert "llvmpipe" in chosen["description"] and chosen["memory_free"] > 0 and chosen["passed_over"] == []
