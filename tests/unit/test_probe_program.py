@@ -35,8 +35,11 @@ def test_the_schema_is_draft_2020_12_with_an_id() -> None:
     assert s["$id"] == "urn:llamabundle:schema:llamabundle-probe"
 
 
-def test_what_the_probe_printed_on_the_h200_is_valid_and_says_what_was_seen() -> None:
-    got = recorded("probe-cuda.json")
+@pytest.mark.parametrize("made", ["", "built-"])
+def test_what_the_probe_printed_on_the_h200_is_valid_and_says_what_was_seen(made: str) -> None:
+    """`probe-*`: the program built in a plain ggml tree; `probe-built-*`: the one in the bundle that `llamabundle
+    build` made of the CUDA recipe there (bench/results/gpu-h200-probe/built-2026-12-04)."""
+    got = recorded(f"probe-{made}cuda.json")
     jsonschema.validate(got, schema())
     cuda0 = got["devices"][0]
     assert (cuda0["name"], cuda0["description"], cuda0["backend"], cuda0["type"]) == ("CUDA0", "NVIDIA H200", "CUDA", "gpu")
@@ -45,7 +48,7 @@ def test_what_the_probe_printed_on_the_h200_is_valid_and_says_what_was_seen() ->
     cuda = next(m for m in got["modules"] if m["backend"] == "cuda")
     assert cuda["loaded"] and any("compute capability 9.0" in line for line in cuda["log"])
 
-    gone = recorded("probe-no-libcudart.json")
+    gone = recorded(f"probe-{made}no-libcudart.json")
     jsonschema.validate(gone, schema())
     cuda = next(m for m in gone["modules"] if m["backend"] == "cuda")
     assert (cuda["opened"], cuda["outcome"]) == (False, "not_opened")
