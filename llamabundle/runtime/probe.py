@@ -117,8 +117,7 @@ def probe(*, root: Path, env: Mapping[str, str], cache_dir: Path | None = None, 
                "bundle_stamp": _stamp(target[0]) if target else None, "prefer": prefer}
     if cache_dir is not None and max_age > 0:
         last = read_cached(cache_dir)
-        if last is not None and 0 <= time.time() - last.probed_at < max_age and \
-                {k: last.facts.get(k) for k in context} == context:
+        if last is not None and 0 <= time.time() - last.probed_at < max_age and _answers(last.facts, context):
             return replace(last, cached=True)
     token = results.take_token(cache_dir) if cache_dir is not None else 0
     scan = gpus.scan_gpus(env=env, nvidia_smi=nvidia_smi, proc_version=proc_version, timeout=smi_timeout)
@@ -135,11 +134,25 @@ def probe(*, root: Path, env: Mapping[str, str], cache_dir: Path | None = None, 
             if got.backend is not Chosen.CPU:
                 result = replace(got, facts={**got.facts, "bundle_stamp": _stamp(other.path),
                                              "passed_over": {"bundle_dir": context["bundle_dir"],
+                                                             "bundle_key": context["bundle_key"],
+                                                             "bundle_stamp": context["bundle_stamp"],
                                                              "reason": result.reason.value}})
                 break
     if cache_dir is not None:
         store_result(cache_dir, result)
     return result
+
+
+def _answers(facts: Mapping[str, Any], context: Mapping[str, Any]) -> bool:
+    """Whether a cached result's facts answer the probe of `context` (the first candidate, its stamp, the
+    preference): where that bundle was passed over for a later one, the passed-over one is what was asked, and
+    the one chosen must be unchanged too."""
+    passed = facts.get("passed_over")
+    if not isinstance(passed, Mapping):
+        return {k: facts.get(k) for k in context} == context
+    asked = {**{k: passed.get(k) for k in ("bundle_dir", "bundle_key", "bundle_stamp")}, "prefer": facts.get("prefer")}
+    chosen = facts.get("bundle_dir")
+    return asked == dict(context) and isinstance(chosen, str) and _stamp(Path(chosen)) == facts.get("bundle_stamp")
 
 
 def _stamp(bundle_dir: Path) -> str | None:

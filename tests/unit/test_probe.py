@@ -206,6 +206,26 @@ def test_without_bundle_the_next_gpu_install_is_probed_when_the_first_ones_backe
     assert cuda.key[:12] in r.facts["passed_over"]["bundle_dir"]
 
 
+def test_a_cached_answer_that_passed_a_bundle_over_is_reused_until_either_bundle_changes(
+        tmp_path: Path, env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The answer above is what a probe of the same installs asks again: within its age it is the cached one;
+    a file added to the passed-over bundle or to the chosen one probes anew."""
+    monkeypatch.setattr(vulkan_backend, "loader_path", lambda: "/usr/lib/x86_64-linux-gnu/libvulkan.so.1")
+    installed(tmp_path, name="linux-x86_64-vulkan", backends=("cpu", "vulkan"), server="vulkan_amd")
+    installed(tmp_path, name="linux-x86_64-cuda13.0", backends=("cpu", "cuda"), server="no_device")
+    smi = fake_smi(tmp_path / "bin", H200)
+    first = run_probe(tmp_path, env, smi, max_age=3600)
+    assert first.backend is Chosen.VULKAN and "passed_over" in first.facts and not first.cached
+    again = run_probe(tmp_path, env, smi, max_age=3600)
+    assert again.cached and again.token == first.token
+    for changed in (Path(first.facts["passed_over"]["bundle_dir"]), Path(first.facts["bundle_dir"])):
+        (changed / "touched").write_text("x")
+        fresh = run_probe(tmp_path, env, smi, max_age=3600)
+        assert not fresh.cached and fresh.token != first.token, changed
+        assert run_probe(tmp_path, env, smi, max_age=3600).cached  # and that new answer is reused in turn
+        (changed / "touched").unlink()
+
+
 def test_probe_of_an_explicit_bundle_directory(tmp_path: Path, env: dict[str, str]) -> None:
     stage, m = make_stage(tmp_path, server="ok")
     r = run_probe(tmp_path, env, fake_smi(tmp_path / "bin", H200), bundle=stage)
