@@ -27,6 +27,7 @@ vulkan_env() {  # the loader in /, glslc and the SPIR-V headers under $VK, the N
   printf '#!/bin/sh\nLD_LIBRARY_PATH=%s/usr/lib/x86_64-linux-gnu exec %s/usr/bin/glslc "$@"\n' $VK $VK > $VK/bin/glslc
   chmod +x $VK/bin/glslc
   export PATH=$VK/bin:$PATH CMAKE_PREFIX_PATH=$VK/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}
+  export CPLUS_INCLUDE_PATH=$VK/usr/include  # ggml-vulkan includes spirv.hpp without the package's include dir
   export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
   export __EGL_VENDOR_LIBRARY_FILENAMES=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
   # the recipe's headers where llamabundle looks for its download (nothing can be fetched here)

@@ -8,6 +8,7 @@
 # with its cache id in .devtree/ui.id (nothing can be fetched there, npm included), Python packages as .whl/.
 #
 #   bash bench/gpu/probe_h200.sh start   # carry .devtree .whl; starts in the background, then polls
+#   VULKAN=1 bash bench/gpu/probe_h200.sh start   # the CPU+CUDA+Vulkan recipe (carry .gl .vk too: multi_backend.sh pack)
 #   bash bench/gpu/probe_h200.sh poll    # wait (at most POLL_S seconds) for the end; results in $OUT/results.tgz
 set -uo pipefail
 W=/tmp/lbgpu
@@ -18,6 +19,16 @@ source bench/gpu/poll.sh
 
 run() {
   export LLAMABUNDLE_CACHE_DIR=$W/cache PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
+  local probe_env=(PATH=/usr/bin:/bin HOME=/root)
+  if [ "${VULKAN:-0}" = 1 ]; then  # the CPU+CUDA+Vulkan recipe with this image's g++ (multi_backend.sh's packages)
+    # shellcheck source=multi_backend.sh
+    source bench/gpu/multi_backend.sh
+    vulkan_env >> $R/session.log 2>&1
+    RECIPE=$W/linux-x86_64-cuda13.0-vulkan-ubuntu24.04.yaml
+    sed 's/^name: linux-x86_64-cuda13.0-vulkan$/name: linux-x86_64-cuda13.0-vulkan-ubuntu24.04/; s/version: "=12.2.0"/version: "=13.3.0"/' \
+      recipes/linux-x86_64-cuda13.0-vulkan.yaml > $RECIPE
+    probe_env+=(VK_DRIVER_FILES="$VK_DRIVER_FILES" __EGL_VENDOR_LIBRARY_FILENAMES="$__EGL_VENDOR_LIBRARY_FILENAMES")
+  fi
   ui=$W/cache/ui/$(cat .devtree/ui.id) && mkdir -p "$ui" && tar -C "$ui" -xJf .devtree/ui.tar.xz
   say "build $RECIPE"
   RECIPE=$RECIPE NOCOMP=0 POLLS=1 bash bench/gpu/cuda_build.sh start >> $R/session.log 2>&1
@@ -28,11 +39,11 @@ run() {
   key=$(python3 -c "import json; print(json.load(open('$W/build.json'))['key'])")
   python3 -m llamabundle fetch "$key" --store $W/store --out $W/b >> $R/session.log 2>&1
   cp $W/b/bundle.json $R/bundle.json
-  env -i PATH=/usr/bin:/bin HOME=/root $W/b/llamabundle-probe > $R/probe-cuda.json 2> $R/probe-cuda.err
+  env -i "${probe_env[@]}" $W/b/llamabundle-probe > $R/probe-cuda.json 2> $R/probe-cuda.err
   say "probe: rc=$? $(wc -c < $R/probe-cuda.json) bytes"
   cp -a $W/b $W/nocudart && rm -f $W/nocudart/libcudart.so*
   libdir=$(readlink -f /usr/local/cuda/lib64)
-  unshare -m sh -c "mount -t tmpfs none $libdir && exec env -i PATH=/usr/bin:/bin HOME=/root $W/nocudart/llamabundle-probe" \
+  unshare -m sh -c "mount -t tmpfs none $libdir && exec env -i ${probe_env[*]} $W/nocudart/llamabundle-probe" \
     > $R/probe-no-libcudart.json 2> $R/probe-no-libcudart.err
   say "probe without libcudart ($libdir hidden): rc=$?"
   python3 -m llamabundle probe --bundle $W/b --json --max-age 0 > $R/probe-cli.json 2> $R/probe-cli.err
@@ -46,7 +57,7 @@ run() {
 case "${1:-}" in
   start) rm -rf $W && mkdir -p $R && : > $R/session.log
          python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-         setsid nohup bash bench/gpu/probe_h200.sh run > $W/run.log 2>&1 < /dev/null &
+         setsid nohup env VULKAN="${VULKAN:-0}" bash bench/gpu/probe_h200.sh run > $W/run.log 2>&1 < /dev/null &
          sleep 5; POLL_S=${POLL_S:-540} poll ;;
   run) run ;;
   poll) poll ;;

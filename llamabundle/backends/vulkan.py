@@ -243,6 +243,44 @@ def spirv_headers(env: Mapping[str, str]) -> Path | None:
     return None
 
 
+SPIRV_HPP = ("spirv", "unified1", "spirv.hpp")
+INCLUDE_ENV = ("CPLUS_INCLUDE_PATH", "CPATH")  # what gcc and clang add to a C++ compile's include path
+SYSTEM_INCLUDE = ("/usr/local/include", "/usr/include")
+
+
+def spirv_hpp(env: Mapping[str, str]) -> Path | None:
+    """spirv/unified1/spirv.hpp where the C++ compiler finds it (CPLUS_INCLUDE_PATH, CPATH, /usr/local/include,
+    /usr/include). ggml-vulkan includes it by __has_include and never adds the CMake package's include
+    directory: headers found only under another prefix compile as "'spv' has not been declared" (seen on the
+    GPU machine, 7 minutes into a build)."""
+    dirs = [d for var in INCLUDE_ENV for d in env.get(var, "").split(os.pathsep) if d]
+    for d in [*dirs, *SYSTEM_INCLUDE]:
+        f = Path(d, *SPIRV_HPP)
+        if f.is_file():
+            return f
+    return None
+
+
+def check_spirv(env: Mapping[str, str]) -> None:
+    """The SPIR-V headers as ggml-vulkan needs them: its CMake package found, and the header where the compiler
+    looks (spirv_hpp); else ToolchainError, before any build."""
+    config = spirv_headers(env)
+    if config is None:
+        raise ToolchainError("the SPIR-V headers are not installed here",
+                             why="ggml-vulkan's CMake needs find_package(SPIRV-Headers CONFIG)",
+                             fix="install them (Debian/Ubuntu: apt-get install spirv-headers; or the Vulkan SDK)")
+    if spirv_hpp(env) is None:
+        prefix = next((p for p in config.parents if (p / "include" / Path(*SPIRV_HPP)).is_file()), None)
+        raise ToolchainError("the SPIR-V headers' CMake package is here, but the compiler would not find "
+                             f"{'/'.join(SPIRV_HPP)}",
+                             why=f"found {config}; ggml-vulkan includes the header by __has_include without that "
+                                 "package's include directory, so the build would fail minutes in ('spv' has not "
+                                 "been declared)",
+                             fix=(f"add {prefix / 'include'} to CPLUS_INCLUDE_PATH" if prefix is not None else
+                                  "put the headers' include directory on CPLUS_INCLUDE_PATH") +
+                                 ", or install them under /usr (Debian/Ubuntu: apt-get install spirv-headers)")
+
+
 @dataclass(frozen=True, kw_only=True)
 class VulkanInfo:
     """bundle.json's `vulkan` section: the headers compiled against, the glslc that compiled the shaders and the
@@ -384,10 +422,7 @@ class Vulkan(NoExtras):
             include = fetch_headers(h, cache_dir=settings.cache_dir, log=log)
             log.info(f"    headers {include}; glslc {found.version} at {found.path}; shader extensions: "
                      f"{', '.join(found.features) or 'none'}")
-        if spirv_headers(env) is None:
-            raise ToolchainError("the SPIR-V headers are not installed here",
-                                 why="ggml-vulkan's CMake needs find_package(SPIRV-Headers CONFIG)",
-                                 fix="install them (Debian/Ubuntu: apt-get install spirv-headers; or the Vulkan SDK)")
+        check_spirv(env)
         if loader_path() is None:
             raise ToolchainError("the Vulkan loader (libvulkan.so.1) is not installed here",
                                  why="ggml-vulkan links against it (it is never bundled: each machine has its own)",

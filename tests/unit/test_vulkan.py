@@ -412,3 +412,23 @@ def test_the_spirv_headers_are_found_where_cmake_looks(tmp_path: Path) -> None:
         assert vulkan.spirv_headers({var: f"/nonexistent{os.pathsep}{prefix}"}) == config, var
     elsewhere = vulkan.spirv_headers({"CMAKE_PREFIX_PATH": str(tmp_path / "none")})
     assert elsewhere is None or elsewhere.is_relative_to("/usr")  # only the system's own, if it has them
+
+
+def test_spirv_headers_the_compiler_would_not_see_are_refused_before_the_build(tmp_path: Path,
+                                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """The H200 image with the Debian package unpacked under a prefix: CMake finds the package, but ggml-vulkan
+    includes spirv.hpp by __has_include without the package's include directory, and the build failed 7 minutes in
+    ("'spv' has not been declared"). Refused at once, naming the directory to add; with it on CPLUS_INCLUDE_PATH
+    (or CPATH) it passes."""
+    usr = tmp_path / "vk" / "usr"
+    (usr / "share" / "cmake" / "SPIRV-Headers").mkdir(parents=True)
+    (usr / "share" / "cmake" / "SPIRV-Headers" / "SPIRV-HeadersConfig.cmake").write_text("# SPIR-V headers\n")
+    (usr / "include" / "spirv" / "unified1").mkdir(parents=True)
+    (usr / "include" / "spirv" / "unified1" / "spirv.hpp").write_text("namespace spv {}\n")
+    monkeypatch.setattr(vulkan, "SYSTEM_INCLUDE", (str(tmp_path / "none"),))  # a machine without them under /usr
+    with pytest.raises(ToolchainError) as e:
+        vulkan.check_spirv({"CMAKE_PREFIX_PATH": str(usr)})
+    assert "the compiler would not find spirv/unified1/spirv.hpp" in e.value.what
+    assert e.value.fix is not None and e.value.fix.startswith(f"add {usr / 'include'} to CPLUS_INCLUDE_PATH")
+    for var in ("CPLUS_INCLUDE_PATH", "CPATH"):
+        vulkan.check_spirv({"CMAKE_PREFIX_PATH": str(usr), var: f"/nonexistent{os.pathsep}{usr / 'include'}"})
