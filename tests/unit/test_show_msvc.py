@@ -149,6 +149,9 @@ def test_show_json_has_the_toolchain_and_the_vcvars_environment(tmp_path: Path) 
     vc = listing()
     assert data["plan"]["env"] == {("PATH" if k == "Path" else k): v for k, v in vc.items()}
     assert data["plan"]["env"]["VCToolsVersion"] == "14.44.35207" and data["plan"]["env"]["INCLUDE"] == vc["INCLUDE"]
+    # the bundle's own programs are built by MSVC too, beside llama-server (targets of the same cmake --build)
+    assert {"llama-server.exe", "llamabundle-probe.exe", "llamabundle-memory.exe"} <= set(data["plan"]["programs"])
+    assert {"llamabundle-probe", "llamabundle-memory"} <= set(data["plan"]["build"])
     redist = m.vs / "VC" / "Redist" / "MSVC" / "14.44.35112"
     assert tc["runtime_dirs"] == {str(redist / "x64" / "Microsoft.VC143.CRT"): "msvc-redist",
                                   str(redist / "x64" / "Microsoft.VC143.OpenMP"): "msvc-redist",  # runtime.openmp auto
