@@ -18,7 +18,7 @@ import os
 import re
 import shutil
 import tarfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -43,18 +43,13 @@ class Assets:
 
 def source_id(src: Path) -> str:
     """The sha256 of tools/ui's files (paths and contents; its build outputs and node_modules left out)."""
-    root = src / UI_DIR
-    h = hashlib.sha256()
-    for rel in sorted(walk(root)):
-        if rel.split("/", 1)[0] in SKIP:
-            continue
-        h.update(f"{rel}\0{sha256_file(root / rel)}\n".encode())
-    return h.hexdigest()
+    return tree_digest(src / UI_DIR, skip=SKIP)[0]
 
 
-def tree_digest(root: Path) -> tuple[str, int]:
-    """The sha256 of a tree (each file's '/'-path and sha256, sorted) and its number of files."""
-    files = sorted(walk(root))
+def tree_digest(root: Path, *, skip: Collection[str] = ()) -> tuple[str, int]:
+    """The sha256 of a tree (each file's '/'-path and sha256, sorted) and its number of files; the top-level
+    entries named in `skip` are left out."""
+    files = sorted(rel for rel in walk(root) if rel.split("/", 1)[0] not in skip)
     h = hashlib.sha256()
     for rel in files:
         h.update(f"{rel}\0{sha256_file(root / rel)}\n".encode())
