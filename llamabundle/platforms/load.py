@@ -134,14 +134,22 @@ def run_list_devices(root: Path, *, exe_name: str, keep: Mapping[str, str] | Non
 
 
 def _native(exe: Path, args: list[str], *, root: Path, env: Mapping[str, str], what: str) -> subprocess.CompletedProcess[str]:
+    return checked_run([str(exe), *args], cwd=root.parent, env=env, timeout=LOAD_TIMEOUT, what=what,
+                       failed="the bundle does not load in a clean environment")
+
+
+def checked_run(argv: list[str], *, cwd: Path, env: Mapping[str, str], timeout: float, what: str,
+                failed: str) -> subprocess.CompletedProcess[str]:
+    """argv's output, or VerifyError naming `what` when it cannot start, outlasts `timeout` or exits non-zero
+    (`failed`: what that means, with the last 20 lines it printed)."""
     try:
-        out = proc.capture([str(exe), *args], cwd=root.parent, env=env, timeout=LOAD_TIMEOUT)
+        out = proc.capture(argv, cwd=cwd, env=env, timeout=timeout)
     except proc.Timeout:
-        raise VerifyError(f"{what} did not finish in {LOAD_TIMEOUT}s") from None
+        raise VerifyError(f"{what} did not finish in {timeout:.0f}s") from None
     except OSError as e:
-        raise VerifyError(f"{exe.name} could not be started", why=str(e)) from None
+        raise VerifyError(f"{Path(argv[0]).name} could not be started", why=str(e)) from None
     if out.returncode != 0:
-        raise VerifyError(f"{what} exited with {out.returncode}", why="the bundle does not load in a clean environment",
+        raise VerifyError(f"{what} exited with {out.returncode}", why=failed,
                           details="\n".join((out.stderr + out.stdout).strip().splitlines()[-20:]))
     return out
 

@@ -17,6 +17,7 @@ from ..load import (
     DEVICE,
     PROBE_PROGRAM,
     Loaded,
+    checked_run,
     from_probe,
     read_list_devices,
     read_probe,
@@ -86,14 +87,9 @@ def _probe_under_wine(probe: Path, *, root: Path, native: Mapping[str, str], env
     """The bundle's probe run under Wine in the native environment (a launcher of its own): it exits by itself."""
     launcher = root.parent / PROBE_LAUNCHER
     launcher.write_text(launcher_script(native, unix_to_wine(probe), []), encoding="utf-8", newline="\r\n")
-    try:
-        with FileLock(str(prefix) + ".lock"):
-            out = proc.capture([wine, "cmd", "/c", unix_to_wine(launcher)], env=env, cwd=root, timeout=TIMEOUT)
-    except proc.Timeout:
-        raise VerifyError(f"wine {probe.name} did not finish in {TIMEOUT}s") from None
-    if out.returncode != 0:
-        raise VerifyError(f"wine {probe.name} exited with {out.returncode}", why="the bundle does not load under Wine",
-                          details="\n".join((out.stderr + out.stdout).strip().splitlines()[-20:]))
+    with FileLock(str(prefix) + ".lock"):
+        out = checked_run([wine, "cmd", "/c", unix_to_wine(launcher)], env=env, cwd=root, timeout=TIMEOUT,
+                          what=f"wine {probe.name}", failed="the bundle does not load under Wine")
     return read_probe(out.stdout, root=root, exe=probe.name)
 
 
