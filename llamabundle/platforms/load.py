@@ -47,18 +47,15 @@ def read_list_devices(lines: Sequence[str], *, root: Path, loaded: Loaded, exe: 
     the devices after 'Available devices'. The CPU backend must be among them and every backend must have
     come from inside `root` (else a library outside the bundle shadows the bundled one)."""
     tail = "\n".join(list(lines)[-20:])
-    in_list = False
+    before, devices = _listing(lines)
     for line in lines:
-        m = LOADED.search(line)
-        if m:
+        if m := LOADED.search(line):
             path = m.group(2)
             loaded.backends[m.group(1)] = translate(path) if translate is not None else path
-        if (cc := CUDA_CC.search(line)) and not in_list:
+    for line in before:  # ggml-cuda's device lines, printed as it initialises (the list repeats no capability)
+        if cc := CUDA_CC.search(line):
             loaded.compute_caps[f"CUDA{cc.group(1)}"] = f"{cc.group(2)}.{cc.group(3)}"
-        if line.startswith("Available devices"):
-            in_list = True
-        elif in_list and (d := DEVICE.match(line)):
-            loaded.devices.append(f"{d.group(1)}: {d.group(2)}")
+    loaded.devices.extend(f"{d.group(1)}: {d.group(2)}" for d in devices)
     if "CPU" not in loaded.backends:
         raise VerifyError(f"{exe} did not load a CPU backend{where}", why="no 'loaded CPU backend from' line", details=tail)
     inside = root.resolve()
@@ -71,13 +68,13 @@ def read_list_devices(lines: Sequence[str], *, root: Path, loaded: Loaded, exe: 
 
 def listed_devices(lines: Sequence[str]) -> list[str]:
     """The device names llama-server lists after 'Available devices' (CUDA0, Vulkan0)."""
-    out, in_list = [], False
-    for line in lines:
-        if line.startswith("Available devices"):
-            in_list = True
-        elif in_list and (d := DEVICE.match(line)):
-            out.append(d.group(1))
-    return out
+    return [d.group(1) for d in _listing(lines)[1]]
+
+
+def _listing(lines: Sequence[str]) -> tuple[Sequence[str], list[re.Match[str]]]:
+    """--list-devices output split at 'Available devices': the lines before it, and the device lines after it."""
+    at = next((i for i, line in enumerate(lines) if line.startswith("Available devices")), len(lines))
+    return lines[:at], [d for line in lines[at + 1:] if (d := DEVICE.match(line))]
 
 
 def clean_env(root: Path, keep: Mapping[str, str] | None = None) -> dict[str, str]:
