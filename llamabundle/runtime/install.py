@@ -13,17 +13,18 @@ import os
 import re
 import secrets
 import shutil
+import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from .. import backends, platforms, scratch, untrusted
 from ..backends.cuda import section as cuda_section
 from ..backends.cuda.section import CudaInfo
-from ..bundle import extract, read_manifest
-from ..bundle.manifest import Expect, Manifest, trust
+from ..bundle import MANIFEST, extract, read_manifest
+from ..bundle.manifest import Expect, Manifest, check_consistent, trust
 from ..digest import sha256_file
 from ..errors import StoreError, UsageError, VerifyError, disk_fix
 from ..log import Log
@@ -197,15 +198,32 @@ def load_digests(path: Path) -> DigestList:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Transfer:
+    """How an install got its files: `zip` (the whole zip downloaded), `blobs` (only the files the local blob
+    cache lacked, by content) or `none` (already installed); bytes downloaded and bytes found in the cache."""
+    by: str
+    downloaded: int = 0
+    from_cache: int = 0
+    files: int = 0
+    fetched: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"by": self.by, "downloaded_bytes": self.downloaded, "cached_bytes": self.from_cache,
+                "files": self.files, "files_downloaded": self.fetched}
+
+
+@dataclass(frozen=True, kw_only=True)
 class InstallOutcome:
     installed: Installed
     reused: bool  # the same key was already installed and intact
     replaced: str | None  # the key of the install this one replaced
     pinned: Pin | None = None  # the pin the zip was checked against
+    transfer: Transfer = Transfer(by="none")
 
     def to_json(self) -> dict[str, Any]:
         return {"schema": 1, **self.installed.to_json(), "reused": self.reused, "replaced": self.replaced,
-                "pinned": self.pinned.to_json() if self.pinned is not None else None}
+                "pinned": self.pinned.to_json() if self.pinned is not None else None,
+                "transfer": self.transfer.to_json()}
 
 
 def check_bundle(path: Path, *, key: str, platform: str, commit: str | None = None,
@@ -342,33 +360,30 @@ def _install_locked(store: Store, entry: Entry, slot: Path, *, log: Log, platfor
     version = f"{key[:12]}-{secrets.token_hex(4)}"
     stage = scratch.make_dir(slot, STAGE)
     swapped = False
+    by_content = _blob_source(store, entry) if pin is None else None  # a pin is on the zip's bytes: the zip then
     try:
-        with log.step(f"download {entry.zip_name} ({entry.zip_size / 1e6:.1f} MB) from {store.url}"):
-            try:
-                zip_path = store.fetch(entry, stage / "download")
+        if by_content is not None:
+            try:  # what was asked for, on the store's manifest, before a byte is downloaded
+                check_consistent(entry.manifest, Expect(key=key, platform=platform, commit=commit,
+                                                        toolkits={"cuda": toolkit} if toolkit else {}))
+                backends.read_sections(entry.manifest)
             except VerifyError as e:
                 raise _invalid(key, e.what, e.why) from None
-            zip_sha = entry.zip_sha256  # what the store checked the download against
-            if pin is not None:  # the downloaded bytes themselves, before anything is unpacked
-                zip_sha = sha256_file(zip_path)
-                if zip_sha != pin.sha256:
-                    raise _pin_refused(entry, pin, zip_sha, where=f"the zip downloaded from {store.url}")
-        hook("downloaded")
-        with log.step(f"extract and check {slot.name} ({key[:12]})"):
-            try:
-                extract(zip_path, stage / version)
-            except VerifyError as e:
-                raise _invalid(key, e.what, e.why) from None
-            hook("extracted")
-            inside = check_bundle(stage / version, key=key, platform=platform, commit=commit, toolkit=toolkit)
-            if inside != entry.manifest:  # the same JSON, as fetch requires (every field is read from it)
-                raise _invalid(key, f"the bundle.json inside {entry.zip_name} is not the one {store.url} lists",
-                               "the store's manifest and the zip's disagree", fix="publish the bundle again")
-        hook("verified")
+            transfer = _install_blobs(by_content, entry, slot.parent.parent / BLOB_CACHE, stage / version, log=log,
+                                      url=store.url, hook=hook)
+            with log.step(f"check {slot.name} ({key[:12]})"):
+                inside = check_bundle(stage / version, key=key, platform=platform, commit=commit, toolkit=toolkit)
+                if inside != entry.manifest:
+                    raise _invalid(key, f"the bundle.json assembled from {store.url} is not the one it lists",
+                                   "the store's manifest changed while it was read", fix="install again")
+            hook("verified")
+        else:
+            transfer = _install_zip(store, entry, stage, version, pin=pin, log=log, hook=hook, slot=slot,
+                                    platform=platform, commit=commit, toolkit=toolkit)
         os.replace(stage / version, slot / version)
         hook("swapping")
         write_atomic(slot / POINTER, json.dumps({"dir": version, "key": key, "installed_at": utc_timestamp(),
-                                                 "zip_sha256": zip_sha}, sort_keys=True) + "\n")
+                                                 "zip_sha256": transfer.zip_sha256}, sort_keys=True) + "\n")
         swapped = True
         hook("swapped")
     finally:
@@ -377,10 +392,145 @@ def _install_locked(store: Store, entry: Entry, slot: Path, *, log: Log, platfor
             shutil.rmtree(slot / version, ignore_errors=True)
     if old is not None and old.path.name != version:
         shutil.rmtree(old.path, ignore_errors=True)
+    prune_blobs(slot.parent.parent / BLOB_CACHE)
     new = _current(slot)
     assert new is not None and new.key == key
     log.info(f"installed {slot.name} ({key[:12]}) in {new.path}" + (f", its zip pinned by {pin.where}" if pin else ""))
-    return InstallOutcome(installed=new, reused=False, replaced=old.key if old is not None else None, pinned=pin)
+    return InstallOutcome(installed=new, reused=False, replaced=old.key if old is not None else None, pinned=pin,
+                          transfer=transfer.done)
+
+
+def _install_zip(store: Store, entry: Entry, stage: Path, version: str, *, pin: Pin | None, log: Log, hook: Hook,
+                 slot: Path, platform: str, commit: str | None, toolkit: str | None) -> _Got:
+    """The whole zip downloaded, unpacked safely into stage/version and checked."""
+    key = entry.key
+    with log.step(f"download {entry.zip_name} ({entry.zip_size / 1e6:.1f} MB) from {store.url}"):
+        try:
+            zip_path = store.fetch(entry, stage / "download")
+        except VerifyError as e:
+            raise _invalid(key, e.what, e.why) from None
+        zip_sha = entry.zip_sha256  # what the store checked the download against
+        if pin is not None:  # the downloaded bytes themselves, before anything is unpacked
+            zip_sha = sha256_file(zip_path)
+            if zip_sha != pin.sha256:
+                raise _pin_refused(entry, pin, zip_sha, where=f"the zip downloaded from {store.url}")
+    hook("downloaded")
+    with log.step(f"extract and check {slot.name} ({key[:12]})"):
+        try:
+            extract(zip_path, stage / version)
+        except VerifyError as e:
+            raise _invalid(key, e.what, e.why) from None
+        hook("extracted")
+        inside = check_bundle(stage / version, key=key, platform=platform, commit=commit, toolkit=toolkit)
+        if inside != entry.manifest:  # the same JSON, as fetch requires (every field is read from it)
+            raise _invalid(key, f"the bundle.json inside {entry.zip_name} is not the one {store.url} lists",
+                           "the store's manifest and the zip's disagree", fix="publish the bundle again")
+    hook("verified")
+    n = len(entry.manifest.files)
+    return _Got(zip_sha256=zip_sha, done=Transfer(by="zip", downloaded=entry.zip_size, files=n, fetched=n))
+
+
+BLOB_CACHE = "blobs"
+BLOB_PREFIX = ".blob-"
+BLOB_KEEP = 600  # seconds an unlinked blob stays in the cache (an install of another name may be about to link it)
+
+
+@dataclass(frozen=True)
+class _Got:
+    zip_sha256: str | None  # the zip's sha256 the pointer records (None: assembled from blobs, no zip read)
+    done: Transfer
+
+
+class BlobSource(Protocol):
+    url: str
+
+    def blob(self, sha256: str, size: int) -> Path | None: ...
+
+    def fetch_blob(self, sha256: str, size: int, dest: Path) -> str: ...
+
+
+def _blob_source(store: Store, entry: Entry) -> BlobSource | None:
+    """The store, where it holds every file of the entry by content; else None (the zip is downloaded)."""
+    if not (hasattr(store, "blob") and hasattr(store, "fetch_blob")):
+        return None
+    src: BlobSource = store  # type: ignore[assignment]  # checked just above
+    return src if all(src.blob(f.sha256, f.size) is not None for f in entry.manifest.files) else None
+
+
+def _install_blobs(src: BlobSource, entry: Entry, cache: Path, dest: Path, *, log: Log, url: str, hook: Hook) -> _Got:
+    """The bundle assembled in dest from the local blob cache under the install root: the files it lacks are
+    downloaded into it first (each checked against its sha256 as it is written), every file found there is
+    checked too (installs link it: a changed install must not feed the next one), then each is linked into
+    dest (a copy where links are refused) and bundle.json written."""
+    files = entry.manifest.files
+    cache.mkdir(parents=True, exist_ok=True)
+    scratch.sweep(cache, [BLOB_PREFIX])
+    by_name = {_blob_name(f.sha256, f.role): f for f in files}  # an executable's blob is one of its own (mode 0755)
+    have = {n for n, f in by_name.items() if _cached(cache / n, f.sha256, f.size)}
+    need = {n: f for n, f in by_name.items() if n not in have}
+    size, found = sum(f.size for f in need.values()), sum(f.size for n, f in by_name.items() if n in have)
+    with log.step(f"download {len(need)} of {len(by_name)} files ({size / 1e6:.1f} MB; {found / 1e6:.1f} MB already "
+                  f"here) from {url}"):
+        for n, f in need.items():
+            tmp = scratch.owned(cache, BLOB_PREFIX, ".part")
+            try:
+                got = src.fetch_blob(f.sha256, f.size, tmp)
+                if got != f.sha256:
+                    raise _invalid(entry.key, f"{f.path} ({f.sha256[:12]}) from {url} does not match its sha256",
+                                   "the store's copy changed or was damaged", fix="publish the bundle again")
+                os.chmod(tmp, 0o755 if n.endswith(EXE_SUFFIX) else 0o644)
+                os.replace(tmp, cache / n)
+            except BaseException:
+                tmp.unlink(missing_ok=True)
+                raise
+    hook("downloaded")
+    for f in files:
+        target = dest.joinpath(*f.path.split("/"))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        blob = cache / _blob_name(f.sha256, f.role)
+        try:
+            os.link(blob, target)
+        except OSError:  # another filesystem, or links refused
+            shutil.copy2(blob, target)
+    (dest / MANIFEST).write_text(entry.manifest.text(), encoding="utf-8", newline="\n")
+    hook("extracted")
+    return _Got(zip_sha256=None, done=Transfer(by="blobs", downloaded=size, files=len(files), fetched=len(need),
+                                                from_cache=found))
+
+
+EXE_SUFFIX = ".x"
+
+
+def _blob_name(sha256: str, role: str) -> str:
+    return sha256 + (EXE_SUFFIX if role == "exe" else "")
+
+
+def _cached(path: Path, sha256: str, size: int) -> bool:
+    """A blob of the cache that is what its name says; one that is not is removed."""
+    try:
+        if path.stat().st_size == size and sha256_file(path) == sha256:
+            return True
+        path.unlink()
+    except OSError:
+        pass
+    return False
+
+
+def prune_blobs(cache: Path) -> None:
+    """Remove the cache's blobs that no install links any more (older than BLOB_KEEP: another install may be
+    about to link one). Errors are ignored: the next install tries again."""
+    now = time.time()
+    try:
+        names = [n for n in os.listdir(cache) if not n.startswith(".")]
+    except OSError:
+        return
+    for n in names:
+        try:
+            st = os.stat(cache / n)
+            if st.st_nlink <= 1 and now - st.st_mtime > BLOB_KEEP:
+                os.unlink(cache / n)
+        except OSError:
+            pass
 
 
 def uninstall(root: Path, what: str) -> Installed:

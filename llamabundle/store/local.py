@@ -1,4 +1,5 @@
-"""A directory store: `<root>/<key>/` holds the zip, SHA256SUMS and bundle.json (written last).
+"""A directory store: `<root>/<key>/` holds the zip, SHA256SUMS and bundle.json (written last), and
+`<root>/blobs/sha256/<hex>` each file of every bundle once, by content (written before the entry appears).
 Entries are assembled in an owned temporary directory (`.publish-<pid>-<start>-…`, scratch) and renamed
 into place under a per-key file lock, so a reader never sees a partial entry and two publishers leave
 exactly one. The first lookup or publish of a store object removes the leftovers of killed publishers.
@@ -13,8 +14,9 @@ import hashlib
 import os
 import re
 import shutil
+import zipfile
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO
+from typing import TYPE_CHECKING, BinaryIO, Protocol
 
 from filelock import FileLock, Timeout
 
@@ -31,6 +33,8 @@ if TYPE_CHECKING:
 SUMS = sums_grammar.NAME
 LOCK_TIMEOUT = 600
 PUBLISH_PREFIX = ".publish-"
+BLOBS = ("blobs", "sha256")
+BLOB_PREFIX = ".blob-"
 CHUNK = 1 << 20
 _KEY_DIR = re.compile(r"[0-9a-f]{64}")
 _REFUSED = re.compile(r"^bundle [0-9a-f]{1,12} refused: ")  # check_consistent's prefix, said once by the entry
@@ -58,6 +62,53 @@ class LocalStore:
         if not self._swept:
             self._swept = True
             scratch.sweep(self.root, [PUBLISH_PREFIX])
+            scratch.sweep(self.root.joinpath(*BLOBS), [BLOB_PREFIX])
+
+    def blob(self, sha256: str, size: int) -> Path | None:
+        """The stored file whose content has this sha256 (and size), or None (a bundle published before the
+        store kept files by content, or another store's). Its bytes are checked as they are read."""
+        if not _KEY_DIR.fullmatch(sha256):
+            return None
+        p = self.root.joinpath(*BLOBS, sha256)
+        try:
+            return p if p.is_file() and p.stat().st_size == size else None
+        except OSError:
+            return None
+
+    def fetch_blob(self, sha256: str, size: int, dest: Path, *, sink: Sink | None = None) -> str:
+        """Copy the blob into the new file dest, hashing it: its sha256 (the caller compares it)."""
+        src = self.root.joinpath(*BLOBS, sha256)
+        with _open_read(src, fix="check that the store still holds the bundle (llamabundle check)") as f:
+            return _copy(f, src, dest, dest, sink=sink)
+
+    def _store_blobs(self, zip_path: Path, manifest: Manifest) -> None:
+        """Each file of the bundle as a blob named by its sha256, read from the zip and checked against the
+        manifest as it is written; a blob already there is kept (blobs are written before the entry appears)."""
+        blobs = self.root.joinpath(*BLOBS)
+        blobs.mkdir(parents=True, exist_ok=True)
+        try:
+            z = zipfile.ZipFile(zip_path)
+        except (OSError, zipfile.BadZipFile) as e:
+            raise VerifyError(f"{zip_path} is not a readable zip", why=str(e)) from None
+        with z:
+            for f in manifest.files:
+                if self.blob(f.sha256, f.size) is not None:
+                    continue
+                tmp = scratch.owned(blobs, BLOB_PREFIX, ".part")
+                try:
+                    try:
+                        src = z.open(f.path)
+                    except KeyError:
+                        raise VerifyError(f"{zip_path.name}:{f.path} is listed in bundle.json but not in the zip") from None
+                    with src:
+                        digest = _copy(_Bounded(src, f.size), zip_path, tmp, blobs / f.sha256, durable=True)
+                    if digest != f.sha256:
+                        raise VerifyError(f"{zip_path.name}:{f.path} does not match its sha256 in bundle.json",
+                                          why="the zip and its manifest disagree", fix="pack the bundle again")
+                    os.replace(tmp, blobs / f.sha256)
+                except BaseException:
+                    _unlink(tmp)
+                    raise
 
     def _entry_dir(self, key: str) -> Path:
         if len(key) != 64 or any(c not in "0123456789abcdef" for c in key):
@@ -180,6 +231,8 @@ class LocalStore:
                     with _open_read(zip_path, fix="check the path") as f:
                         at = stage / name
                         digest = _copy(f, zip_path, stage / name, final / name, durable=True)
+                    at = self.root
+                    self._store_blobs(stage / name, manifest)  # before the entry appears: a seen entry has all of them
                     at = stage / SUMS
                     _write_text(stage / SUMS, sums_grammar.line(digest, sums_name))
                     at = stage / MANIFEST
@@ -199,6 +252,22 @@ class LocalStore:
             raise StoreError(f"the entry {final} vanished right after it was published",
                              why="another process removed it", fix="publish again")
         return Published(entry=entry, created=True)
+
+
+class _Reader(Protocol):
+    def read(self, n: int, /) -> bytes: ...
+
+
+class _Bounded:
+    """A zip member read as a stream that may hold at most `size` bytes plus one (one more shows it lies)."""
+
+    def __init__(self, f: _Reader, size: int) -> None:
+        self.f, self.left = f, size + 1
+
+    def read(self, n: int) -> bytes:
+        chunk = self.f.read(min(n, self.left)) if self.left > 0 else b""
+        self.left -= len(chunk)
+        return chunk
 
 
 def _parse_sums(raw: bytes, path: Path, *, fix: str) -> dict[str, str]:
@@ -226,7 +295,7 @@ def _digest(path: Path) -> str:
     return h.hexdigest()
 
 
-def _copy(src: BinaryIO, src_path: Path, tmp: Path, final: Path, *, sink: Sink | None = None,
+def _copy(src: _Reader, src_path: Path, tmp: Path, final: Path, *, sink: Sink | None = None,
           durable: bool = False) -> str:
     """Copy src into the new file tmp in one pass (hashing it, feeding sink); returns the sha256. A failure to
     read is about src, a failure to write about final (the path the user knows); the sink's own errors pass.

@@ -265,8 +265,12 @@ def test_install_onto_a_full_disk_is_the_disk_not_the_bundle(tmp_path: Path, tmp
     assert f"{full}/apps/" in text and "No space left on device" in text and "(in the install root, --dest)" in text
     assert "bundle_invalid" not in text
     left = [p.relative_to(full).as_posix() for p in full.rglob("*")]
-    assert [p for p in left if not p.startswith("apps/bundles/.locks") and p not in ("apps", "apps/bundles",
-                                                                                     "apps/bundles/linux-x86_64-cpu")] == []
+    # what it downloaded before the disk filled stays in the blob cache, each file whole and checked (the next
+    # try reuses it); no partial file
+    kept = [p for p in left if p.startswith("apps/blobs/")]
+    assert all(digest.sha256_file(full / p) == Path(p).name.removesuffix(".x") for p in kept), kept
+    assert [p for p in left if not p.startswith(("apps/bundles/.locks", "apps/blobs/")) and
+            p not in ("apps", "apps/blobs", "apps/bundles", "apps/bundles/linux-x86_64-cpu")] == []
 
 
 def test_verify_of_a_zip_needs_no_cache_so_a_read_only_one_does_not_stop_it(tmp_path: Path, tmpfs) -> None:  # type: ignore[no-untyped-def]

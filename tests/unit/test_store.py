@@ -347,7 +347,7 @@ def test_two_processes_publishing_the_same_key_leave_one_complete_entry(tmp_path
     assert {r["location"] for r in results} == {str((root / KEY / "bundle.zip").resolve())}
 
     entries = sorted(p.name for p in root.iterdir() if not p.name.startswith("."))
-    assert entries == [KEY]
+    assert entries == [KEY, "blobs"]  # the entry, and its files by content
     assert sorted(p.name for p in (root / KEY).iterdir()) == ["SHA256SUMS", "bundle.json", "bundle.zip"]
     assert not [p.name for p in root.iterdir() if p.name.startswith(".publish-")]
     assert LocalStore(root).lookup(KEY).zip_sha256 == sha256(zip_path)
@@ -366,6 +366,6 @@ def test_two_concurrent_cli_publishes_both_succeed(tmp_path: Path) -> None:
     assert states == ["already published", "published"], outs
     for out, _err in outs:
         assert f"{KEY} -> {(root / KEY / 'bundle.zip').resolve()}" in out
-    assert sorted(p.name for p in root.iterdir() if not p.name.startswith(".")) == [KEY]
+    assert sorted(p.name for p in root.iterdir() if not p.name.startswith(".")) == [KEY, "blobs"]
     assert sorted(p.name for p in (root / KEY).iterdir()) == ["SHA256SUMS", "bundle.json", "bundle.zip"]
     assert not [p.name for p in root.iterdir() if p.name.startswith(".publish-")]

@@ -1,0 +1,139 @@
+"""Files by content (the layered-bundles issue, parts 1 and 2, local store): a directory store keeps each file of
+every bundle once, by sha256, written before the entry appears; an install downloads into the install root's blob
+cache only the files it lacks, checks each one, links them into the version directory and checks the whole as
+before. Bundles here share llama-server, the CPU backend and the LICENSE and differ in libggml-cuda.so."""
+
+from __future__ import annotations
+
+import os
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from llamabundle import digest, scratch
+from llamabundle.errors import VerifyError
+from llamabundle.runtime import install as install_mod
+from llamabundle.runtime.install import BundleInvalid, check_bundle, install_bundle, list_installed, uninstall
+from llamabundle.store.local import BLOBS, LocalStore
+from tests.installs import plant
+from tests.probing import QUIET, make_zip, publish
+
+PLATFORM = "linux-x86_64"
+
+
+def blobs(store: Path) -> dict[str, int]:
+    d = store.joinpath(*BLOBS)
+    return {p.name: p.stat().st_size for p in d.iterdir()} if d.is_dir() else {}
+
+
+def cache(root: Path) -> list[str]:
+    d = root / install_mod.BLOB_CACHE
+    return sorted(p.name for p in d.iterdir()) if d.is_dir() else []
+
+
+def test_a_store_keeps_each_file_once_and_a_second_bundle_adds_only_its_new_files(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    a = publish(store, tmp_path, salt="a")
+    assert blobs(store) == {f.sha256: f.size for f in a.files}
+    b = publish(store, tmp_path, salt="b")
+    unique = {f.sha256: f.size for f in (*a.files, *b.files)}
+    assert blobs(store) == unique and len(unique) == len(a.files) + 1  # only libggml-cuda.so differs
+    assert not [p for p in store.joinpath(*BLOBS).iterdir() if p.name.startswith(".")]  # no temp file left
+
+
+def test_an_install_downloads_only_what_the_machine_lacks_and_links_it(tmp_path: Path) -> None:
+    store, root = tmp_path / "store", tmp_path / "data"
+    a = publish(store, tmp_path, salt="a")
+    b = publish(store, tmp_path, salt="b", name="other")
+    first = install_bundle(LocalStore(store), a.key, root=root, log=QUIET)
+    t = first.transfer
+    assert (t.by, t.downloaded, t.from_cache, t.files, t.fetched) == ("blobs", sum(f.size for f in a.files), 0, 4, 4)
+    second = install_bundle(LocalStore(store), b.key, root=root, log=QUIET)
+    cuda = next(f for f in b.files if f.path == "libggml-cuda.so")
+    t = second.transfer
+    assert (t.by, t.downloaded, t.fetched) == ("blobs", cuda.size, 1)
+    assert t.from_cache == sum(f.size for f in b.files) - cuda.size
+    for inst, m in ((first.installed, a), (second.installed, b)):
+        check_bundle(inst.path, key=m.key, platform=PLATFORM)
+        server = inst.path / "llama-server"
+        assert server.stat().st_mode & 0o777 == 0o755 and (inst.path / "LICENSE").stat().st_mode & 0o777 == 0o644
+        assert server.stat().st_nlink == 3  # the cache's blob and both installs: one copy on disk
+    assert first.to_json()["transfer"] == {"by": "blobs", "downloaded_bytes": sum(f.size for f in a.files),
+                                           "cached_bytes": 0, "files": 4, "files_downloaded": 4}
+
+
+def test_a_changed_blob_in_the_store_is_refused_and_nothing_is_kept(tmp_path: Path) -> None:
+    store, root = tmp_path / "store", tmp_path / "data"
+    m = publish(store, tmp_path)
+    lic = next(f for f in m.files if f.path == "LICENSE")
+    store.joinpath(*BLOBS, lic.sha256).write_bytes(b"MIT Licensf\n")  # same size, other bytes
+    with pytest.raises(BundleInvalid) as e:
+        install_bundle(LocalStore(store), m.key, root=root, log=QUIET)
+    assert f"LICENSE ({lic.sha256[:12]}) from {store} does not match its sha256" in e.value.what
+    assert list_installed(root) == []
+    assert lic.sha256 not in cache(root) and not [n for n in cache(root) if n.startswith(".")]
+    assert sorted(p.name for p in (root / "bundles" / m.name).iterdir()) == []
+
+
+def test_an_install_changed_on_disk_never_feeds_the_next_one(tmp_path: Path) -> None:
+    """Installs link the cache's blobs: a file edited in one install changes the blob. The next install checks
+    every blob it would reuse, downloads that one again, and both bundles check."""
+    store, root = tmp_path / "store", tmp_path / "data"
+    a, b = publish(store, tmp_path, salt="a"), publish(store, tmp_path, salt="b", name="other")
+    first = install_bundle(LocalStore(store), a.key, root=root, log=QUIET).installed
+    (first.path / "LICENSE").write_bytes(b"edited\n")  # through the link: the cache's blob changes too
+    second = install_bundle(LocalStore(store), b.key, root=root, log=QUIET)
+    lic = next(f for f in b.files if f.path == "LICENSE")
+    assert second.transfer.fetched == 2 and second.transfer.downloaded == lic.size + next(
+        f.size for f in b.files if f.path == "libggml-cuda.so")
+    check_bundle(second.installed.path, key=b.key, platform=PLATFORM)
+    again = install_bundle(LocalStore(store), a.key, root=root, log=QUIET)  # the edited install fails its check
+    assert not again.reused and again.transfer.by == "blobs" and again.transfer.downloaded == 0
+    check_bundle(again.installed.path, key=a.key, platform=PLATFORM)
+
+
+def test_a_zip_that_disagrees_with_its_manifest_is_not_published(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    zip_path, m = make_zip(tmp_path)
+    bad = tmp_path / "bad.zip"
+    with zipfile.ZipFile(zip_path) as zin, zipfile.ZipFile(bad, "w", zipfile.ZIP_DEFLATED) as zout:
+        for info in zin.infolist():
+            zout.writestr(info, b"MIT Licensf\n" if info.filename == "LICENSE" else zin.read(info))
+    with pytest.raises(VerifyError) as e:
+        LocalStore(store).publish(bad, m)
+    assert e.value.what == "bad.zip:LICENSE does not match its sha256 in bundle.json"
+    assert LocalStore(store).lookup(m.key) is None
+    assert all(not n.startswith(".") for n in blobs(store))
+
+
+def test_a_pinned_install_and_an_entry_without_blobs_download_the_zip(tmp_path: Path) -> None:
+    store, root = tmp_path / "store", tmp_path / "data"
+    zip_path, m = make_zip(tmp_path)
+    plant(store, m.key, zip_path, m.text())  # as a store of an earlier llamabundle holds it: no blobs
+    got = install_bundle(LocalStore(store), m.key, root=root, log=QUIET)
+    assert got.transfer.by == "zip" and got.transfer.downloaded == zip_path.stat().st_size
+    other = tmp_path / "store2"
+    m2 = publish(other, tmp_path, salt="pinned")
+    entry = LocalStore(other).lookup(m2.key)
+    assert entry is not None
+    pinned = install_bundle(LocalStore(other), m2.key, root=tmp_path / "data2", log=QUIET, expect_sha256=entry.zip_sha256)
+    assert pinned.transfer.by == "zip"  # a pin is on the zip's bytes: the zip is what is read
+
+
+def test_blobs_no_install_links_are_pruned_and_a_killed_downloads_leftover_swept(tmp_path: Path,
+                                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    store, root = tmp_path / "store", tmp_path / "data"
+    a, b = publish(store, tmp_path, salt="a"), publish(store, tmp_path, salt="b", name="other")
+    install_bundle(LocalStore(store), a.key, root=root, log=QUIET)
+    uninstall(root, a.key)
+    assert len(cache(root)) == 4  # kept a while: another install may be about to link them
+    dead = scratch.owned(root / install_mod.BLOB_CACHE, install_mod.BLOB_PREFIX, ".part")
+    dead = dead.with_name(dead.name.replace(f"{os.getpid()}-", "999999999-", 1))
+    dead.write_bytes(b"half a blob")
+    monkeypatch.setattr(install_mod, "BLOB_KEEP", -1)
+    install_bundle(LocalStore(store), b.key, root=root, log=QUIET)
+    assert cache(root) == sorted(install_mod._blob_name(f.sha256, f.role) for f in b.files)  # a's own one is gone
+    assert not dead.exists()
+    assert digest.sha256_file(root / install_mod.BLOB_CACHE / next(
+        f.sha256 for f in b.files if f.path == "LICENSE")) == next(f.sha256 for f in b.files if f.path == "LICENSE")
