@@ -141,6 +141,8 @@ class InstallResult:
     reused: bool  # the same key was installed and intact: nothing was downloaded
     replaced: str | None  # the key of the install of that name it replaced
     pinned_by: str | None = None  # what pinned the zip's sha256: '--expect-sha256', or 'FILE:LINE' of the digest list
+    transfer: str = "none"  # how the files came: "zip", "blobs" (only those the machine lacked), "none" (reused)
+    downloaded_bytes: int = 0  # what was downloaded (the zip, or the missing blobs)
 
 
 def _installed(i: Installed) -> InstalledBundle:
@@ -185,7 +187,8 @@ def install(*, store: str | os.PathLike[str] | None = None, key: str | None = No
     out = install_bundle(opened, key, root=_root(settings, root), log=Log(quiet=quiet), commit=expect_commit,
                          toolkit=expect_toolkit, expect_sha256=expect_sha256, digests=listed)
     return InstallResult(bundle=_installed(out.installed), reused=out.reused, replaced=out.replaced,
-                         pinned_by=out.pinned.where if out.pinned is not None else None)
+                         pinned_by=out.pinned.where if out.pinned is not None else None,
+                         transfer=out.transfer.by, downloaded_bytes=out.transfer.downloaded)
 
 
 def installed(*, root: str | os.PathLike[str] | None = None,

@@ -86,6 +86,7 @@ def test_install_by_key_lists_reuses_and_uninstalls(tmp_path: Path) -> None:
     m = publish(tmp_path, store, "cpu")
     got = api.install(store=store, key=m["key"], root=root, expect_commit=tb.COMMIT)
     assert not got.reused and got.replaced is None
+    assert got.transfer == "blobs" and got.downloaded_bytes == sum(f["size"] for f in m["files"])  # a directory store
     b = got.bundle
     assert (b.name, b.key, b.platform, b.commit, b.backends, b.toolkit) == (m["name"], m["key"], "linux-x86_64",
                                                                           tb.COMMIT, ("cpu",), None)
@@ -94,7 +95,8 @@ def test_install_by_key_lists_reuses_and_uninstalls(tmp_path: Path) -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         b.key = "x"  # type: ignore[misc]
     assert api.installed(root=root) == (b,)
-    assert api.install(store=str(store), key=m["key"], root=root).reused
+    again = api.install(store=str(store), key=m["key"], root=root)
+    assert again.reused and (again.transfer, again.downloaded_bytes) == ("none", 0)
     assert api.uninstall(m["key"][:8], root=root) == b
     assert api.installed(root=root) == ()
 
