@@ -233,11 +233,16 @@ def check_bundle(path: Path, *, key: str, platform: str, commit: str | None = No
     section read typed. Returns the manifest; raises BundleInvalid."""
     try:
         m = read_manifest(path)
-        trust(m, path, Expect(key=key, platform=platform, commit=commit, toolkits={"cuda": toolkit} if toolkit else {}))
+        trust(m, path, _expect(key, platform, commit, toolkit))
         backends.read_sections(m)
     except VerifyError as e:
         raise _invalid(key, e.what, e.why) from None
     return m
+
+
+def _expect(key: str, platform: str, commit: str | None, toolkit: str | None) -> Expect:
+    """What an install asks of a bundle, as the manifest checks take it."""
+    return Expect(key=key, platform=platform, commit=commit, toolkits={"cuda": toolkit} if toolkit else {})
 
 
 _REFUSED = re.compile(r"^bundle [0-9a-f]{1,12} refused: ")  # manifest.check_consistent's prefix: said once here
@@ -361,21 +366,17 @@ def _install_locked(store: Store, entry: Entry, slot: Path, *, log: Log, platfor
     stage = scratch.make_dir(slot, STAGE)
     swapped = False
     by_content = _blob_source(store, entry) if pin is None else None  # a pin is on the zip's bytes: the zip then
+    blob_cache = slot.parent.parent / BLOB_CACHE
     try:
         if by_content is not None:
             try:  # what was asked for, on the store's manifest, before a byte is downloaded
-                check_consistent(entry.manifest, Expect(key=key, platform=platform, commit=commit,
-                                                        toolkits={"cuda": toolkit} if toolkit else {}))
+                check_consistent(entry.manifest, _expect(key, platform, commit, toolkit))
                 backends.read_sections(entry.manifest)
             except VerifyError as e:
                 raise _invalid(key, e.what, e.why) from None
-            transfer = _install_blobs(by_content, entry, slot.parent.parent / BLOB_CACHE, stage / version, log=log,
-                                      url=store.url, hook=hook)
-            with log.step(f"check {slot.name} ({key[:12]})"):
-                inside = check_bundle(stage / version, key=key, platform=platform, commit=commit, toolkit=toolkit)
-                if inside != entry.manifest:
-                    raise _invalid(key, f"the bundle.json assembled from {store.url} is not the one it lists",
-                                   "the store's manifest changed while it was read", fix="install again")
+            transfer = _install_blobs(by_content, entry, blob_cache, stage / version, log=log, hook=hook)
+            with log.step(f"check {slot.name} ({key[:12]})"):  # bundle.json is the store's: its files are what is left
+                check_bundle(stage / version, key=key, platform=platform, commit=commit, toolkit=toolkit)
             hook("verified")
         else:
             transfer = _install_zip(store, entry, stage, version, pin=pin, log=log, hook=hook, slot=slot,
@@ -392,7 +393,7 @@ def _install_locked(store: Store, entry: Entry, slot: Path, *, log: Log, platfor
             shutil.rmtree(slot / version, ignore_errors=True)
     if old is not None and old.path.name != version:
         shutil.rmtree(old.path, ignore_errors=True)
-    prune_blobs(slot.parent.parent / BLOB_CACHE)
+    prune_blobs(blob_cache)
     new = _current(slot)
     assert new is not None and new.key == key
     log.info(f"installed {slot.name} ({key[:12]}) in {new.path}" + (f", its zip pinned by {pin.where}" if pin else ""))
@@ -457,7 +458,7 @@ def _blob_source(store: Store, entry: Entry) -> BlobSource | None:
     return src if all(src.blob(f.sha256, f.size) is not None for f in entry.manifest.files) else None
 
 
-def _install_blobs(src: BlobSource, entry: Entry, cache: Path, dest: Path, *, log: Log, url: str, hook: Hook) -> _Got:
+def _install_blobs(src: BlobSource, entry: Entry, cache: Path, dest: Path, *, log: Log, hook: Hook) -> _Got:
     """The bundle assembled in dest from the local blob cache under the install root: the files it lacks are
     downloaded into it first (each checked against its sha256 as it is written), every file found there is
     checked too (installs link it: a changed install must not feed the next one), then each is linked into
@@ -470,13 +471,13 @@ def _install_blobs(src: BlobSource, entry: Entry, cache: Path, dest: Path, *, lo
     need = {n: f for n, f in by_name.items() if n not in have}
     size, found = sum(f.size for f in need.values()), sum(f.size for n, f in by_name.items() if n in have)
     with log.step(f"download {len(need)} of {len(by_name)} files ({size / 1e6:.1f} MB; {found / 1e6:.1f} MB already "
-                  f"here) from {url}"):
+                  f"here) from {src.url}"):
         for n, f in need.items():
             tmp = scratch.owned(cache, BLOB_PREFIX, ".part")
             try:
                 got = src.fetch_blob(f.sha256, f.size, tmp)
                 if got != f.sha256:
-                    raise _invalid(entry.key, f"{f.path} ({f.sha256[:12]}) from {url} does not match its sha256",
+                    raise _invalid(entry.key, f"{f.path} ({f.sha256[:12]}) from {src.url} does not match its sha256",
                                    "the store's copy changed or was damaged", fix="publish the bundle again")
                 os.chmod(tmp, 0o755 if n.endswith(EXE_SUFFIX) else 0o644)
                 os.replace(tmp, cache / n)
