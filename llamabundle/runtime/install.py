@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from .. import backends, platforms, scratch, untrusted
 from ..backends.cuda import section as cuda_section
@@ -31,7 +31,7 @@ from ..log import Log
 from ..reasons import Reason
 from ..settings import Settings
 from ..store import sums
-from ..store.base import Entry, Store
+from ..store.base import BlobStore, Entry, Store, blob_store
 from . import slotlock
 from .results import utc_timestamp, write_atomic
 
@@ -442,23 +442,13 @@ class _Got:
     done: Transfer
 
 
-class BlobSource(Protocol):
-    url: str
-
-    def blob(self, sha256: str, size: int) -> Path | None: ...
-
-    def fetch_blob(self, sha256: str, size: int, dest: Path) -> str: ...
-
-
-def _blob_source(store: Store, entry: Entry) -> BlobSource | None:
+def _blob_source(store: Store, entry: Entry) -> BlobStore | None:
     """The store, where it holds every file of the entry by content; else None (the zip is downloaded)."""
-    if not (hasattr(store, "blob") and hasattr(store, "fetch_blob")):
-        return None
-    src: BlobSource = store  # type: ignore[assignment]  # checked just above
-    return src if all(src.blob(f.sha256, f.size) is not None for f in entry.manifest.files) else None
+    src = blob_store(store)
+    return src if src is not None and src.has_blobs(entry) else None
 
 
-def _install_blobs(src: BlobSource, entry: Entry, cache: Path, dest: Path, *, log: Log, hook: Hook) -> _Got:
+def _install_blobs(src: BlobStore, entry: Entry, cache: Path, dest: Path, *, log: Log, hook: Hook) -> _Got:
     """The bundle assembled in dest from the local blob cache under the install root: the files it lacks are
     downloaded into it first (each checked against its sha256 as it is written), every file found there is
     checked too (installs link it: a changed install must not feed the next one), then each is linked into
@@ -470,13 +460,19 @@ def _install_blobs(src: BlobSource, entry: Entry, cache: Path, dest: Path, *, lo
     have = {n for n, f in by_name.items() if _cached(cache / n, f.sha256, f.size)}
     need = {n: f for n, f in by_name.items() if n not in have}
     size, found = sum(f.size for f in need.values()), sum(f.size for n, f in by_name.items() if n in have)
-    with log.step(f"download {len(need)} of {len(by_name)} files ({size / 1e6:.1f} MB; {found / 1e6:.1f} MB already "
-                  f"here) from {src.url}"):
+    moved = 0
+    with log.step(f"download {len(need)} of {len(by_name)} files ({size / 1e6:.1f} MB unpacked; {found / 1e6:.1f} MB "
+                  f"already here) from {src.url}"):
         for n, f in need.items():
             tmp = scratch.owned(cache, BLOB_PREFIX, ".part")
             try:
-                got = src.fetch_blob(f.sha256, f.size, tmp)
-                if got != f.sha256:
+                try:
+                    got = src.fetch_blob(entry, f, tmp)
+                except VerifyError as e:  # not a blob of the file at all (not a zstd frame, the wrong digest)
+                    raise _invalid(entry.key, f"{f.path} ({f.sha256[:12]}) from {src.url}: {e.what}", e.why,
+                                   fix="publish the bundle again") from None
+                moved += got.packed_size
+                if (got.sha256, got.size) != (f.sha256, f.size):
                     raise _invalid(entry.key, f"{f.path} ({f.sha256[:12]}) from {src.url} does not match its sha256",
                                    "the store's copy changed or was damaged", fix="publish the bundle again")
                 os.chmod(tmp, 0o755 if n.endswith(EXE_SUFFIX) else 0o644)
@@ -495,7 +491,7 @@ def _install_blobs(src: BlobSource, entry: Entry, cache: Path, dest: Path, *, lo
             shutil.copy2(blob, target)
     (dest / MANIFEST).write_text(entry.manifest.text(), encoding="utf-8", newline="\n")
     hook("extracted")
-    return _Got(zip_sha256=None, done=Transfer(by="blobs", downloaded=size, files=len(files), fetched=len(need),
+    return _Got(zip_sha256=None, done=Transfer(by="blobs", downloaded=moved, files=len(files), fetched=len(need),
                                                 from_cache=found))
 
 

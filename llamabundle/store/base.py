@@ -1,5 +1,6 @@
 """The store protocol (DESIGN §6) and the values stores hand back: `Store` (lookup(key) -> Entry | None,
-list_entries(), fetch(entry, dest), publish(zip, manifest)), `Entry` and `Published`.
+list_entries(), fetch(entry, dest), publish(zip, manifest)), `Entry` and `Published`, and what a store that
+keeps each file of a bundle once by content adds (`BlobStore`: has_blobs(entry), fetch_blob(entry, file, dest)).
 
 Only the protocol lives here: the concrete stores (store.local, store.github) import this module, and it
 imports none of them; the factory that picks one for a URL is `llamabundle.store.open_store`."""
@@ -13,8 +14,9 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from ..bundle.manifest import Manifest
+    from ..bundle.manifest import FileEntry, Manifest
     from ..net import Sink
+    from .codec import Unpacked
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,3 +53,23 @@ class Store(Protocol):
     def publish(self, zip_path: Path, manifest: Manifest) -> Published:
         """Store the zip under manifest.key. The caller has checked the zip against the manifest (manifest.trust)."""
         ...
+
+
+class BlobStore(Store, Protocol):
+    """A store that also keeps each file of a bundle once, by the sha256 of its bytes, compressed (store.codec):
+    installs download only the files their blob cache lacks (runtime/install.py)."""
+
+    def has_blobs(self, entry: Entry) -> bool:
+        """Whether every file of the entry can be fetched by content (an entry published before the store kept
+        files by content cannot: its zip is downloaded)."""
+        ...
+
+    def fetch_blob(self, entry: Entry, file: FileEntry, dest: Path) -> Unpacked:
+        """Download the file's blob, decompress it into the new file dest (at most file.size + 1 bytes) and say
+        what was written (its sha256 and size: the caller compares) and how many bytes came from the store."""
+        ...
+
+
+def blob_store(store: Store) -> BlobStore | None:
+    """The store as a BlobStore where it is one."""
+    return store if hasattr(store, "has_blobs") and hasattr(store, "fetch_blob") else None  # type: ignore[return-value]

@@ -1,5 +1,6 @@
 """A directory store: `<root>/<key>/` holds the zip, SHA256SUMS and bundle.json (written last), and
-`<root>/blobs/sha256/<hex>` each file of every bundle once, by content (written before the entry appears).
+`<root>/blobs/sha256/<hex>.zst` each file of every bundle once, by the sha256 of its bytes, as a zstd frame
+(store.codec; written before the entry appears).
 Entries are assembled in an owned temporary directory (`.publish-<pid>-<start>-…`, scratch) and renamed
 into place under a per-key file lock, so a reader never sees a partial entry and two publishers leave
 exactly one. The first lookup or publish of a store object removes the leftovers of killed publishers.
@@ -22,8 +23,9 @@ from filelock import FileLock, Timeout
 
 from .. import scratch
 from ..bundle import MANIFEST
-from ..bundle.manifest import Expect, Manifest, ManifestError, check_consistent, loads
+from ..bundle.manifest import Expect, FileEntry, Manifest, ManifestError, check_consistent, loads
 from ..errors import StoreError, UsageError, VerifyError, disk_fix, in_whose
+from . import codec
 from . import sums as sums_grammar
 from .base import Entry, Published
 
@@ -64,25 +66,28 @@ class LocalStore:
             scratch.sweep(self.root, [PUBLISH_PREFIX])
             scratch.sweep(self.root.joinpath(*BLOBS), [BLOB_PREFIX])
 
-    def blob(self, sha256: str, size: int) -> Path | None:
-        """The stored file whose content has this sha256 (and size), or None (a bundle published before the
-        store kept files by content, or another store's). Its bytes are checked as they are read."""
-        if not _KEY_DIR.fullmatch(sha256):
-            return None
-        p = self.root.joinpath(*BLOBS, sha256)
-        try:
-            return p if p.is_file() and p.stat().st_size == size else None
-        except OSError:
-            return None
+    def _blob_path(self, sha256: str) -> Path:
+        return self.root.joinpath(*BLOBS, sha256 + codec.SUFFIX)
 
-    def fetch_blob(self, sha256: str, size: int, dest: Path, *, sink: Sink | None = None) -> str:
-        """Copy the blob into the new file dest, hashing it: its sha256 (the caller compares it)."""
-        src = self.root.joinpath(*BLOBS, sha256)
-        with _open_read(src, fix="check that the store still holds the bundle (llamabundle check)") as f:
-            return _copy(f, src, dest, dest, sink=sink)
+    def has_blobs(self, entry: Entry) -> bool:
+        """Whether every file of the entry is kept by content (a bundle published before the store kept files
+        by content is not: its zip is downloaded)."""
+        return all(_KEY_DIR.fullmatch(f.sha256) and self._blob_path(f.sha256).is_file() for f in entry.manifest.files)
+
+    def fetch_blob(self, entry: Entry, file: FileEntry, dest: Path) -> codec.Unpacked:
+        """Decompress the file's blob into the new file dest (at most file.size + 1 bytes), hashing what is written."""
+        src = self._blob_path(file.sha256)
+        with _open_read(src, fix="check that the store still holds the bundle (llamabundle check)") as f, \
+                _open_new(dest, dest) as out:
+            try:
+                return codec.unpack(f, out, limit=file.size)
+            except codec.CodecError as e:
+                raise VerifyError(f"{src} is not a blob of {file.path}", why=str(e), fix="publish the bundle again") from None
+            except OSError as e:
+                raise StoreError(f"cannot copy {src} to {dest}", why=e.strerror or str(e), fix=disk_fix(e)) from None
 
     def _store_blobs(self, zip_path: Path, manifest: Manifest) -> None:
-        """Each file of the bundle as a blob named by its sha256, read from the zip and checked against the
+        """Each file of the bundle as a zstd blob named by its sha256, read from the zip and checked against the
         manifest as it is written; a blob already there is kept (blobs are written before the entry appears)."""
         blobs = self.root.joinpath(*BLOBS)
         blobs.mkdir(parents=True, exist_ok=True)
@@ -92,7 +97,8 @@ class LocalStore:
             raise VerifyError(f"{zip_path} is not a readable zip", why=str(e)) from None
         with z:
             for f in manifest.files:
-                if self.blob(f.sha256, f.size) is not None:
+                final = self._blob_path(f.sha256)
+                if final.is_file():
                     continue
                 tmp = scratch.owned(blobs, BLOB_PREFIX, ".part")
                 try:
@@ -100,12 +106,17 @@ class LocalStore:
                         src = z.open(f.path)
                     except KeyError:
                         raise VerifyError(f"{zip_path.name}:{f.path} is listed in bundle.json but not in the zip") from None
-                    with src:
-                        digest = _copy(_Bounded(src, f.size), zip_path, tmp, blobs / f.sha256, durable=True)
-                    if digest != f.sha256:
+                    with src, _open_new(tmp, final) as out:
+                        try:
+                            packed = codec.pack(_Bounded(src, f.size), out)
+                            out.flush()
+                            os.fsync(out.fileno())
+                        except OSError as e:
+                            raise _write_error(final, e) from None
+                    if (packed.sha256, packed.size) != (f.sha256, f.size):
                         raise VerifyError(f"{zip_path.name}:{f.path} does not match its sha256 in bundle.json",
                                           why="the zip and its manifest disagree", fix="pack the bundle again")
-                    os.replace(tmp, blobs / f.sha256)
+                    os.replace(tmp, final)
                 except BaseException:
                     _unlink(tmp)
                     raise

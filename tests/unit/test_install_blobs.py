@@ -5,6 +5,7 @@ before. Bundles here share llama-server, the CPU backend and the LICENSE and dif
 
 from __future__ import annotations
 
+import io
 import os
 import zipfile
 from pathlib import Path
@@ -12,9 +13,11 @@ from pathlib import Path
 import pytest
 
 from llamabundle import digest, scratch
+from llamabundle.bundle.manifest import FileEntry
 from llamabundle.errors import VerifyError
 from llamabundle.runtime import install as install_mod
 from llamabundle.runtime.install import BundleInvalid, check_bundle, install_bundle, list_installed, uninstall
+from llamabundle.store import codec
 from llamabundle.store.local import BLOBS, LocalStore
 from tests.installs import plant
 from tests.probing import QUIET, make_zip, publish
@@ -23,8 +26,20 @@ PLATFORM = "linux-x86_64"
 
 
 def blobs(store: Path) -> dict[str, int]:
+    """The store's blobs: the sha256 they are named by -> the size of what they decompress to (checked to hash so)."""
     d = store.joinpath(*BLOBS)
-    return {p.name: p.stat().st_size for p in d.iterdir()} if d.is_dir() else {}
+    out = {}
+    for p in sorted(d.iterdir()) if d.is_dir() else ():
+        with open(p, "rb") as f:
+            got = codec.unpack(f, io.BytesIO(), limit=1 << 30)
+        assert p.name == got.sha256 + codec.SUFFIX
+        out[got.sha256] = got.size
+    return out
+
+
+def packed(store: Path, *files: FileEntry) -> int:
+    """The bytes an install downloads for these files: their zstd blobs."""
+    return sum(store.joinpath(*BLOBS, f.sha256 + codec.SUFFIX).stat().st_size for f in files)
 
 
 def cache(root: Path) -> list[str]:
@@ -48,18 +63,18 @@ def test_an_install_downloads_only_what_the_machine_lacks_and_links_it(tmp_path:
     b = publish(store, tmp_path, salt="b", name="other")
     first = install_bundle(LocalStore(store), a.key, root=root, log=QUIET)
     t = first.transfer
-    assert (t.by, t.downloaded, t.from_cache, t.files, t.fetched) == ("blobs", sum(f.size for f in a.files), 0, 4, 4)
+    assert (t.by, t.downloaded, t.from_cache, t.files, t.fetched) == ("blobs", packed(store, *a.files), 0, 4, 4)
     second = install_bundle(LocalStore(store), b.key, root=root, log=QUIET)
     cuda = next(f for f in b.files if f.path == "libggml-cuda.so")
     t = second.transfer
-    assert (t.by, t.downloaded, t.fetched) == ("blobs", cuda.size, 1)
+    assert (t.by, t.downloaded, t.fetched) == ("blobs", packed(store, cuda), 1)
     assert t.from_cache == sum(f.size for f in b.files) - cuda.size
     for inst, m in ((first.installed, a), (second.installed, b)):
         check_bundle(inst.path, key=m.key, platform=PLATFORM)
         server = inst.path / "llama-server"
         assert server.stat().st_mode & 0o777 == 0o755 and (inst.path / "LICENSE").stat().st_mode & 0o777 == 0o644
         assert server.stat().st_nlink == 3  # the cache's blob and both installs: one copy on disk
-    assert first.to_json()["transfer"] == {"by": "blobs", "downloaded_bytes": sum(f.size for f in a.files),
+    assert first.to_json()["transfer"] == {"by": "blobs", "downloaded_bytes": packed(store, *a.files),
                                            "cached_bytes": 0, "files": 4, "files_downloaded": 4}
 
 
@@ -67,7 +82,8 @@ def test_a_changed_blob_in_the_store_is_refused_and_nothing_is_kept(tmp_path: Pa
     store, root = tmp_path / "store", tmp_path / "data"
     m = publish(store, tmp_path)
     lic = next(f for f in m.files if f.path == "LICENSE")
-    store.joinpath(*BLOBS, lic.sha256).write_bytes(b"MIT Licensf\n")  # same size, other bytes
+    with open(store.joinpath(*BLOBS, lic.sha256 + codec.SUFFIX), "wb") as out:  # a good frame of other bytes
+        codec.pack(io.BytesIO(b"MIT Licensf\n"), out)
     with pytest.raises(BundleInvalid) as e:
         install_bundle(LocalStore(store), m.key, root=root, log=QUIET)
     assert f"LICENSE ({lic.sha256[:12]}) from {store} does not match its sha256" in e.value.what
@@ -85,8 +101,8 @@ def test_an_install_changed_on_disk_never_feeds_the_next_one(tmp_path: Path) -> 
     (first.path / "LICENSE").write_bytes(b"edited\n")  # through the link: the cache's blob changes too
     second = install_bundle(LocalStore(store), b.key, root=root, log=QUIET)
     lic = next(f for f in b.files if f.path == "LICENSE")
-    assert second.transfer.fetched == 2 and second.transfer.downloaded == lic.size + next(
-        f.size for f in b.files if f.path == "libggml-cuda.so")
+    assert second.transfer.fetched == 2 and second.transfer.downloaded == packed(
+        store, lic, next(f for f in b.files if f.path == "libggml-cuda.so"))
     check_bundle(second.installed.path, key=b.key, platform=PLATFORM)
     again = install_bundle(LocalStore(store), a.key, root=root, log=QUIET)  # the edited install fails its check
     assert not again.reused and again.transfer.by == "blobs" and again.transfer.downloaded == 0
@@ -137,3 +153,21 @@ def test_blobs_no_install_links_are_pruned_and_a_killed_downloads_leftover_swept
     assert not dead.exists()
     assert digest.sha256_file(root / install_mod.BLOB_CACHE / next(
         f.sha256 for f in b.files if f.path == "LICENSE")) == next(f.sha256 for f in b.files if f.path == "LICENSE")
+
+
+@pytest.mark.parametrize("blob", [b"not zstd at all", "bomb"])
+def test_a_blob_that_is_not_a_frame_of_its_file_or_inflates_past_it_is_refused(tmp_path: Path, blob: bytes | str) -> None:
+    store, root = tmp_path / "store", tmp_path / "data"
+    m = publish(store, tmp_path)
+    lic = next(f for f in m.files if f.path == "LICENSE")
+    with open(store.joinpath(*BLOBS, lic.sha256 + codec.SUFFIX), "wb") as out:
+        if blob == "bomb":  # 64 MiB of zeros in a few KB: decompressing stops one byte past the file's size
+            codec.pack(io.BytesIO(bytes(64 << 20)), out)
+        else:
+            assert isinstance(blob, bytes)
+            out.write(blob)
+    with pytest.raises(BundleInvalid) as e:
+        install_bundle(LocalStore(store), m.key, root=root, log=QUIET)
+    assert f"LICENSE ({lic.sha256[:12]}) from {store}" in e.value.what
+    assert list_installed(root) == [] and not [n for n in cache(root) if n.startswith(".")]
+    assert lic.sha256 not in cache(root)

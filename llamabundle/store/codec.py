@@ -1,0 +1,92 @@
+"""How a store keeps a bundle's files by content (issue 33 part 6): each file once, as a zstd frame (level 3)
+named by the sha256 of the file's own bytes. zstd, not deflate: about 5 % fewer bytes than the zip's deflate on
+NVIDIA's libraries and 5-12x faster to decompress, and decompressing is most of what a cache hit costs.
+
+`pack` compresses a stream into a new file, hashing the raw bytes as it reads them; `unpack` decompresses a
+stream into a new file, hashing what it writes and stopping at one byte past the size the manifest gives (a
+frame that inflates further is refused there, never written out). Both return what they saw; the caller
+compares it with the manifest."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, Protocol
+
+import zstandard
+
+LEVEL = 3
+CHUNK = 1 << 20
+MEDIA_TYPE = "application/zstd"  # of a blob as a store serves it
+SUFFIX = ".zst"
+
+
+class Reader(Protocol):
+    def read(self, n: int, /) -> bytes: ...
+
+
+class CodecError(ValueError):
+    """A blob that is not a zstd frame of the file it claims to be."""
+
+
+@dataclass(frozen=True)
+class Packed:
+    sha256: str  # of the raw bytes read
+    size: int  # raw bytes read
+    packed_size: int  # bytes written
+
+
+@dataclass(frozen=True)
+class Unpacked:
+    sha256: str  # of the raw bytes written
+    size: int  # raw bytes written (at most the limit plus one)
+    packed_size: int  # compressed bytes read
+
+
+def pack(src: Reader, out: BinaryIO, *, level: int = LEVEL) -> Packed:
+    """Compress src into out (one zstd frame with its content checksum)."""
+    h, raw, before = hashlib.sha256(), 0, out.tell()
+    cctx = zstandard.ZstdCompressor(level=level, write_checksum=True)
+    with cctx.stream_writer(out, closefd=False) as w:
+        while chunk := src.read(CHUNK):
+            h.update(chunk)
+            raw += len(chunk)
+            w.write(chunk)
+    return Packed(sha256=h.hexdigest(), size=raw, packed_size=out.tell() - before)
+
+
+def pack_file(path: Path, dest: Path, *, level: int = LEVEL) -> Packed:
+    """Compress the file at path into the new file dest."""
+    with open(path, "rb") as src, open(dest, "xb") as out:
+        return pack(src, out, level=level)
+
+
+class _Counting:
+    def __init__(self, f: Reader) -> None:
+        self.f, self.n = f, 0
+
+    def read(self, n: int) -> bytes:
+        chunk = self.f.read(n)
+        self.n += len(chunk)
+        return chunk
+
+
+def unpack(src: Reader, out: BinaryIO, *, limit: int) -> Unpacked:
+    """Decompress the zstd stream src into out, at most limit + 1 bytes (one more shows the blob lies about its
+    size: the caller compares). A stream that is not zstd, or is cut short, is a CodecError."""
+    h, raw = hashlib.sha256(), 0
+    counting = _Counting(src)
+    try:
+        reader = zstandard.ZstdDecompressor().stream_reader(counting, read_size=CHUNK, read_across_frames=False)
+        with reader:
+            while raw <= limit:
+                chunk = reader.read(min(CHUNK, limit + 1 - raw))
+                if not chunk:
+                    break
+                h.update(chunk)
+                raw += len(chunk)
+                out.write(chunk)
+    except zstandard.ZstdError as e:
+        raise CodecError(f"not a zstd frame of the file ({e})") from None
+    return Unpacked(sha256=h.hexdigest(), size=raw, packed_size=counting.n)
