@@ -155,7 +155,7 @@ def _installed(i: Installed) -> InstalledBundle:
 def install(*, store: str | os.PathLike[str] | None = None, key: str | None = None,
             recipe: str | os.PathLike[str] | None = None, root: str | os.PathLike[str] | None = None,
             expect_commit: str | None = None, expect_toolkit: str | None = None, expect_sha256: str | None = None,
-            digests: str | os.PathLike[str] | None = None, quiet: bool = True,
+            digests: str | os.PathLike[str] | None = None, backends: str | None = None, quiet: bool = True,
             env: Mapping[str, str] | None = None) -> InstallResult:
     """Install a bundle as `llamabundle install` does: from `store` (a directory, file://DIR or github:OWNER/REPO;
     default $LLAMABUNDLE_STORE, else <cache>/store), by `key` or by `recipe` (a path or a shipped recipe's name:
@@ -163,7 +163,8 @@ def install(*, store: str | os.PathLike[str] | None = None, key: str | None = No
     checked before the install replaces the previous one of that name (docs/install-rules.md); a refused bundle
     raises a LlamaBundleError with exit_code 5. `expect_sha256` pins the zip's sha256, or `digests` (at most one of
     them), a digest list the app ships (SHA256SUMS lines: the zip's name or the key, and its sha256); a zip the
-    pin refuses raises with exit_code 5. `quiet`: no progress lines on stderr."""
+    pin refuses raises with exit_code 5. `backends`: "auto" or a comma-separated list installs only the CPU part
+    and those backends (install --backends). `quiet`: no progress lines on stderr."""
     from . import keys
     from .runtime.install import install_bundle, load_digests
     from .store import open_store
@@ -185,7 +186,7 @@ def install(*, store: str | os.PathLike[str] | None = None, key: str | None = No
         raise UsageError("pass at most one of expect_sha256 and digests", fix="pin the zip by one of them")
     listed = load_digests(Path(digests)) if digests is not None else None
     out = install_bundle(opened, key, root=_root(settings, root), log=Log(quiet=quiet), commit=expect_commit,
-                         toolkit=expect_toolkit, expect_sha256=expect_sha256, digests=listed)
+                         toolkit=expect_toolkit, expect_sha256=expect_sha256, digests=listed, backends_wanted=backends)
     return InstallResult(bundle=_installed(out.installed), reused=out.reused, replaced=out.replaced,
                          pinned_by=out.pinned.where if out.pinned is not None else None,
                          transfer=out.transfer.by, downloaded_bytes=out.transfer.downloaded)

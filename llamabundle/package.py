@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 import shutil
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,12 +15,13 @@ from . import backends, cache, platforms, scratch, webui
 from .backends import Prepared
 from .build import BuildPlan, BuildResult, BuildTools
 from .bundle import built_at, bundle_time, file_entries, pack, write_manifest
+from .bundle import parts as parts_mod
 from .bundle.manifest import Manifest
 from .errors import VerifyError
 from .keys import Keyed
 from .log import Log
 from .platforms import Collected, RuntimeSources
-from .platforms.base import HostToolchain
+from .platforms.base import Extra, HostToolchain
 from .recipe import Recipe
 from .source import SourceTree
 from .webui import Assets
@@ -69,18 +70,27 @@ def package(made: Made, plan: BuildPlan, result: BuildResult, out_zip: Path, *, 
         stage = tmp / "bundle"
         stage.mkdir()
         with log.step("collect runtime libraries"):
+            own: dict[str, set[str]] = {b.name: {platform.library_file(t) for t in b.targets(recipe)} for b in have}
+
+            def extras(bundled: Mapping[str, Path], dirs: Sequence[Path]) -> list[Extra]:
+                asked = [(b, e) for b in have for e in b.runtime_extras(recipe, bundled, dirs, platform=platform)]
+                for b, e in asked:  # a companion a backend asks for is that backend's own (parts)
+                    own[b.name].add(e.path.name)
+                return [e for _b, e in asked]
+
             sources = RuntimeSources(
                 lib_dirs=(*((d, "toolkit") for p in made.prepared.values() for d in p.lib_dirs), *toolchain.runtime_dirs),
-                extras=lambda bundled, dirs: [e for b in have
-                                              for e in b.runtime_extras(recipe, bundled, dirs, platform=platform)],
-                openmp=recipe.runtime.openmp)
+                extras=extras, openmp=recipe.runtime.openmp)
             collected = platform.collect(plan.products, stage, log=log, sources=sources)
             about = {n: (collected.origins.get(n, "build"), collected.why.get(n, "")) for n in collected.bundled}
             about |= {n: ("source", "llama.cpp's licence") for n in copy_licenses(made.src.path, stage)}
             about |= platform.licenses(collected, stage)
             for b in have:
-                about |= b.licenses(collected.bundled, made.prepared.get(b.name), stage)
+                mine = b.licenses(collected.bundled, made.prepared.get(b.name), stage)
+                own[b.name] |= set(mine)
+                about |= mine
             roles = dict(collected.roles) | {n: "license" for n in about if n not in collected.roles}
+            parts = bundle_parts(stage, roles, own, fold_case=platform.system == "windows")
         fields: dict[str, Any] = {
             "name": recipe.name,
             "key": made.key,
@@ -97,6 +107,7 @@ def package(made: Made, plan: BuildPlan, result: BuildResult, out_zip: Path, *, 
             "system_deps": collected.system_deps,
             "glibc_floor": collected.glibc_floor,
             "files": file_entries(stage, roles, about),
+            "parts": parts,
             "built_at": built_at(when),
             "publish": {"tag": made.keyed.tag},
         }
@@ -111,6 +122,17 @@ def package(made: Made, plan: BuildPlan, result: BuildResult, out_zip: Path, *, 
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return manifest, collected
+
+
+def bundle_parts(stage: Path, roles: Mapping[str, str], own: Mapping[str, set[str]], *,
+                 fold_case: bool) -> dict[str, list[str]]:
+    """bundle.json's `parts` (bundle.parts.split): the CPU part is rooted at the programs, the CPU backend's own
+    files and every licence no other backend claims; each GPU backend at its modules, companions and licences."""
+    claimed = {n for b, files in own.items() if b != parts_mod.CPU for n in files}
+    roots = {b: sorted(n for n in files if n in roles) for b, files in own.items()}
+    roots[parts_mod.CPU] = sorted({*roots.get(parts_mod.CPU, ()), *(n for n, r in roles.items()
+                                                                   if r == "exe" or (r == "license" and n not in claimed))})
+    return parts_mod.split(roles, roots=roots, imports=lambda n: parts_mod.imports_of(stage / n), fold_case=fold_case)
 
 
 def copy_licenses(source_dir: Path, stage: Path) -> dict[str, str]:

@@ -59,17 +59,21 @@ SERVERS = {  # llama-server --verbose --list-devices, as llama.cpp answers it (s
 
 def make_stage(tmp: Path, *, name: str = NAME, server: str = "ok", backends: tuple[str, ...] = ("cpu", "cuda"),
                floor: str | None = "572.61", toolkit: str = "13.0.2", commit: str = COMMIT, salt: str = "",
-               platform: str = "linux-x86_64") -> tuple[Path, Manifest]:
+               platform: str = "linux-x86_64", parts: bool = False) -> tuple[Path, Manifest]:
     """An unpacked bundle made with the real helpers; its key is the sha256 of its inputs, as a build's is.
-    Returns the typed manifest (bundle.write_manifest's), as read_manifest would read it back."""
+    Returns the typed manifest (bundle.write_manifest's), as read_manifest would read it back. `parts`: it also
+    carries CUDA's runtime library and licence, and bundle.json says which files each GPU backend needs."""
     stage = tmp / f"stage-{uuid.uuid4().hex[:8]}"
     stage.mkdir(parents=True)
     files = {"llama-server": (SERVERS[server], "exe"), "libggml-cpu.so": (b"cpu backend\n", "backend"),
              "LICENSE": (b"MIT License\n", "license")}
     if "cuda" in backends:
         files["libggml-cuda.so"] = (b"cuda backend " + salt.encode() + b"\n", "backend")
+    if "cuda" in backends and parts:
+        files["libcudart.so.13"] = (b"cuda runtime\n" * 1000, "runtime")
+        files["LICENSE-CUDA.txt"] = (b"NVIDIA licence\n", "license")
     if "vulkan" in backends:
-        files["libggml-vulkan.so"] = (b"vulkan backend\n", "backend")
+        files["libggml-vulkan.so"] = (b"vulkan backend\n" * 100, "backend")
     for rel, (data, _role) in files.items():
         (stage / rel).write_bytes(data)
     (stage / "llama-server").chmod(0o755)
@@ -80,6 +84,8 @@ def make_stage(tmp: Path, *, name: str = NAME, server: str = "ok", backends: tup
         "platform": platform, "llama_cpp": {"commit": commit, "version": "b6000"}, "backends": sorted(backends),
         "cuda": {**cuda, "archs": {"sass": ["90"], "ptx": ["75"]}} if cuda else None,
         "files": bundle.file_entries(stage, {rel: role for rel, (_d, role) in files.items()}),
+        **({"parts": {b: sorted(n for n in files if b in n.lower() and n != "libggml-cpu.so")
+                      for b in backends if b != "cpu"}} if parts else {}),
     })
     return stage, manifest
 

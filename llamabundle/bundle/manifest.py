@@ -75,6 +75,8 @@ class Manifest:
     publish_tag: str | None
     tool: str | None
     built_at: str | None
+    parts: Mapping[str, tuple[str, ...]] | None = None  # GPU backend -> the files only it needs (bundle.parts)
+    cut: Mapping[str, Any] | None = None  # a subset of a published bundle: what it was cut from (bundle.parts.cut)
     _raw: str  # the JSON as it was read, canonical (unknown fields of format 1 are kept)
 
     def file(self, path: str) -> FileEntry | None:
@@ -209,12 +211,49 @@ def parse(data: Any) -> Manifest:
     toolchain = data.get("toolchain")
     if toolchain is not None:
         as_obj(toolchain, "toolchain")
-    return Manifest(name=name or "", key=key or "", inputs=_freeze(inputs), llama_cpp=llama, platform=platform,
+    parts = _parts(data.get("parts"), backends, {f.path for f in files})
+    cut = _cut(data.get("cut"))
+    return Manifest(parts=parts, cut=cut, name=name or "", key=key or "", inputs=_freeze(inputs), llama_cpp=llama, platform=platform,
                     backends=backends, sections=_freeze(sections), files=tuple(files),
                     system_deps=as_strs(data.get("system_deps") or [], "system_deps"),
                     glibc_floor=as_str(data.get("glibc_floor"), "glibc_floor", optional=True),
                     publish_tag=tag, tool=as_str(data.get("tool"), "tool", optional=True),
                     built_at=as_str(data.get("built_at"), "built_at", optional=True), _raw=json.dumps(data, sort_keys=True))
+
+
+def _parts(value: Any, backends: tuple[str, ...], paths: set[str]) -> Mapping[str, tuple[str, ...]] | None:
+    """`parts`: each GPU backend the bundle holds -> files it lists (null: a bundle packed before parts)."""
+    if value is None:
+        return None
+    parts = {}
+    for b, listed in as_obj(value, "parts").items():
+        if b not in backends or b == "cpu":
+            raise field_error(f"parts.{b}", "names a backend the bundle does not hold as a GPU part")
+        for i, p in enumerate(as_strs(listed, f"parts.{b}")):
+            if p not in paths:
+                raise field_error(f"parts.{b}[{i}]", f"is {p[:80]!r}, which the bundle does not list")
+        parts[b] = tuple(listed)
+    return MappingProxyType(parts)
+
+
+CUT_BY = ("auto", "list")
+
+
+def _cut(value: Any) -> Mapping[str, Any] | None:
+    """`cut`: what a partial install was cut from (null: a whole bundle)."""
+    if value is None:
+        return None
+    cut = as_obj(value, "cut")
+    as_strs(cut.get("from_backends"), "cut.from_backends")
+    as_strs(cut.get("dropped"), "cut.dropped")
+    by = as_str(cut.get("by"), "cut.by")
+    if by not in CUT_BY:
+        raise field_error("cut.by", f"is {str(by)[:20]!r}, not one of {', '.join(CUT_BY)}")
+    for k, v in as_obj(cut.get("why", {}), "cut.why").items():
+        as_str(v, f"cut.why.{k}")
+    as_str(cut.get("from_manifest_sha256"), "cut.from_manifest_sha256", pattern=HEX64, what="64 lowercase hex digits")
+    frozen: Mapping[str, Any] = _freeze(dict(cut))
+    return frozen
 
 
 def schema_text(pattern: re.Pattern[str] | None = None, **more: Any) -> dict[str, Any]:
@@ -272,6 +311,15 @@ def json_schema(sections: Mapping[str, dict[str, Any]], *, backends: tuple[str, 
             "publish": maybe({"type": "object", "properties": {"tag": maybe(text())}}),
             "tool": maybe(text()),
             "built_at": maybe(text()),
+            "parts": maybe({"type": "object", "additionalProperties": strings,
+                            "description": "each GPU backend -> the files only it needs (every other file is the CPU "
+                                           "part, which every install holds)"}),
+            "cut": maybe({"type": "object", "required": ["from_backends", "dropped", "by", "from_manifest_sha256"],
+                          "description": "a partial install: the backends of the published bundle, those left out, "
+                                         "how they were chosen and why, and the sha256 of the published bundle.json",
+                          "properties": {"from_backends": strings, "dropped": strings, "by": {"enum": list(CUT_BY)},
+                                         "why": {"type": "object", "additionalProperties": text()},
+                                         "from_manifest_sha256": text(HEX64)}}),
         },
     }
 
@@ -347,16 +395,27 @@ def check_consistent(m: Manifest, expect: Expect = ANYTHING) -> None:
     recorded_backends = inputs.get("backends")
     if isinstance(recorded_backends, (list, tuple)):
         allowed = sorted(str(b) for b in recorded_backends)
-        unclaimed = [s for s in m.sections if s not in allowed]
+        holds = sorted(m.backends) if m.cut is not None else allowed  # a cut holds some of them, named by its cut
+        unclaimed = [s for s in m.sections if s not in holds]
+        if m.cut is not None:
+            cut_from, dropped = sorted(m.cut["from_backends"]), sorted(m.cut["dropped"])
+            checks += [
+                (cut_from == allowed, f"it says it was cut from backends {', '.join(cut_from)}, its inputs say "
+                                      f"{', '.join(allowed) or 'none'}", "the manifest was edited"),
+                (set(m.backends) <= set(allowed) and ("cpu" in m.backends or "cpu" not in allowed)
+                 and dropped == sorted(set(allowed) - set(m.backends)),
+                 f"it holds backends {', '.join(m.backends)} and says it dropped {', '.join(dropped) or 'none'} of "
+                 f"{', '.join(allowed)}", "a partial install holds the CPU part and some of its inputs' backends"),
+            ]
         checks += [
-            (not m.backends or sorted(m.backends) == allowed,
+            (not m.backends or sorted(m.backends) == holds,
              f"it says backends {', '.join(m.backends)}, its inputs say {', '.join(allowed) or 'none'}",
              "the manifest was edited: the backends a bundle holds are part of its key"),
             (not unclaimed, f"it has a {', '.join(unclaimed)} section, its inputs name no such backend",
              "the manifest was edited: a backend's section belongs to a backend the key names"),
         ]
     for name in SECTIONS:  # a backend's toolkit: the one its section records is the one its inputs record
-        if name in inputs:
+        if name in inputs and not (m.cut is not None and name in m.cut["dropped"]):
             recorded = inputs[name].get("toolkit") if isinstance(inputs[name], Mapping) else None
             said = m.toolkit(name)
             checks.append((recorded == said, f"it says {name.upper()} {said or 'none'}, its inputs say "

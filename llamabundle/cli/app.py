@@ -71,13 +71,16 @@ def probe_cmd(c: Ctx, as_json: bool, bundle: Path | None, dest: Path | None, nvi
 @click.option("--digests", "digests_path", metavar="FILE", type=InputFile(exists=True),
               help="Refuse a bundle whose zip is not in this digest list (SHA256SUMS lines: `<sha256>  <zip name or key>`).")
 @click.option("--if-needed", is_flag=True, help="Probe first; install only on binary_missing_nvidia_detected (pinned as without it), then probe again.")
+@click.option("--backends", "backends_wanted", metavar="auto|LIST",
+              help="Install only the CPU part and these backends (comma-separated), or those whose device is here (auto).")
 @JSON_OPT
 @pass_ctx
 def install_cmd(c: Ctx, store_url: str | None, recipe_path: Path | None, key_: str | None, dest: Path | None,
                 expect_commit: str | None, expect_toolkit: str | None, expect_sha256: str | None,
-                digests_path: Path | None, if_needed: bool, as_json: bool) -> None:
+                digests_path: Path | None, if_needed: bool, backends_wanted: str | None, as_json: bool) -> None:
     """Download a bundle, check everything in it, and install it atomically (the previous one stays until then).
-    With --expect-sha256 or --digests, only the pinned zip is installed."""
+    With --expect-sha256 or --digests, only the pinned zip is installed. With --backends, only the files the
+    CPU part and the chosen backends need (bundle.json then says which, and what it was cut from)."""
     from .. import keys
     from ..runtime import install as install_mod
     from ..runtime import probe as probe_mod
@@ -103,13 +106,15 @@ def install_cmd(c: Ctx, store_url: str | None, recipe_path: Path | None, key_: s
         emit(res.to_json()) if as_json else _print_probe(res)
         return
     out = install_mod.install_bundle(store, key_, root=root, log=c.log, commit=expect_commit, toolkit=expect_toolkit,
-                                     expect_sha256=sha, digests=digests)
+                                     expect_sha256=sha, digests=digests, backends_wanted=backends_wanted)
     if as_json:
         emit(out.to_json())
     elif out.reused:
         click.echo(f"already installed and intact: {out.installed.name} ({out.installed.key[:12]}) {out.installed.path}")
     else:
+        cut = out.installed.manifest.cut
         click.echo(f"installed {out.installed.name} ({out.installed.key[:12]}): {out.installed.path}"
+                   + (f" (backends {', '.join(out.installed.backends)} of {', '.join(cut['from_backends'])})" if cut else "")
                    + (f" (replaced {out.replaced[:12]})" if out.replaced else "")
                    + (f" (zip sha256 pinned by {out.pinned.where})" if out.pinned else ""))
 

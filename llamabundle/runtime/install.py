@@ -23,7 +23,7 @@ from typing import Any
 from .. import backends, platforms, scratch, untrusted
 from ..backends.cuda import section as cuda_section
 from ..backends.cuda.section import CudaInfo
-from ..bundle import MANIFEST, extract, read_manifest
+from ..bundle import MANIFEST, extract, parts, read_manifest
 from ..bundle.manifest import Expect, Manifest, check_consistent, trust
 from ..digest import sha256_file
 from ..errors import StoreError, UsageError, VerifyError, disk_fix
@@ -278,11 +278,12 @@ def _current(slot: Path) -> Installed | None:
 
 def install_bundle(store: Store, key: str, *, root: Path, log: Log, commit: str | None = None, toolkit: str | None = None,
                    platform: str | None = None, hook: Hook | None = None, expect_sha256: str | None = None,
-                   digests: DigestList | None = None) -> InstallOutcome:
+                   digests: DigestList | None = None, backends_wanted: str | None = None) -> InstallOutcome:
     """Install the store's bundle `key` under root, replacing the install of the same name only once the new
     one is checked. `expect_sha256` (or the line of `digests` naming the zip or the key) pins the zip's sha256:
     another zip is refused (exit 5) before anything is unpacked, and a bundle the list lacks is refused too.
-    `hook` is called at the named points (tests kill the process there)."""
+    `backends_wanted` ("auto", or a comma-separated list; None: all) installs only the files those backends
+    need (choose_backends). `hook` is called at the named points (tests kill the process there)."""
     if expect_sha256 is not None and digests is not None:
         raise UsageError("pass at most one of --expect-sha256 and --digests", fix="pin the zip by one of them")
     sha = parse_sha256(expect_sha256) if expect_sha256 is not None else None
@@ -296,12 +297,14 @@ def install_bundle(store: Store, key: str, *, root: Path, log: Log, commit: str 
     name = entry.manifest.name
     if not _NAME.fullmatch(name):
         raise _invalid(key, f"the store names it {name!r}, which is not a usable bundle name")
+    choice = choose_backends(entry.manifest, backends_wanted, log=log) if backends_wanted is not None else None
     try:
         with _slot_lock(root, name, doing="installing or removing",
                         on_wait=lambda owner: log.info(f"waiting for {owner.describe() if owner else 'another process'}, "
                                                        f"which holds the lock of {name} in {root}")):
             return _install_locked(store, entry, root / BUNDLES / name, log=log, platform=platform or platforms.host_name(),
-                                   commit=commit, toolkit=toolkit, hook=hook or (lambda _point: None), pin=pin)
+                                   commit=commit, toolkit=toolkit, hook=hook or (lambda _point: None), pin=pin,
+                                   want=parts.cut(entry.manifest, choice) if choice is not None else entry.manifest)
     except OSError as e:
         raise _os_error(f"cannot install {name} into {root}", e) from None
 
@@ -339,8 +342,39 @@ def _pin_refused(entry: Entry, pin: Pin, got: str, *, where: str) -> BundleInval
                     fix=pin.fix(entry.zip_name))
 
 
+def choose_backends(m: Manifest, wanted: str, *, log: Log) -> parts.Choice:
+    """The backends to install: `auto` keeps each GPU backend whose device is present here (Backend.device_present:
+    the NVIDIA driver's device node or library, a Vulkan driver for a GPU), a list keeps those it names; the CPU
+    part is always kept. A bundle packed before bundle.json had `parts` can only be installed whole."""
+    gpu = [b for b in m.backends if b != parts.CPU]
+    if wanted == "auto":
+        found = {b: b in backends.REGISTRY and backends.REGISTRY[b].device_present() for b in gpu}
+        hint = {b: backends.REGISTRY[b].device_hint if b in backends.REGISTRY else f"a {b} device" for b in gpu}
+        why = {b: f"{hint[b]}: found here" if found[b] else f"{hint[b]}: not found here" for b in gpu}
+        keep = [parts.CPU, *(b for b in gpu if found[b])]
+        by = "auto"
+    else:
+        asked = [w.strip().lower() for w in wanted.split(",") if w.strip()]
+        unknown = [w for w in asked if w not in m.backends]
+        if not asked or unknown:
+            raise UsageError(f"--backends {wanted!r} names {'nothing' if not asked else ', '.join(unknown)}, which "
+                             f"{m.name} ({m.key[:12]}) does not hold" if asked else f"--backends {wanted!r} names no backend",
+                             why=f"it holds {', '.join(m.backends)}",
+                             fix=f"pass auto, or some of {', '.join(m.backends)} (the CPU part is always installed)")
+        keep = [parts.CPU, *(b for b in gpu if b in asked)]
+        why = {b: "asked for" if b in keep else "not asked for" for b in gpu}
+        by = "list"
+    keep = [b for b in m.backends if b in keep]
+    if len(keep) < len(m.backends) and m.parts is None:
+        raise UsageError(f"{m.name} ({m.key[:12]}) cannot be installed in part", why="its bundle.json has no `parts` "
+                         "(it was packed by a llamabundle that did not record which files each backend needs)",
+                         fix="install it whole (without --backends), or rebuild and publish it")
+    log.info(f"backends: {', '.join(keep)}" + "".join(f"; {b}: {why[b]}" for b in gpu))
+    return parts.Choice(backends=tuple(keep), why=why, by=by)
+
+
 def _install_locked(store: Store, entry: Entry, slot: Path, *, log: Log, platform: str, commit: str | None,
-                    toolkit: str | None, hook: Hook, pin: Pin | None) -> InstallOutcome:
+                    toolkit: str | None, hook: Hook, pin: Pin | None, want: Manifest) -> InstallOutcome:
     key = entry.key
     slot.mkdir(parents=True, exist_ok=True)
     old = _current(slot)
@@ -351,13 +385,14 @@ def _install_locked(store: Store, entry: Entry, slot: Path, *, log: Log, platfor
             shutil.rmtree(leftover)
         else:
             leftover.unlink()
-    if old is not None and old.key == key and (pin is None or old.zip_sha256 == pin.sha256):
+    same = old is not None and old.key == key and sorted(old.manifest.backends) == sorted(want.backends)
+    if old is not None and same and (pin is None or old.zip_sha256 == pin.sha256):
         try:
             check_bundle(old.path, key=key, platform=platform, commit=commit, toolkit=toolkit)
             return InstallOutcome(installed=old, reused=True, replaced=None, pinned=pin)
         except BundleInvalid as e:
             log.warn(f"the installed {slot.name} ({key[:12]}) fails its check ({e.what}); installing it again")  # noqa: G010 - Log.warn
-    elif old is not None and old.key == key and pin is not None:
+    elif old is not None and same and pin is not None:
         log.info(f"the installed {slot.name} ({key[:12]}) is not known to come from the zip pinned by {pin.where}; "
                  "installing it again")
     if pin is not None and entry.zip_sha256 != pin.sha256:  # refused before any download, the old install untouched
@@ -374,13 +409,16 @@ def _install_locked(store: Store, entry: Entry, slot: Path, *, log: Log, platfor
                 backends.read_sections(entry.manifest)
             except VerifyError as e:
                 raise _invalid(key, e.what, e.why) from None
-            transfer = _install_blobs(by_content, entry, blob_cache, stage / version, log=log, hook=hook)
+            transfer = _install_blobs(by_content, entry, want, blob_cache, stage / version, log=log, hook=hook)
             with log.step(f"check {slot.name} ({key[:12]})"):  # bundle.json is the store's: its files are what is left
                 check_bundle(stage / version, key=key, platform=platform, commit=commit, toolkit=toolkit)
             hook("verified")
         else:
             transfer = _install_zip(store, entry, stage, version, pin=pin, log=log, hook=hook, slot=slot,
                                     platform=platform, commit=commit, toolkit=toolkit)
+            if want is not entry.manifest:  # a part of it: the other backends' files go, its own bundle.json in
+                _cut_dir(stage / version, want)
+                check_bundle(stage / version, key=key, platform=platform, commit=commit, toolkit=toolkit)
         os.replace(stage / version, slot / version)
         hook("swapping")
         write_atomic(slot / POINTER, json.dumps({"dir": version, "key": key, "installed_at": utc_timestamp(),
@@ -448,12 +486,22 @@ def _blob_source(store: Store, entry: Entry) -> BlobStore | None:
     return src if src is not None and src.has_blobs(entry) else None
 
 
-def _install_blobs(src: BlobStore, entry: Entry, cache: Path, dest: Path, *, log: Log, hook: Hook) -> _Got:
+def _cut_dir(root: Path, want: Manifest) -> None:
+    """An unpacked whole bundle made the part `want` says: the files it does not list removed, its bundle.json in."""
+    keep = {f.path for f in want.files}
+    for f in read_manifest(root).files:
+        if f.path not in keep:
+            root.joinpath(*f.path.split("/")).unlink()
+    (root / MANIFEST).write_text(want.text(), encoding="utf-8", newline="\n")
+
+
+def _install_blobs(src: BlobStore, entry: Entry, want: Manifest, cache: Path, dest: Path, *, log: Log,
+                   hook: Hook) -> _Got:
     """The bundle assembled in dest from the local blob cache under the install root: the files it lacks are
     downloaded into it first (each checked against its sha256 as it is written), every file found there is
     checked too (installs link it: a changed install must not feed the next one), then each is linked into
     dest (a copy where links are refused) and bundle.json written."""
-    files = entry.manifest.files
+    files = want.files
     cache.mkdir(parents=True, exist_ok=True)
     scratch.sweep(cache, [BLOB_PREFIX])
     by_name = {_blob_name(f.sha256, f.role): f for f in files}  # an executable's blob is one of its own (mode 0755)
@@ -489,7 +537,7 @@ def _install_blobs(src: BlobStore, entry: Entry, cache: Path, dest: Path, *, log
             os.link(blob, target)
         except OSError:  # another filesystem, or links refused
             shutil.copy2(blob, target)
-    (dest / MANIFEST).write_text(entry.manifest.text(), encoding="utf-8", newline="\n")
+    (dest / MANIFEST).write_text(want.text(), encoding="utf-8", newline="\n")
     hook("extracted")
     return _Got(zip_sha256=None, done=Transfer(by="blobs", downloaded=moved, files=len(files), fetched=len(need),
                                                 from_cache=found))

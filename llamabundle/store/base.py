@@ -16,7 +16,6 @@ if TYPE_CHECKING:
 
     from ..bundle.manifest import FileEntry, Manifest
     from ..net import Sink
-    from .codec import Unpacked
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,6 +52,14 @@ class Store(Protocol):
     def publish(self, zip_path: Path, manifest: Manifest) -> Published:
         """Store the zip under manifest.key. The caller has checked the zip against the manifest (manifest.trust)."""
         ...
+
+
+@dataclass(frozen=True)
+class Unpacked:
+    """A blob decompressed into a file (store.codec.unpack): what was written and what was read."""
+    sha256: str  # of the raw bytes written
+    size: int  # raw bytes written (at most the limit plus one)
+    packed_size: int  # compressed bytes read
 
 
 class BlobStore(Store, Protocol):

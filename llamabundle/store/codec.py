@@ -1,11 +1,11 @@
-"""How a store keeps a bundle's files by content (issue 33 part 6): each file once, as a zstd frame (level 3)
-named by the sha256 of the file's own bytes. zstd, not deflate: about 5 % fewer bytes than the zip's deflate on
-NVIDIA's libraries and 5-12x faster to decompress, and decompressing is most of what a cache hit costs.
+"""How a store keeps a bundle's files by content: each file once, as a zstd frame (level 3) named by the sha256
+of the file's own bytes. zstd, not deflate: about 5 % fewer bytes than the zip's deflate on NVIDIA's libraries
+and 5-12x faster to decompress, and decompressing is most of what a cache hit costs.
 
-`pack` compresses a stream into a new file, hashing the raw bytes as it reads them; `unpack` decompresses a
-stream into a new file, hashing what it writes and stopping at one byte past the size the manifest gives (a
-frame that inflates further is refused there, never written out). Both return what they saw; the caller
-compares it with the manifest."""
+`pack` compresses a stream, hashing the raw bytes as it reads them; `unpack` decompresses a stream into a new
+file, hashing what it writes and stopping one byte past the size the manifest gives (a frame that inflates
+further is cut there). Both return what they saw; the caller compares it with the manifest (a stream cut short
+gives fewer bytes, and a frame that is not zstd is a CodecError)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import BinaryIO, Protocol
 
 import zstandard
+
+from .base import Unpacked
 
 LEVEL = 3
 CHUNK = 1 << 20
@@ -35,13 +37,6 @@ class Packed:
     sha256: str  # of the raw bytes read
     size: int  # raw bytes read
     packed_size: int  # bytes written
-
-
-@dataclass(frozen=True)
-class Unpacked:
-    sha256: str  # of the raw bytes written
-    size: int  # raw bytes written (at most the limit plus one)
-    packed_size: int  # compressed bytes read
 
 
 def pack(src: Reader, out: BinaryIO, *, level: int = LEVEL) -> Packed:
@@ -78,7 +73,8 @@ def unpack(src: Reader, out: BinaryIO, *, limit: int) -> Unpacked:
     h, raw = hashlib.sha256(), 0
     counting = _Counting(src)
     try:
-        reader = zstandard.ZstdDecompressor().stream_reader(counting, read_size=CHUNK, read_across_frames=False)
+        reader = zstandard.ZstdDecompressor().stream_reader(counting, read_size=CHUNK,  # type: ignore[arg-type]  # any .read()
+                                                            read_across_frames=False)
         with reader:
             while raw <= limit:
                 chunk = reader.read(min(CHUNK, limit + 1 - raw))

@@ -27,7 +27,7 @@ from ..bundle.manifest import Expect, FileEntry, Manifest, ManifestError, check_
 from ..errors import StoreError, UsageError, VerifyError, disk_fix, in_whose
 from . import codec
 from . import sums as sums_grammar
-from .base import Entry, Published
+from .base import Entry, Published, Unpacked
 
 if TYPE_CHECKING:
     from ..net import Sink
@@ -74,7 +74,7 @@ class LocalStore:
         by content is not: its zip is downloaded)."""
         return all(_KEY_DIR.fullmatch(f.sha256) and self._blob_path(f.sha256).is_file() for f in entry.manifest.files)
 
-    def fetch_blob(self, entry: Entry, file: FileEntry, dest: Path) -> codec.Unpacked:
+    def fetch_blob(self, entry: Entry, file: FileEntry, dest: Path) -> Unpacked:
         """Decompress the file's blob into the new file dest (at most file.size + 1 bytes), hashing what is written."""
         src = self._blob_path(file.sha256)
         with _open_read(src, fix="check that the store still holds the bundle (llamabundle check)") as f, \
@@ -83,8 +83,8 @@ class LocalStore:
                 return codec.unpack(f, out, limit=file.size)
             except codec.CodecError as e:
                 raise VerifyError(f"{src} is not a blob of {file.path}", why=str(e), fix="publish the bundle again") from None
-            except OSError as e:
-                raise StoreError(f"cannot copy {src} to {dest}", why=e.strerror or str(e), fix=disk_fix(e)) from None
+            except OSError as e:  # the store's file was opened: what fails now is writing the copy
+                raise _write_error(dest, e) from None
 
     def _store_blobs(self, zip_path: Path, manifest: Manifest) -> None:
         """Each file of the bundle as a zstd blob named by its sha256, read from the zip and checked against the

@@ -14,7 +14,7 @@ import pytest
 
 from llamabundle import api, gpus, keys
 from llamabundle.bundle import manifest as manifest_mod
-from llamabundle.store.local import LocalStore
+from llamabundle.store.local import BLOBS, LocalStore
 from tests import bundles as tb
 
 REPO = Path(__file__).resolve().parents[2]
@@ -86,7 +86,9 @@ def test_install_by_key_lists_reuses_and_uninstalls(tmp_path: Path) -> None:
     m = publish(tmp_path, store, "cpu")
     got = api.install(store=store, key=m["key"], root=root, expect_commit=tb.COMMIT)
     assert not got.reused and got.replaced is None
-    assert got.transfer == "blobs" and got.downloaded_bytes == sum(f["size"] for f in m["files"])  # a directory store
+    blobs = Path(store).joinpath(*BLOBS)  # a directory store: what was downloaded is its zstd blobs
+    assert got.transfer == "blobs"
+    assert got.downloaded_bytes == sum((blobs / (f["sha256"] + ".zst")).stat().st_size for f in m["files"])
     b = got.bundle
     assert (b.name, b.key, b.platform, b.commit, b.backends, b.toolkit) == (m["name"], m["key"], "linux-x86_64",
                                                                           tb.COMMIT, ("cpu",), None)
