@@ -3,11 +3,12 @@
 version is staged, checked, renamed beside the old one, and only then does the pointer move, so a SIGKILL at
 any instant leaves the pointer on a complete, checked install. Every decision about a slot is made holding
 its per-name file lock. A pin (`expect_sha256`, or a digest list the app ships) is trust from outside the
-release: the zip's sha256 is compared with it before the download and on the downloaded bytes, and the
-pointer records it (docs/install-rules.md gives every rule in order)."""
+release: the zip's sha256 (compared before the download and on the downloaded bytes), or the published
+bundle.json's, which names every file's sha256 (docs/install-rules.md gives every rule in order)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -335,6 +336,14 @@ def _os_error(what: str, e: OSError) -> StoreError:
     return StoreError(what, why=f"{e.strerror or e}{where}", fix=disk_fix(e))
 
 
+def published_sha256(m: Manifest) -> str:
+    """The sha256 of the published bundle.json (as llamabundle writes it) that m is, or was cut from: what a pin of
+    the manifest (--expect-sha256 of bundle.json) names."""
+    if m.cut is not None:
+        return str(m.cut["from_manifest_sha256"])
+    return hashlib.sha256(m.text().encode("utf-8")).hexdigest()
+
+
 def _pin_refused(entry: Entry, pin: Pin, got: str, *, where: str) -> BundleInvalid:
     return _invalid(entry.key, f"{entry.zip_name} has sha256 {got}, not the {pin.sha256} pinned by {pin.where}",
                     why=f"{where}: the zip is not the pinned one (a release whose zip and bundle.json were both replaced "
@@ -386,7 +395,7 @@ def _install_locked(store: Store, entry: Entry, slot: Path, *, log: Log, platfor
         else:
             leftover.unlink()
     same = old is not None and old.key == key and sorted(old.manifest.backends) == sorted(want.backends)
-    if old is not None and same and (pin is None or old.zip_sha256 == pin.sha256):
+    if old is not None and same and (pin is None or pin.sha256 in (old.zip_sha256, published_sha256(old.manifest))):
         try:
             check_bundle(old.path, key=key, platform=platform, commit=commit, toolkit=toolkit)
             return InstallOutcome(installed=old, reused=True, replaced=None, pinned=pin)
@@ -395,12 +404,15 @@ def _install_locked(store: Store, entry: Entry, slot: Path, *, log: Log, platfor
     elif old is not None and same and pin is not None:
         log.info(f"the installed {slot.name} ({key[:12]}) is not known to come from the zip pinned by {pin.where}; "
                  "installing it again")
-    if pin is not None and entry.zip_sha256 != pin.sha256:  # refused before any download, the old install untouched
+    on_manifest = pin is not None and pin.sha256 == published_sha256(entry.manifest)
+    if pin is not None and entry.zip_sha256 != pin.sha256 and not on_manifest:  # refused before any download
         raise _pin_refused(entry, pin, entry.zip_sha256, where=f"{store.url} lists it so (nothing was downloaded)")
     version = f"{key[:12]}-{secrets.token_hex(4)}"
     stage = scratch.make_dir(slot, STAGE)
     swapped = False
-    by_content = _blob_source(store, entry) if pin is None else None  # a pin is on the zip's bytes: the zip then
+    # a pin of the zip is on the zip's bytes: the zip is read. A pin of bundle.json (which names every file's
+    # sha256) holds for the files fetched by content too.
+    by_content = _blob_source(store, entry) if pin is None or on_manifest else None
     blob_cache = slot.parent.parent / BLOB_CACHE
     try:
         if by_content is not None:
@@ -414,7 +426,7 @@ def _install_locked(store: Store, entry: Entry, slot: Path, *, log: Log, platfor
                 check_bundle(stage / version, key=key, platform=platform, commit=commit, toolkit=toolkit)
             hook("verified")
         else:
-            transfer = _install_zip(store, entry, stage, version, pin=pin, log=log, hook=hook, slot=slot,
+            transfer = _install_zip(store, entry, stage, version, pin=None if on_manifest else pin, log=log, hook=hook, slot=slot,
                                     platform=platform, commit=commit, toolkit=toolkit)
             if want is not entry.manifest:  # a part of it: the other backends' files go, its own bundle.json in
                 _cut_dir(stage / version, want)

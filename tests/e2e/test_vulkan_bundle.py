@@ -293,3 +293,41 @@ def test_a_node_app_installs_the_vulkan_bundle_and_chooses_vulkan_from_its_probe
     chosen = json.loads(got.stdout)
     assert (chosen["backend"], chosen["device"], chosen["server_args"]) == ("vulkan", "Vulkan0", ["--device", "Vulkan0"])
     assert "llvmpipe" in chosen["description"] and chosen["memory_free"] > 0 and chosen["passed_over"] == []
+
+
+def test_the_cpu_part_installs_alone_verifies_and_vulkan_is_added_by_its_own_files(
+        vulkan_build: dict[str, Any], e2e_env: dict[str, str], tmp_path: Path) -> None:
+    """A partial install of the real CPU+Vulkan bundle from the store the build published it to: bundle.json's
+    parts (computed from the binaries' imports) give Vulkan its module only; `install --backends cpu` installs
+    the rest, which verifies at the load level on its own; adding vulkan downloads only libggml-vulkan.so and
+    the whole then loads Vulkan on lavapipe."""
+    key, store, root = vulkan_build["result"]["key"], vulkan_build["dir"] / "store", tmp_path / "data"
+    published = json.loads((vulkan_build["bundle"] / "bundle.json").read_text())
+    assert published["parts"] == {"vulkan": ["libggml-vulkan.so"]}
+    zip_size = Path(vulkan_build["result"]["zip"]).stat().st_size
+
+    def install(backends: str) -> dict[str, Any]:
+        got = run_cli("install", "--store", store, "--key", key, "--dest", root, "--backends", backends, "--json", env=e2e_env)
+        assert got.returncode == 0, got.stderr
+        out: dict[str, Any] = json.loads(got.stdout)
+        return out
+
+    cpu = install("cpu")
+    path = Path(cpu["path"])
+    held = json.loads((path / "bundle.json").read_text())
+    assert cpu["backends"] == held["backends"] == ["cpu"] and held["cut"]["dropped"] == ["vulkan"]
+    assert not (path / "libggml-vulkan.so").exists() and held["vulkan"] is None
+    load = run_cli("verify", path, "--level", "load", "--json", env=e2e_env)
+    assert load.returncode == 0, load.stderr
+    report = json.loads(load.stdout)
+    assert report["levels"]["load"] == "passed" and "Vulkan" not in report["backends_loaded"], report
+    both = install("cpu,vulkan")
+    vulkan = next(f for f in published["files"] if f["path"] == "libggml-vulkan.so")
+    assert both["transfer"]["files_downloaded"] == 1 and both["transfer"]["cached_bytes"] == sum(
+        f["size"] for f in held["files"])
+    assert both["backends"] == ["cpu", "vulkan"] and Path(both["path"], "libggml-vulkan.so").stat().st_size == vulkan["size"]
+    whole = run_cli("verify", both["path"], "--level", "load", "--json", env=e2e_env)
+    assert whole.returncode == 0 and json.loads(whole.stdout)["modules"]["libggml-vulkan.so"] == "loaded", whole.stderr
+    print(f"\npartial install of the CPU+Vulkan bundle (zip {zip_size} bytes): the CPU part downloaded "
+          f"{cpu['transfer']['downloaded_bytes']} bytes ({cpu['transfer']['downloaded_bytes'] / zip_size:.3f} of the zip); "
+          f"adding vulkan {both['transfer']['downloaded_bytes']} bytes")

@@ -171,3 +171,19 @@ def test_a_blob_that_is_not_a_frame_of_its_file_or_inflates_past_it_is_refused(t
     assert f"LICENSE ({lic.sha256[:12]}) from {store}" in e.value.what
     assert list_installed(root) == [] and not [n for n in cache(root) if n.startswith(".")]
     assert lic.sha256 not in cache(root)
+
+
+def test_a_pin_of_the_published_bundle_json_installs_by_content_and_a_wrong_one_downloads_nothing(tmp_path: Path) -> None:
+    """bundle.json names every file's sha256: pinning its sha256 (as the store publishes it) pins every byte, so
+    the files may come by content; a pin that is neither the zip's nor the manifest's is refused before any."""
+    store, root = tmp_path / "store", tmp_path / "data"
+    m = publish(store, tmp_path, backends=("cpu", "cuda", "vulkan"), parts=True)
+    published = digest.sha256_file(store / m.key / "bundle.json")
+    got = install_bundle(LocalStore(store), m.key, root=root, log=QUIET, expect_sha256=published, backends_wanted="cpu")
+    assert got.transfer.by == "blobs" and got.pinned is not None and got.pinned.sha256 == published
+    again = install_bundle(LocalStore(store), m.key, root=root, log=QUIET, expect_sha256=published.upper(),
+                           backends_wanted="cpu")
+    assert again.reused  # the cut names the manifest it was cut from
+    with pytest.raises(BundleInvalid) as e:
+        install_bundle(LocalStore(store), m.key, root=tmp_path / "other", log=QUIET, expect_sha256="ab" * 32)
+    assert "pinned by --expect-sha256" in e.value.what and not (tmp_path / "other" / install_mod.BLOB_CACHE).exists()
