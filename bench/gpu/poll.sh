@@ -68,3 +68,22 @@ arch_bundle() {  # ARCH SCRIPT DIR: the shipped CUDA 13.0 recipe with archs [ARC
   key=$(python3 -c "import json; print(json.load(open('$W/build.json'))['key'])") || { say "no bundle"; return 1; }
   rm -rf "$3" && python3 -m llamabundle fetch "$key" --store $W/store --out "$3" >> $R/session.log 2>&1
 }
+
+vulkan_recipe() {  # the CPU+CUDA+Vulkan recipe with this image's g++ 13.3: its path (the caller runs multi_backend.sh's
+  # vulkan_env first, in its own shell: it exports what the build needs)
+  sed 's/^name: linux-x86_64-cuda13.0-vulkan$/name: linux-x86_64-cuda13.0-vulkan-ubuntu24.04/; s/version: "=12.2.0"/version: "=13.3.0"/' \
+    recipes/linux-x86_64-cuda13.0-vulkan.yaml > $W/linux-x86_64-cuda13.0-vulkan-ubuntu24.04.yaml
+  echo $W/linux-x86_64-cuda13.0-vulkan-ubuntu24.04.yaml
+}
+
+built_bundle() {  # RECIPE: built through llamabundle into $W/store (cuda_build.sh) with the carried web UI; sets zip
+  # and key, or says so and fails when there is no bundle
+  ui=$W/cache/ui/$(cat .devtree/ui.id) && mkdir -p "$ui" && tar -C "$ui" -xJf .devtree/ui.tar.xz
+  say "build $1"
+  RECIPE=$1 NOCOMP=0 POLLS=1 bash bench/gpu/cuda_build.sh start >> $R/session.log 2>&1
+  while [ ! -f $W/build.rc ]; do sleep 5; done
+  say "build rc=$(cat $W/build.rc) in $(( $(cat $W/t1) - $(cat $W/t0) )) s"
+  cp $W/build.log $W/build.json $R/ 2>/dev/null
+  zip=$(python3 -c "import json; print(json.load(open('$W/build.json'))['zip'])") || { say "no zip"; return 1; }
+  key=$(python3 -c "import json; print(json.load(open('$W/build.json'))['key'])")
+}

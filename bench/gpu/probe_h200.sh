@@ -24,19 +24,10 @@ run() {
     # shellcheck source=multi_backend.sh
     source bench/gpu/multi_backend.sh
     vulkan_env >> $R/session.log 2>&1
-    RECIPE=$W/linux-x86_64-cuda13.0-vulkan-ubuntu24.04.yaml
-    sed 's/^name: linux-x86_64-cuda13.0-vulkan$/name: linux-x86_64-cuda13.0-vulkan-ubuntu24.04/; s/version: "=12.2.0"/version: "=13.3.0"/' \
-      recipes/linux-x86_64-cuda13.0-vulkan.yaml > $RECIPE
+    RECIPE=$(vulkan_recipe)
     probe_env+=(VK_DRIVER_FILES="$VK_DRIVER_FILES" __EGL_VENDOR_LIBRARY_FILENAMES="$__EGL_VENDOR_LIBRARY_FILENAMES")
   fi
-  ui=$W/cache/ui/$(cat .devtree/ui.id) && mkdir -p "$ui" && tar -C "$ui" -xJf .devtree/ui.tar.xz
-  say "build $RECIPE"
-  RECIPE=$RECIPE NOCOMP=0 POLLS=1 bash bench/gpu/cuda_build.sh start >> $R/session.log 2>&1
-  while [ ! -f $W/build.rc ]; do sleep 5; done
-  say "build rc=$(cat $W/build.rc) in $(( $(cat $W/t1) - $(cat $W/t0) )) s"
-  cp $W/build.log $W/build.json $R/ 2>/dev/null
-  zip=$(python3 -c "import json; print(json.load(open('$W/build.json'))['zip'])") || { say "no zip"; say "all done"; return; }
-  key=$(python3 -c "import json; print(json.load(open('$W/build.json'))['key'])")
+  built_bundle $RECIPE || { say "all done"; return; }
   python3 -m llamabundle fetch "$key" --store $W/store --out $W/b >> $R/session.log 2>&1
   cp $W/b/bundle.json $R/bundle.json
   env -i "${probe_env[@]}" $W/b/llamabundle-probe > $R/probe-cuda.json 2> $R/probe-cuda.err
