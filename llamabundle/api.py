@@ -157,7 +157,7 @@ def install(*, store: str | os.PathLike[str] | None = None, key: str | None = No
             expect_commit: str | None = None, expect_toolkit: str | None = None, expect_sha256: str | None = None,
             digests: str | os.PathLike[str] | None = None, backends: str | None = None, quiet: bool = True,
             env: Mapping[str, str] | None = None) -> InstallResult:
-    """Install a bundle as `llamabundle install` does: from `store` (a directory, file://DIR or github:OWNER/REPO;
+    """Install a bundle as `llamabundle install` does: from `store` (a directory, file://DIR, github:OWNER/REPO or oci://HOST[:PORT]/REPO;
     default $LLAMABUNDLE_STORE, else <cache>/store), by `key` or by `recipe` (a path or a shipped recipe's name:
     its key, and unless given its commit and CUDA toolkit as the expected ones), into `root`. Everything is
     checked before the install replaces the previous one of that name (docs/install-rules.md); a refused bundle

@@ -61,6 +61,12 @@ class Settings:
     LLAMABUNDLE_GITHUB_API_URL      [github_api_url] API base of the `github:` store; before GITHUB_API_URL
     GITHUB_API_URL                  [github_api_url] set by Actions runners (GHES: https://HOST/api/v3)
     GITHUB_TOKEN, GH_TOKEN          [github_token] the `github:` store's token, GITHUB_TOKEN first (never printed)
+    LLAMABUNDLE_REGISTRY_USER       [registry_user] user name for an `oci://` store's registry (default: none;
+                                    with a password but no user, "llamabundle")
+    LLAMABUNDLE_REGISTRY_PASSWORD   [registry_password] password or token for an `oci://` store's registry (never
+                                    printed; for ghcr.io GITHUB_TOKEN / GH_TOKEN when unset)
+    LLAMABUNDLE_REGISTRY_INSECURE   [registry_insecure] "1": plain http to any `oci://` registry (default: https,
+                                    but http to 127.0.0.1, ::1 and localhost)
     LLAMABUNDLE_PIP_INDEX_URL       [pip_index_url] index of the `pypi:` source and the PyPI toolkit wheels
     LLAMABUNDLE_CUDA_REDIST_URL     [cuda_redist_url] mirror of NVIDIA's CUDA redist tree
     LLAMABUNDLE_CUDA_INSTALLER      [cuda_installer] a local copy of NVIDIA's Windows installer for
@@ -86,6 +92,9 @@ class Settings:
     github_archive_url: str = DEFAULT_GITHUB_ARCHIVE_URL
     github_api_url: str = DEFAULT_GITHUB_API_URL
     github_token: str | None = None
+    registry_user: str | None = None  # $LLAMABUNDLE_REGISTRY_USER: an oci:// store's registry user
+    registry_password: str | None = None  # $LLAMABUNDLE_REGISTRY_PASSWORD (never printed)
+    registry_insecure: bool = False  # $LLAMABUNDLE_REGISTRY_INSECURE=1: plain http to any registry
     pip_index_url: str | None = None
     source_date_epoch: int | None = None
     github_actions: bool = False
@@ -158,6 +167,9 @@ class Settings:
             github_api_url=(env.get("LLAMABUNDLE_GITHUB_API_URL") or env.get("GITHUB_API_URL")
                             or DEFAULT_GITHUB_API_URL).rstrip("/"),
             github_token=env.get("GITHUB_TOKEN") or env.get("GH_TOKEN") or None,
+            registry_user=env.get("LLAMABUNDLE_REGISTRY_USER") or None,
+            registry_password=env.get("LLAMABUNDLE_REGISTRY_PASSWORD") or None,
+            registry_insecure=env.get("LLAMABUNDLE_REGISTRY_INSECURE") == "1",
             pip_index_url=env.get("LLAMABUNDLE_PIP_INDEX_URL") or None,
             source_date_epoch=sde,
             github_actions=actions,

@@ -60,7 +60,7 @@ def probe_cmd(c: Ctx, as_json: bool, bundle: Path | None, dest: Path | None, nvi
 
 
 @click.command("install")
-@click.option("--store", "store_url", metavar="URL", help="Bundle store: a directory, file://DIR or github:OWNER/REPO.")
+@click.option("--store", "store_url", metavar="URL", help="Bundle store: a directory, file://DIR, github:OWNER/REPO or oci://HOST[:PORT]/REPO.")
 @click.option("--recipe", "recipe_path", type=click.Path(dir_okay=False, path_type=Path), help="Install the bundle of this recipe.")
 @click.option("--key", "key_", metavar="KEY", help="Install the bundle with this key (64 hex digits).")
 @DEST_OPT

@@ -11,7 +11,7 @@ import click
 
 JSON_OPT = click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON (schema 1) on stdout.")
 STORE_OPT = click.option("--store", "store_url", metavar="URL",
-                         help="Bundle store: a directory, file://DIR or github:OWNER/REPO (default: $LLAMABUNDLE_STORE or <cache>/store).")
+                         help="Bundle store: a directory, file://DIR, github:OWNER/REPO or oci://HOST[:PORT]/REPO (default: $LLAMABUNDLE_STORE or <cache>/store).")
 
 
 def owned(whose: str) -> Any:

@@ -1,8 +1,9 @@
 """Bundle stores: where built bundles are kept and found again by cache key (DESIGN §6).
 
 `open_store(url, settings=…)` is the one place that turns a store URL and the run's settings into a store:
-a directory path or file://PATH is a `store.local.LocalStore`, github:OWNER/REPO a `store.github.GitHubStore`.
-The stores themselves are given explicit values (a root, an API URL, a token, a timeout), never the settings.
+a directory path or file://PATH is a `store.local.LocalStore`, github:OWNER/REPO a `store.github.GitHubStore`,
+oci://HOST[:PORT]/REPO a `store.oci.OciStore`. The stores are given explicit values (a root, an API URL, a token,
+credentials, a timeout), never the settings.
 The protocol they share (`Store`, `Entry`, `Published`) is `store.base`, which imports no concrete store; the
 concrete stores are imported here only when a URL asks for them, so that importing the package (or the
 protocol) does not import `requests` or the filesystem store."""
@@ -35,12 +36,32 @@ class StoreSettings(Protocol):
     @property
     def connect_timeout(self) -> float: ...
 
+    @property
+    def registry_user(self) -> str | None: ...
+
+    @property
+    def registry_password(self) -> str | None: ...
+
+    @property
+    def registry_insecure(self) -> bool: ...
+
 
 def open_store(url: str, *, settings: StoreSettings | None = None, log: Log | None = None,
                tags: Mapping[str, str] | None = None) -> Store:
     """The store for `url`: a path or file://PATH is a local directory store; github:OWNER/REPO the GitHub
     Releases store, with the API URL, token and connect timeout from `settings` (GitHubStore's defaults
-    without), `log` for its messages and `tags` (key -> release tag) from the recipe when there is one."""
+    without); oci://HOST[:PORT]/REPO an OCI registry store, with the registry credentials from `settings` (for
+    ghcr.io without a password: the GitHub token); `log` for their messages and `tags` (key -> release tag)
+    from the recipe when there is one."""
+    if url.startswith("oci://"):
+        from .oci import OciStore, parse_url
+
+        if settings is None:
+            return OciStore(url, log=log, tags=tags)
+        ref = parse_url(url, insecure=settings.registry_insecure)  # strict: a bad URL is a UsageError here
+        password = settings.registry_password or (settings.github_token if ref.host == "ghcr.io" else None)
+        return OciStore(url, user=settings.registry_user, password=password, insecure=settings.registry_insecure,
+                        connect_timeout=settings.connect_timeout, log=log, tags=tags)
     if url.startswith("github:"):
         from .github import GitHubStore
 
@@ -50,7 +71,8 @@ def open_store(url: str, *, settings: StoreSettings | None = None, log: Log | No
         return GitHubStore(repo, api_url=settings.github_api_url, token=settings.github_token,
                            connect_timeout=settings.connect_timeout, log=log, tags=tags)
     if "://" in url and not url.startswith("file://"):
-        raise UsageError(f"store '{url}' has an unknown scheme", fix="use a directory path, file://PATH or github:OWNER/REPO")
+        raise UsageError(f"store '{url}' has an unknown scheme",
+                         fix="use a directory path, file://PATH, github:OWNER/REPO or oci://HOST[:PORT]/REPO")
     path = url.removeprefix("file://")
     if not path.strip():
         raise UsageError(f"store '{url}' names no directory", why="an empty path would mean the current directory",
