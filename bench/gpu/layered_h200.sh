@@ -4,7 +4,8 @@
 # docker-registry 2.8, carried as .reg/docker-registry), then installed from that registry: the CPU part alone
 # (--backends cpu), CUDA added to it (only its files), and the whole bundle into a new root, against the zip
 # installed from the directory store (a pin of the zip takes the zip path); probe and verify --level gpu on the
-# whole install; the codec measured on the whole bundle (bench/codec_choice.py). Carry .devtree .whl .gl .vk .reg.
+# whole install; the codec measured on the whole bundle (bench/codec_choice.py); then the same recipe with another
+# arch list built and installed over the whole install (an update: what moves). Carry .devtree .whl .gl .vk .reg.
 #
 #   bash bench/gpu/layered_h200.sh start   # starts in the background, then polls
 #   bash bench/gpu/layered_h200.sh poll    # wait (at most POLL_S seconds); results in $OUT/results.tgz
@@ -56,6 +57,20 @@ run() {
   timed verify-cpu-cuda-gpu python3 -m llamabundle verify "$cpu" --level gpu --require-gpu --json
   timed probe-cpu-cuda python3 -m llamabundle probe --dest $W/a --json --max-age 0
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > $R/nvidia-smi.txt
+
+  # an update to a bundle of the same toolkit and commit with another arch list: only what changed moves
+  sed 's/^  archs: .*/  archs: [90-real]/' "$(vulkan_recipe)" > $W/archs90.yaml
+  first=$key
+  built_bundle $W/archs90.yaml || { say "all done"; return; }
+  timed publish-oci-archs python3 -m llamabundle publish "$zip" --store $REG --json
+  timed install-update python3 -m llamabundle install --store $REG --key "$key" --dest $W/f --json
+  python3 - $W/store/$first/bundle.json $W/store/$key/bundle.json > $R/update-files.json <<'PY'
+import json, sys
+a, b = ({f["path"]: f for f in json.load(open(p))["files"]} for p in sys.argv[1:3])
+changed = sorted(p for p in b if p not in a or a[p]["sha256"] != b[p]["sha256"])
+print(json.dumps({"files": len(b), "changed": changed, "changed_bytes": sum(b[p]["size"] for p in changed),
+                  "bytes": sum(f["size"] for f in b.values())}, indent=2))
+PY
   say "all done"
 }
 
