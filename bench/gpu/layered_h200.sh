@@ -26,6 +26,33 @@ timed() {  # NAME CMD...: run, stdout to $R/NAME.json, stderr to $R/NAME.err, se
   return $rc
 }
 
+registry() {  # the distribution registry on 127.0.0.1:5000 (started once)
+  python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:5000/v2/')" 2>/dev/null && return
+  mkdir -p $W/registry
+  printf 'version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: %s/registry\nhttp:\n  addr: 127.0.0.1:5000\n' $W > $W/registry.yml
+  setsid nohup .reg/docker-registry serve $W/registry.yml > $W/registry.log 2>&1 < /dev/null &
+  for _ in $(seq 1 50); do python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:5000/v2/')" 2>/dev/null && break; sleep 0.2; done
+}
+
+from_registry() {  # zip, key and zipsha set: publish to the registry, install from it, probe and verify the installs
+  registry
+  timed publish-oci python3 -m llamabundle publish "$zip" --store $REG --json
+  timed publish-oci-again python3 -m llamabundle publish "$zip" --store $REG --json
+  say "registry blobs: $(find $W/registry -path '*blobs/sha256/*/data' | wc -l) files, $(find $W/registry -path '*blobs/sha256/*/data' -printf '%s\n' | awk '{s+=$1} END {print s}') bytes"
+
+  timed install-zip python3 -m llamabundle install --store $W/store --key "$key" --dest $W/z --expect-sha256 "$zipsha" --json
+  timed install-cpu python3 -m llamabundle install --store $REG --key "$key" --dest $W/a --backends cpu --json
+  timed install-cpu-cuda python3 -m llamabundle install --store $REG --key "$key" --dest $W/a --backends cpu,cuda --json
+  timed install-auto python3 -m llamabundle install --store $REG --key "$key" --dest $W/auto --backends auto --json
+  timed install-full python3 -m llamabundle install --store $REG --key "$key" --dest $W/f --json
+  full=$(python3 -c "import json; print(json.load(open('$R/install-full.json'))['path'])")
+  timed probe-full env VK_DRIVER_FILES="${VK_DRIVER_FILES:-}" python3 -m llamabundle probe --dest $W/f --json --max-age 0
+  timed verify-full-gpu python3 -m llamabundle verify "$full" --level gpu --require-gpu --json
+  cpu=$(python3 -c "import json; print(json.load(open('$R/install-cpu-cuda.json'))['path'])")
+  timed verify-cpu-cuda-gpu python3 -m llamabundle verify "$cpu" --level gpu --require-gpu --json
+  timed probe-cpu-cuda python3 -m llamabundle probe --dest $W/a --json --max-age 0
+}
+
 run() {
   export LLAMABUNDLE_CACHE_DIR=$W/cache PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
   # shellcheck source=multi_backend.sh
@@ -37,25 +64,7 @@ run() {
   cp $W/store/$key/bundle.json $R/bundle.json
   timed codec python3 -m bench.codec_choice "$zip" --levels 3,9 --json-out $R/codec-figures.json
 
-  mkdir -p $W/registry
-  printf 'version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: %s/registry\nhttp:\n  addr: 127.0.0.1:5000\n' $W > $W/registry.yml
-  setsid nohup .reg/docker-registry serve $W/registry.yml > $W/registry.log 2>&1 < /dev/null &
-  for _ in $(seq 1 50); do python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:5000/v2/')" 2>/dev/null && break; sleep 0.2; done
-  timed publish-oci python3 -m llamabundle publish "$zip" --store $REG --json
-  timed publish-oci-again python3 -m llamabundle publish "$zip" --store $REG --json
-  say "registry blobs: $(find $W/registry -path '*blobs/sha256/*/data' | wc -l) files, $(find $W/registry -path '*blobs/sha256/*/data' -printf '%s\n' | awk '{s+=$1} END {print s}') bytes"
-
-  timed install-zip python3 -m llamabundle install --store $W/store --key "$key" --dest $W/z --expect-sha256 "$zipsha" --json
-  timed install-cpu python3 -m llamabundle install --store $REG --key "$key" --dest $W/a --backends cpu --json
-  timed install-cpu-cuda python3 -m llamabundle install --store $REG --key "$key" --dest $W/a --backends cpu,cuda --json
-  timed install-auto python3 -m llamabundle install --store $REG --key "$key" --dest $W/auto --backends auto --json
-  timed install-full python3 -m llamabundle install --store $REG --key "$key" --dest $W/f --json
-  full=$(python3 -c "import json; print(json.load(open('$R/install-full.json'))['path'])")
-  timed probe-full env VK_DRIVER_FILES="$VK_DRIVER_FILES" python3 -m llamabundle probe --dest $W/f --json --max-age 0
-  timed verify-full-gpu python3 -m llamabundle verify "$full" --level gpu --require-gpu --json
-  cpu=$(python3 -c "import json; print(json.load(open('$R/install-cpu-cuda.json'))['path'])")
-  timed verify-cpu-cuda-gpu python3 -m llamabundle verify "$cpu" --level gpu --require-gpu --json
-  timed probe-cpu-cuda python3 -m llamabundle probe --dest $W/a --json --max-age 0
+  from_registry
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > $R/nvidia-smi.txt
 
   # an update to a bundle of the same toolkit and commit with another arch list: only what changed moves
@@ -81,5 +90,11 @@ case "${1:-}" in
          sleep 2; POLL_S=${POLL_S:-560} poll ;;
   run) run ;;
   poll) poll ;;
+  oci) export LLAMABUNDLE_CACHE_DIR=$W/cache PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH
+       # (again on a machine that built both: new install roots; $4, the second bundle's key, installed over the whole)
+       rm -rf $W/a $W/f $W/auto $W/z
+       zip=$2 key=$3 zipsha=$(sha256sum "$2" | cut -d' ' -f1); from_registry
+       [ -n "${4:-}" ] && timed install-update python3 -m llamabundle install --store $REG --key "$4" --dest $W/f --json
+       tail -16 $R/session.log; collect > /dev/null ;;
   *) echo "usage: $0 start|poll"; exit 2 ;;
 esac
