@@ -14,7 +14,6 @@ import os
 import re
 import secrets
 import shutil
-import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -31,7 +30,7 @@ from ..errors import StoreError, UsageError, VerifyError, disk_fix
 from ..log import Log
 from ..reasons import Reason
 from ..settings import Settings
-from ..store import sums
+from ..store import blobcache, sums
 from ..store.base import BlobStore, Entry, Store, blob_store
 from . import slotlock
 from .results import utc_timestamp, write_atomic
@@ -443,7 +442,7 @@ def _install_locked(store: Store, entry: Entry, slot: Path, *, log: Log, platfor
             shutil.rmtree(slot / version, ignore_errors=True)
     if old is not None and old.path.name != version:
         shutil.rmtree(old.path, ignore_errors=True)
-    prune_blobs(blob_cache)
+    blobcache.prune(blob_cache)
     new = _current(slot)
     assert new is not None and new.key == key
     log.info(f"installed {slot.name} ({key[:12]}) in {new.path}" + (f", its zip pinned by {pin.where}" if pin else ""))
@@ -482,8 +481,6 @@ def _install_zip(store: Store, entry: Entry, stage: Path, version: str, *, pin: 
 
 
 BLOB_CACHE = "blobs"
-BLOB_PREFIX = ".blob-"
-BLOB_KEEP = 600  # seconds an unlinked blob stays in the cache (an install of another name may be about to link it)
 
 
 @dataclass(frozen=True)
@@ -509,85 +506,16 @@ def _cut_dir(root: Path, want: Manifest) -> None:
 
 def _install_blobs(src: BlobStore, entry: Entry, want: Manifest, cache: Path, dest: Path, *, log: Log,
                    hook: Hook) -> _Got:
-    """The bundle assembled in dest from the local blob cache under the install root: the files it lacks are
-    downloaded into it first (each checked against its sha256 as it is written), every file found there is
-    checked too (installs link it: a changed install must not feed the next one), then each is linked into
-    dest (a copy where links are refused) and bundle.json written."""
-    files = want.files
-    cache.mkdir(parents=True, exist_ok=True)
-    scratch.sweep(cache, [BLOB_PREFIX])
-    by_name = {_blob_name(f.sha256, f.role): f for f in files}  # an executable's blob is one of its own (mode 0755)
-    have = {n for n, f in by_name.items() if _cached(cache / n, f.sha256, f.size)}
-    need = {n: f for n, f in by_name.items() if n not in have}
-    size, found = sum(f.size for f in need.values()), sum(f.size for n, f in by_name.items() if n in have)
-    moved = 0
-    with log.step(f"download {len(need)} of {len(by_name)} files ({size / 1e6:.1f} MB unpacked; {found / 1e6:.1f} MB "
-                  f"already here) from {src.url}"):
-        for n, f in need.items():
-            tmp = scratch.owned(cache, BLOB_PREFIX, ".part")
-            try:
-                try:
-                    got = src.fetch_blob(entry, f, tmp)
-                except VerifyError as e:  # not a blob of the file at all (not a zstd frame, the wrong digest)
-                    raise _invalid(entry.key, f"{f.path} ({f.sha256[:12]}) from {src.url}: {e.what}", e.why,
-                                   fix="publish the bundle again") from None
-                moved += got.packed_size
-                if (got.sha256, got.size) != (f.sha256, f.size):
-                    raise _invalid(entry.key, f"{f.path} ({f.sha256[:12]}) from {src.url} does not match its sha256",
-                                   "the store's copy changed or was damaged", fix="publish the bundle again")
-                os.chmod(tmp, 0o755 if n.endswith(EXE_SUFFIX) else 0o644)
-                os.replace(tmp, cache / n)
-            except BaseException:
-                tmp.unlink(missing_ok=True)
-                raise
+    """The bundle assembled in dest from the install root's blob cache (store.blobcache: only what it lacks is
+    downloaded, every reused blob hashed again); a blob that is not its file refuses the bundle."""
+    try:
+        got = blobcache.assemble(src, entry, want, cache, dest, log=log)
+    except VerifyError as e:
+        raise _invalid(entry.key, e.what, e.why, fix=e.fix) from None
     hook("downloaded")
-    for f in files:
-        target = dest.joinpath(*f.path.split("/"))
-        target.parent.mkdir(parents=True, exist_ok=True)
-        blob = cache / _blob_name(f.sha256, f.role)
-        try:
-            os.link(blob, target)
-        except OSError:  # another filesystem, or links refused
-            shutil.copy2(blob, target)
-    (dest / MANIFEST).write_text(want.text(), encoding="utf-8", newline="\n")
     hook("extracted")
-    return _Got(zip_sha256=None, done=Transfer(by="blobs", downloaded=moved, files=len(files), fetched=len(need),
-                                                from_cache=found))
-
-
-EXE_SUFFIX = ".x"
-
-
-def _blob_name(sha256: str, role: str) -> str:
-    return sha256 + (EXE_SUFFIX if role == "exe" else "")
-
-
-def _cached(path: Path, sha256: str, size: int) -> bool:
-    """A blob of the cache that is what its name says; one that is not is removed."""
-    try:
-        if path.stat().st_size == size and sha256_file(path) == sha256:
-            return True
-        path.unlink()
-    except OSError:
-        pass
-    return False
-
-
-def prune_blobs(cache: Path) -> None:
-    """Remove the cache's blobs that no install links any more (older than BLOB_KEEP: another install may be
-    about to link one). Errors are ignored: the next install tries again."""
-    now = time.time()
-    try:
-        names = [n for n in os.listdir(cache) if not n.startswith(".")]
-    except OSError:
-        return
-    for n in names:
-        try:
-            st = os.stat(cache / n)
-            if st.st_nlink <= 1 and now - st.st_mtime > BLOB_KEEP:
-                os.unlink(cache / n)
-        except OSError:
-            pass
+    return _Got(zip_sha256=None, done=Transfer(by="blobs", downloaded=got.downloaded, files=got.files,
+                                                fetched=got.fetched, from_cache=got.from_cache))
 
 
 def uninstall(root: Path, what: str) -> Installed:

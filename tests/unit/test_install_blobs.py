@@ -17,7 +17,7 @@ from llamabundle.bundle.manifest import FileEntry
 from llamabundle.errors import VerifyError
 from llamabundle.runtime import install as install_mod
 from llamabundle.runtime.install import BundleInvalid, check_bundle, install_bundle, list_installed, uninstall
-from llamabundle.store import codec
+from llamabundle.store import blobcache, codec
 from llamabundle.store.local import BLOBS, LocalStore
 from tests.installs import plant
 from tests.probing import QUIET, make_zip, publish
@@ -144,12 +144,12 @@ def test_blobs_no_install_links_are_pruned_and_a_killed_downloads_leftover_swept
     install_bundle(LocalStore(store), a.key, root=root, log=QUIET)
     uninstall(root, a.key)
     assert len(cache(root)) == 4  # kept a while: another install may be about to link them
-    dead = scratch.owned(root / install_mod.BLOB_CACHE, install_mod.BLOB_PREFIX, ".part")
+    dead = scratch.owned(root / install_mod.BLOB_CACHE, blobcache.PREFIX, ".part")
     dead = dead.with_name(dead.name.replace(f"{os.getpid()}-", "999999999-", 1))
     dead.write_bytes(b"half a blob")
-    monkeypatch.setattr(install_mod, "BLOB_KEEP", -1)
+    monkeypatch.setattr(blobcache, "KEEP", -1)
     install_bundle(LocalStore(store), b.key, root=root, log=QUIET)
-    assert cache(root) == sorted(install_mod._blob_name(f.sha256, f.role) for f in b.files)  # a's own one is gone
+    assert cache(root) == sorted(blobcache.blob_name(f) for f in b.files)  # a's own one is gone
     assert not dead.exists()
     assert digest.sha256_file(root / install_mod.BLOB_CACHE / next(
         f.sha256 for f in b.files if f.path == "LICENSE")) == next(f.sha256 for f in b.files if f.path == "LICENSE")

@@ -1,0 +1,112 @@
+"""A local blob cache: each file a machine holds once, named by its sha256 (an executable's with `.x`, mode 0755),
+hard-linked into the bundle directories assembled from it (install's version directories, fetch's --out). `assemble`
+downloads from a BlobStore only the files the cache lacks (each decompressed and checked against its sha256 as it is
+written), hashes again every blob it reuses (a directory that links one may have changed it), then links each file
+into the new directory (copies where links are refused) and writes bundle.json. `prune` removes the blobs nothing
+links any more once they are older than KEEP seconds (another run may be about to link one)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import scratch
+from ..bundle import MANIFEST
+from ..bundle.manifest import FileEntry, Manifest
+from ..digest import sha256_file
+from ..errors import VerifyError
+from ..log import Log
+from .base import BlobStore, Entry
+
+PREFIX = ".blob-"
+EXE_SUFFIX = ".x"
+KEEP = 600
+
+
+@dataclass(frozen=True)
+class Assembled:
+    downloaded: int  # bytes read from the store (compressed)
+    from_cache: int  # bytes of the files found in the cache
+    files: int
+    fetched: int  # files downloaded
+
+
+def blob_name(f: FileEntry) -> str:
+    return f.sha256 + (EXE_SUFFIX if f.role == "exe" else "")
+
+
+def assemble(src: BlobStore, entry: Entry, want: Manifest, cache: Path, dest: Path, *, log: Log) -> Assembled:
+    """The files of `want` (the entry's manifest, or a part cut from it) in dest from the cache, downloading what it
+    lacks; bundle.json is want's text. A blob that is not its file is a VerifyError naming the file (nothing of it
+    is kept). The caller checks the assembled directory as a whole."""
+    files: Sequence[FileEntry] = want.files
+    cache.mkdir(parents=True, exist_ok=True)
+    scratch.sweep(cache, [PREFIX])
+    by_name = {blob_name(f): f for f in files}
+    have = {n for n, f in by_name.items() if _cached(cache / n, f.sha256, f.size)}
+    need = {n: f for n, f in by_name.items() if n not in have}
+    size, found = sum(f.size for f in need.values()), sum(f.size for n, f in by_name.items() if n in have)
+    moved = 0
+    with log.step(f"download {len(need)} of {len(by_name)} files ({size / 1e6:.1f} MB unpacked; {found / 1e6:.1f} MB "
+                  f"already here) from {src.url}"):
+        for n, f in need.items():
+            tmp = scratch.owned(cache, PREFIX, ".part")
+            try:
+                try:
+                    got = src.fetch_blob(entry, f, tmp)
+                except VerifyError as e:  # not a blob of the file at all (not a zstd frame, the wrong digest)
+                    raise VerifyError(f"{f.path} ({f.sha256[:12]}) from {src.url}: {e.what}", why=e.why,
+                                      fix="publish the bundle again") from None
+                moved += got.packed_size
+                if (got.sha256, got.size) != (f.sha256, f.size):
+                    raise VerifyError(f"{f.path} ({f.sha256[:12]}) from {src.url} does not match its sha256",
+                                      why="the store's copy changed or was damaged", fix="publish the bundle again")
+                os.chmod(tmp, 0o755 if n.endswith(EXE_SUFFIX) else 0o644)
+                os.replace(tmp, cache / n)
+            except BaseException:
+                tmp.unlink(missing_ok=True)
+                raise
+    dest.mkdir(parents=True, exist_ok=True)
+    for f in files:
+        target = dest.joinpath(*f.path.split("/"))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        blob = cache / blob_name(f)
+        try:
+            os.link(blob, target)
+        except OSError:  # another filesystem, or links refused
+            shutil.copy2(blob, target)
+    (dest / MANIFEST).write_text(want.text(), encoding="utf-8", newline="\n")
+    return Assembled(downloaded=moved, from_cache=found, files=len(files), fetched=len(need))
+
+
+def _cached(path: Path, sha256: str, size: int) -> bool:
+    """A blob of the cache that is what its name says; one that is not is removed."""
+    try:
+        if path.stat().st_size == size and sha256_file(path) == sha256:
+            return True
+        path.unlink()
+    except OSError:
+        pass
+    return False
+
+
+def prune(cache: Path, *, keep: float | None = None) -> None:
+    """Remove the cache's blobs that nothing links any more (older than `keep`, default KEEP: another run may be
+    about to link one). Errors are ignored: the next run tries again."""
+    keep = KEEP if keep is None else keep
+    now = time.time()
+    try:
+        names = [n for n in os.listdir(cache) if not n.startswith(".")]
+    except OSError:
+        return
+    for n in names:
+        try:
+            st = os.stat(cache / n)
+            if st.st_nlink <= 1 and now - st.st_mtime > keep:
+                os.unlink(cache / n)
+        except OSError:
+            pass
