@@ -118,6 +118,12 @@ def fetched_dir(cache_dir: Path, key: str) -> Path:
     return cache_dir / "fetched" / key
 
 
+def blob_dir(cache_dir: Path) -> Path:
+    """The blob cache `fetch` assembles bundles from (store.blobcache: each file once, linked into each --out;
+    what no --out links any more is pruned after fetch)."""
+    return cache_dir / "blobs"
+
+
 # ------------------------------------------------------------------------------------------ the bound
 
 PRUNABLE = ("fetched", "out", "build", "downloads", "src", "toolkits", "ui")  # what a prune may remove

@@ -37,7 +37,8 @@ from .platforms import Collected
 from .platforms.base import HostToolchain
 from .recipe import Recipe
 from .settings import Settings
-from .store.base import Entry, Published, Store
+from .store import blobcache
+from .store.base import BlobStore, Entry, Published, Store, blob_store
 from .verify import Level, Naming, VerifyReport, verify_bundle, verify_unpacked
 
 
@@ -47,7 +48,7 @@ class BuildOutcome:
     outputs: `hit` (the store had the key), `location` (where the store keeps the bundle), `store`."""
     key: str
     hit: bool  # the store had it: fetched and verified, nothing built
-    zip_path: Path
+    zip_path: Path | None  # None: fetched by content (no zip read)
     manifest: Manifest
     verify: VerifyReport
     store: str = ""  # the store's URL
@@ -57,13 +58,15 @@ class BuildOutcome:
     compiled: int = 0
     reproducible: dict[str, Any] | None = None  # with --check-reproducible: the zip sha256 both builds gave
     ops_tool: Path | None = None  # with --ops-tool: test-backend-ops from the same build tree, beside the zip
+    transfer: dict[str, Any] = field(default_factory=dict)  # fetch: how the files came (by zip or blobs), bytes
 
     def to_json(self, *, fetch: bool = False) -> dict[str, Any]:
         """build --json (fetch=True: fetch --json, without what only a build has)."""
-        out = {"schema": 1, "key": self.key, "store": self.store, "location": self.location, "zip": str(self.zip_path),
+        out = {"schema": 1, "key": self.key, "store": self.store, "location": self.location,
+               "zip": str(self.zip_path) if self.zip_path else None,
                "out": str(self.out_dir) if self.out_dir else None, "verify": self.verify.to_json()}
         if fetch:
-            return out
+            return {**out, "transfer": self.transfer}
         return {**out, "hit": self.hit, "bundled_libs": self.bundled_libs, "compiled": self.compiled,
                 "reproducible": self.reproducible, "ops_tool": str(self.ops_tool) if self.ops_tool else None}
 
@@ -328,16 +331,59 @@ def _from_store(entry: Entry, *, store: Store, settings: Settings, log: Log, out
 
 
 def fetch(key: str, *, store: Store, settings: Settings, log: Log, out: Path, level: Level = Level.STATIC,
-          expect: Expect | None = None) -> BuildOutcome:
-    """The store's bundle `key`, trusted against `expect` (a recipe's: key, platform, commit, toolkit). An --out
-    that already holds this very bundle (another fetch of it finished first) is a success, not a clash."""
+          expect: Expect | None = None, zip_: bool = False) -> BuildOutcome:
+    """The store's bundle `key`, trusted against `expect` (a recipe's: key, platform, commit, toolkit). From a
+    store that keeps its files by content only the files the cache's blobs lack are downloaded (unless `zip_`:
+    the zip, kept in the cache). An --out that already holds this very bundle (another fetch of it finished
+    first) is a success, not a clash."""
     check_out(out, bundle_ok=True)
     sweep_cache(settings)
     entry = store.lookup(key)
     if entry is None:
         raise UsageError(f"no bundle with key {key[:12]} in {store.url}", fix="build it first: llamabundle build RECIPE")
-    outcome = _from_store(entry, store=store, settings=settings, log=log, out=out, level=level, expect=expect)
+    src = blob_store(store)
+    if not zip_ and src is not None and src.has_blobs(entry):
+        outcome = _by_content(entry, src, settings=settings, log=log, out=out, level=level, expect=expect)
+    else:
+        outcome = _from_store(entry, store=store, settings=settings, log=log, out=out, level=level, expect=expect)
+        n = len(entry.manifest.files)
+        outcome.transfer = {"by": "zip", "downloaded_bytes": entry.zip_size, "cached_bytes": 0, "files": n,
+                            "files_downloaded": n}
     bound_cache(settings, log, keep=entry.key)
+    return outcome
+
+
+def _by_content(entry: Entry, src: BlobStore, *, settings: Settings, log: Log, out: Path, level: Level,
+                expect: Expect | None) -> BuildOutcome:
+    """The bundle assembled in a directory beside --out from the cache's blobs (store.blobcache: only what they
+    lack is downloaded), trusted and verified as an unpacked zip is, then moved into --out. No zip is read."""
+    expect = expect or Expect(key=entry.key)
+    manifest_mod.check_consistent(entry.manifest, expect)  # before a byte is downloaded
+    blobs = cache.blob_dir(settings.cache_dir)
+    tmp = tmp_beside(out, exist_ok=True)
+    try:
+        naming = Naming.of([tmp], out, is_zip=False, partial=False)
+        try:
+            got = blobcache.assemble(src, entry, entry.manifest, blobs, tmp, log=log)
+            with log.step(f"verify ({level})"):
+                manifest, check = bundle_mod.check_unpacked(tmp, hashes=None, expect=expect)
+                report = naming.report(verify_unpacked(tmp, manifest, check, level=level, label=str(out),
+                                                       wine_prefix=cache.wine_prefix(settings.cache_dir)))
+                _log_report(report, log)
+        except LlamaBundleError as e:
+            naming.error(e)
+            raise
+        place(tmp, out, entry.manifest, log)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    blobcache.prune(blobs)
+    log.info(f"bundle unpacked in {out} (by content: {got.fetched} of {got.files} files downloaded, "
+             f"{got.downloaded / 1e6:.1f} MB; {got.from_cache / 1e6:.1f} MB from the cache)")
+    outcome = BuildOutcome(key=entry.key, hit=True, zip_path=None, manifest=entry.manifest, verify=report,
+                           store=src.url, location=entry.location)
+    outcome.out_dir = out
+    outcome.transfer = {"by": "blobs", "downloaded_bytes": got.downloaded, "cached_bytes": got.from_cache,
+                        "files": got.files, "files_downloaded": got.fetched}
     return outcome
 
 

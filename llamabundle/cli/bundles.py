@@ -95,10 +95,12 @@ def build(c: Ctx, recipe_path: Path, store_url: str | None, force: bool, publish
 @click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path), callback=owned("--out"), help="New directory to unpack into.")
 @click.option("--level", type=click.Choice(LEVELS), default="static", show_default=True,
               help="Verification level (load runs llama-server from the bundle; gpu also wants a CUDA device).")
+@click.option("--zip", "zip_", is_flag=True, help="Download the whole zip (kept in the cache) even from a store that keeps files by content.")
 @JSON_OPT
 @pass_ctx
-def fetch(c: Ctx, what: str, store_url: str | None, out: Path, level: str, as_json: bool) -> None:
-    """Fetch a bundle from the store, verify it and unpack it (download, sha256 and unpack in one pass)."""
+def fetch(c: Ctx, what: str, store_url: str | None, out: Path, level: str, zip_: bool, as_json: bool) -> None:
+    """Fetch a bundle from the store, verify it and unpack it: from a store that keeps files by content only the
+    files the cache lacks (each checked as it is written); else the zip (download, sha256 and unpack in one pass)."""
     from .. import keys, pipeline
     from .. import verify as verify_mod
 
@@ -106,7 +108,7 @@ def fetch(c: Ctx, what: str, store_url: str | None, out: Path, level: str, as_js
     keyed = None if is_key else keys.resolve(keys.load(Path(what)), env=c.env)  # else a recipe path (exit 2 if not)
     key_ = what if keyed is None else keyed.key
     outcome = pipeline.fetch(key_, store=c.store(store_url, keyed), settings=c.settings, log=c.log, out=out,
-                             level=verify_mod.Level(level), expect=pipeline.expect_for(keyed) if keyed else None)
+                             level=verify_mod.Level(level), expect=pipeline.expect_for(keyed) if keyed else None, zip_=zip_)
     if as_json:
         emit(outcome.to_json(fetch=True))
         return

@@ -18,7 +18,7 @@ from .. import scratch
 from ..bundle import MANIFEST
 from ..bundle.manifest import FileEntry, Manifest
 from ..digest import sha256_file
-from ..errors import VerifyError
+from ..errors import DiskError, VerifyError, disk_fix, in_whose
 from ..log import Log
 from .base import BlobStore, Entry
 
@@ -78,7 +78,11 @@ def assemble(src: BlobStore, entry: Entry, want: Manifest, cache: Path, dest: Pa
         try:
             os.link(blob, target)
         except OSError:  # another filesystem, or links refused
-            shutil.copy2(blob, target)
+            try:
+                shutil.copy2(blob, target)
+            except OSError as e:  # what fails is writing the copy (a full or read-only disk)
+                raise DiskError(f"cannot write {target}{in_whose(target)}", why=e.strerror or str(e),
+                                fix=disk_fix(e)) from None
     (dest / MANIFEST).write_text(want.text(), encoding="utf-8", newline="\n")
     return Assembled(downloaded=moved, from_cache=found, files=len(files), fetched=len(need))
 

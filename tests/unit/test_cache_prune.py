@@ -153,17 +153,17 @@ def test_fetch_holds_the_cache_to_its_bound(tmp_path: Path, capsys: pytest.Captu
         from llamabundle import bundle
         store.publish(z, bundle.manifest_mod.loads(json.dumps(m)))
         keys.append(m["key"])
-    code, out, err = run(capsys, "fetch", keys[0], "--store", store.root, "--out", tmp_path / "o1")
+    code, out, err = run(capsys, "fetch", keys[0], "--store", store.root, "--out", tmp_path / "o1", "--zip")
     assert code == 0, err
     first = c / "fetched" / keys[0]
     os.utime(first, (OLD, OLD))  # used long ago
     monkeypatch.setenv("LLAMABUNDLE_CACHE_MAX", "150K")  # room for one fetched zip
-    code, out, err = run(capsys, "fetch", keys[1], "--store", store.root, "--out", tmp_path / "o0")
+    code, out, err = run(capsys, "fetch", keys[1], "--store", store.root, "--out", tmp_path / "o0", "--zip")
     assert code == 0 and "cache over" not in err and first.exists()  # measured at most every BOUND_EVERY seconds
     shutil.rmtree(tmp_path / "o0")
     stamp = c / "locks" / "bound.stamp"
     os.utime(stamp, (OLD, OLD))  # the last measure long ago
-    code, out, err = run(capsys, "fetch", keys[1], "--store", store.root, "--out", tmp_path / "o2")
+    code, out, err = run(capsys, "fetch", keys[1], "--store", store.root, "--out", tmp_path / "o2", "--zip")
     assert code == 0, err
     assert "cache over LLAMABUNDLE_CACHE_MAX" in err and f"fetched/{keys[0]}" in err
     assert not first.exists() and (c / "fetched" / keys[1]).is_dir()  # this run's stays

@@ -29,6 +29,7 @@ from llamabundle.runtime.install import (
     install_bundle,
     list_installed,
 )
+from llamabundle.store import blobcache
 from llamabundle.store.local import PUBLISH_PREFIX, LocalStore
 from tests.installs import plant, rebundle, recipe_bundle, slot_entries
 from tests.probing import NAME, QUIET, REPO, cli, make_stage, make_zip, publish
@@ -205,6 +206,7 @@ def test_three_concurrent_fetches_into_one_directory_all_succeed(tmp_path: Path)
 
 
 def test_three_concurrent_cli_fetches_share_one_cache(tmp_path: Path, env: dict[str, str]) -> None:
+    """By content (the store keeps its files as blobs): the three share the cache's blob of each file."""
     store = tmp_path / "store"
     zip_path, m = big_zip(tmp_path, 8 << 20, backends=("cpu",))  # verify static: no GPU code to read
     LocalStore(store).publish(zip_path, m)
@@ -213,8 +215,9 @@ def test_three_concurrent_cli_fetches_share_one_cache(tmp_path: Path, env: dict[
     assert [rc for rc, _, _ in results] == [0, 0, 0], results
     for _rc, out, err in results:
         clean(out + err)
-    fetched = tmp_path / "cache" / "fetched" / m.key
-    assert sorted(p.name for p in fetched.iterdir()) == [zip_path.name]
+    blobs = tmp_path / "cache" / "blobs"  # each file once, no partial blob left
+    assert sorted(p.name for p in blobs.iterdir()) == sorted({blobcache.blob_name(f) for f in m.files})
+    assert not (tmp_path / "cache" / "fetched" / m.key).exists()  # no zip was read
     with zipfile.ZipFile(zip_path) as zf:
         for i in range(3):
             out_dir = tmp_path / f"out{i}"

@@ -187,3 +187,31 @@ def test_a_pin_of_the_published_bundle_json_installs_by_content_and_a_wrong_one_
     with pytest.raises(BundleInvalid) as e:
         install_bundle(LocalStore(store), m.key, root=tmp_path / "other", log=QUIET, expect_sha256="ab" * 32)
     assert "pinned by --expect-sha256" in e.value.what and not (tmp_path / "other" / install_mod.BLOB_CACHE).exists()
+
+
+def test_fetch_by_content_downloads_only_what_the_cache_lacks_and_fetch_zip_reads_the_zip(tmp_path: Path) -> None:
+    import json
+
+    from tests.probing import cli
+
+    store = tmp_path / "store"
+    # CPU bundles (verify's static level reads a CUDA module's GPU code): two keys, the same files
+    a, b = (publish(store, tmp_path, salt=s, name=s, backends=("cpu",)) for s in ("a", "b"))
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "LLAMABUNDLE_CACHE_DIR": str(tmp_path / "cache")}
+
+    def fetch(m: object, out: str, *more: str) -> dict[str, object]:
+        r = cli("fetch", m.key, "--store", str(store), "--out", str(tmp_path / out), "--json", *more, env=env)
+        assert r.returncode == 0, r.stderr
+        got: dict[str, object] = json.loads(r.stdout)
+        return got
+
+    first, second = fetch(a, "a"), fetch(b, "b")
+    assert first["zip"] is None and first["transfer"] == {"by": "blobs", "downloaded_bytes": packed(store, *a.files),
+                                                          "cached_bytes": 0, "files": 3, "files_downloaded": 3}
+    assert second["transfer"] == {"by": "blobs", "downloaded_bytes": 0, "cached_bytes": sum(f.size for f in b.files),
+                                  "files": 3, "files_downloaded": 0}
+    check_bundle(tmp_path / "b", key=b.key, platform=PLATFORM)
+    assert (tmp_path / "b" / "llama-server").stat().st_nlink == 3  # the cache's blob, and a's and b's --out
+    whole = fetch(b, "z", "--zip")
+    assert whole["zip"] == str(tmp_path / "cache" / "fetched" / b.key / f"{b.name}-{b.key[:12]}.zip")
+    assert whole["transfer"]["by"] == "zip"  # type: ignore[index]

@@ -144,7 +144,7 @@ def test_a_fetch_killed_mid_unpack_leaves_a_partial_beside_out_that_the_next_fet
 
 def test_three_fetches_of_one_key_into_one_cache_all_succeed(tmp_path: Path) -> None:
     store, key = stored(tmp_path, payload=8 << 20)
-    procs = [cli(tmp_path, "fetch", key, "--store", store, "--out", tmp_path / f"out{i}") for i in range(3)]
+    procs = [cli(tmp_path, "fetch", key, "--store", store, "--out", tmp_path / f"out{i}", "--zip") for i in range(3)]
     results = [finish(p) for p in procs]
     assert [c for c, _ in results] == [0, 0, 0], results
     fetched = tmp_path / "cache" / "fetched" / key
