@@ -612,6 +612,20 @@ def _retry_after(value: str | None) -> float | None:
     return None  # an HTTP-date, or nothing: plain backoff
 
 
+def redirected(cur: str, r: requests.Response) -> str:
+    """The URL a redirect answer to a request for `cur` sends to (the answer closed); an http(s) URL, else
+    requests' InvalidSchema. The clients that follow redirects by hand (to keep credentials at home) use it."""
+    nxt = urljoin(cur, r.headers["Location"])
+    r.close()
+    if urlsplit(nxt).scheme not in ("http", "https"):
+        raise requests.exceptions.InvalidSchema("redirected to a URL that is not http(s)")
+    return nxt
+
+
+def too_many_redirects() -> requests.exceptions.TooManyRedirects:
+    return requests.exceptions.TooManyRedirects(f"more than {MAX_REDIRECTS} redirects")
+
+
 def origin(url: str) -> tuple[str, str, int | None]:
     """(scheme, host, port) of a URL: who may see a token sent to it."""
     u = urlsplit(url)

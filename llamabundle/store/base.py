@@ -7,6 +7,7 @@ imports none of them; the factory that picks one for a URL is `llamabundle.store
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -75,6 +76,26 @@ class BlobStore(Store, Protocol):
         """Download the file's blob, decompress it into the new file dest (at most file.size + 1 bytes) and say
         what was written (its sha256 and size: the caller compares) and how many bytes came from the store."""
         ...
+
+
+_REFUSED = re.compile(r"^bundle [0-9a-f]{1,12} refused: ")  # check_consistent's prefix, said once by the entry
+
+
+def entry_manifest(raw: bytes, *, key: str, entry: str, where: str, fix: str) -> Manifest:
+    """A store entry's bundle.json (`where` names it in messages) parsed and checked against the key it is stored
+    under (manifest.check_consistent), as every store's lookup checks it; a failure names the entry and says `fix`."""
+    from ..bundle.manifest import Expect, ManifestError, check_consistent, loads
+
+    try:
+        m = loads(raw, where=where)
+    except ManifestError as e:
+        raise ManifestError(e.what, field=e.field, why=e.why, fix=fix) from None
+    try:
+        check_consistent(m, Expect(key=key))
+    except ManifestError as e:
+        raise ManifestError(f"store entry {entry}: {_REFUSED.sub('', e.what, count=1)}", field=e.field, why=e.why,
+                            fix=fix) from None
+    return m
 
 
 def blob_store(store: Store) -> BlobStore | None:

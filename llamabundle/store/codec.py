@@ -28,6 +28,19 @@ class Reader(Protocol):
     def read(self, n: int, /) -> bytes: ...
 
 
+class Bounded:
+    """A stream (a zip member) read as one that may hold at most `size` bytes plus one: one more shows it lies
+    about its size, and no more is read."""
+
+    def __init__(self, f: Reader, size: int) -> None:
+        self.f, self.left = f, size + 1
+
+    def read(self, n: int) -> bytes:
+        chunk = self.f.read(min(n, self.left)) if self.left > 0 else b""
+        self.left -= len(chunk)
+        return chunk
+
+
 class CodecError(ValueError):
     """A blob that is not a zstd frame of the file it claims to be."""
 

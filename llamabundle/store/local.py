@@ -23,11 +23,11 @@ from filelock import FileLock, Timeout
 
 from .. import scratch
 from ..bundle import MANIFEST
-from ..bundle.manifest import Expect, FileEntry, Manifest, ManifestError, check_consistent, loads
+from ..bundle.manifest import Expect, FileEntry, Manifest, check_consistent
 from ..errors import StoreError, UsageError, VerifyError, disk_fix, in_whose
 from . import codec
 from . import sums as sums_grammar
-from .base import Entry, Published, Unpacked
+from .base import Entry, Published, Unpacked, entry_manifest
 
 if TYPE_CHECKING:
     from ..net import Sink
@@ -39,7 +39,6 @@ BLOBS = ("blobs", "sha256")
 BLOB_PREFIX = ".blob-"
 CHUNK = 1 << 20
 _KEY_DIR = re.compile(r"[0-9a-f]{64}")
-_REFUSED = re.compile(r"^bundle [0-9a-f]{1,12} refused: ")  # check_consistent's prefix, said once by the entry
 
 
 class LocalStore:
@@ -108,7 +107,7 @@ class LocalStore:
                         raise VerifyError(f"{zip_path.name}:{f.path} is listed in bundle.json but not in the zip") from None
                     with src, _open_new(tmp, final) as out:
                         try:
-                            packed = codec.pack(_Bounded(src, f.size), out)
+                            packed = codec.pack(codec.Bounded(src, f.size), out)
                             out.flush()
                             os.fsync(out.fileno())
                         except OSError as e:
@@ -139,15 +138,7 @@ class LocalStore:
             sums_raw = (d / SUMS).read_bytes()
         except OSError as e:
             raise StoreError(f"store entry {d} is damaged", why=f"{e.strerror or e}: {e.filename or d}", fix=damaged) from None
-        try:
-            m = loads(raw, where=str(manifest_path))
-        except ManifestError as e:
-            raise ManifestError(e.what, field=e.field, why=e.why, fix=damaged) from None
-        try:
-            check_consistent(m, Expect(key=key))
-        except ManifestError as e:
-            raise ManifestError(f"store entry {d}: {_REFUSED.sub('', e.what, count=1)}", field=e.field, why=e.why,
-                                fix=damaged) from None
+        m = entry_manifest(raw, key=key, entry=str(d), where=str(manifest_path), fix=damaged)
         sums = _parse_sums(sums_raw, d / SUMS, fix=damaged)
         zips = [n for n in sums if n.endswith(".zip")]
         if len(zips) != 1:
@@ -267,18 +258,6 @@ class LocalStore:
 
 class _Reader(Protocol):
     def read(self, n: int, /) -> bytes: ...
-
-
-class _Bounded:
-    """A zip member read as a stream that may hold at most `size` bytes plus one (one more shows it lies)."""
-
-    def __init__(self, f: _Reader, size: int) -> None:
-        self.f, self.left = f, size + 1
-
-    def read(self, n: int) -> bytes:
-        chunk = self.f.read(min(n, self.left)) if self.left > 0 else b""
-        self.left -= len(chunk)
-        return chunk
 
 
 def _parse_sums(raw: bytes, path: Path, *, fix: str) -> dict[str, str]:

@@ -12,7 +12,7 @@ import random
 import time
 from collections.abc import Callable
 from typing import IO, Any
-from urllib.parse import quote, urljoin, urlsplit
+from urllib.parse import quote
 
 import requests
 
@@ -154,11 +154,8 @@ class GitHubClient:
                                   json=json_body, timeout=self.timeout, stream=stream, allow_redirects=False)
             if not (follow and method == "GET" and r.is_redirect):
                 return r
-            cur = urljoin(cur, r.headers["Location"])
-            r.close()
-            if urlsplit(cur).scheme not in ("http", "https"):
-                raise requests.exceptions.InvalidSchema("redirected to a non-http(s) URL")
-        raise requests.exceptions.TooManyRedirects(f"more than {net.MAX_REDIRECTS} redirects")
+            cur = net.redirected(cur, r)
+        raise net.too_many_redirects()
 
     def _retry_delay(self, r: requests.Response, attempt: int) -> float | None:
         """Seconds to wait before retrying this answer, or None when it is final."""

@@ -430,11 +430,8 @@ class RegistryClient:
                     data.close()
             if not (follow and method in ("GET", "HEAD") and r.is_redirect):
                 return r
-            cur = urljoin(cur, r.headers["Location"])
-            r.close()
-            if urlsplit(cur).scheme not in ("http", "https"):
-                raise requests.exceptions.InvalidSchema("redirected to a URL that is not http(s)")
-        raise requests.exceptions.TooManyRedirects(f"more than {net.MAX_REDIRECTS} redirects")
+            cur = net.redirected(cur, r)
+        raise net.too_many_redirects()
 
     # ------------------------------------------------------------------------------------ the v2 API
 

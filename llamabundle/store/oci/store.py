@@ -18,18 +18,18 @@ import zipfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Protocol
+from typing import BinaryIO
 
 import requests
 
 from ... import net, scratch
 from ...bundle import MANIFEST, ZIP_EPOCH_DEFAULT, bundle_time, pack
-from ...bundle.manifest import MAX_MANIFEST_BYTES, Expect, FileEntry, Manifest, ManifestError, check_consistent, loads
+from ...bundle.manifest import MAX_MANIFEST_BYTES, Expect, FileEntry, Manifest, check_consistent
 from ...digest import sha256_file
 from ...errors import StoreError, VerifyError, disk_fix
 from ...log import Log, ProgressHandle
 from .. import codec
-from ..base import Entry, Published, Unpacked
+from ..base import Entry, Published, Unpacked, entry_manifest
 from . import image
 from .client import DIGEST_RE, TAG_RE, RegistryClient, RegistryError, parse_url
 
@@ -38,7 +38,6 @@ BAR = 32 << 20  # and from this size a progress bar
 FETCH_PREFIX = ".oci-fetch-"
 PUBLISH_PREFIX = "llamabundle-oci-publish-"
 _KEY_RE = re.compile(r"[0-9a-f]{64}")
-_REFUSED = re.compile(r"^bundle [0-9a-f]{1,12} refused: ")  # check_consistent's prefix, said once by the entry
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -95,15 +94,7 @@ class OciStore:
             raise image.ImageError(f"the tag {image.key_tag(key)} in {self.url} names a manifest of another key",
                                    why=f"its {image.KEY} is {img.key}", fix=fix)
         config = self._config(img, key=key, fix=fix)
-        try:
-            m = loads(config, where=f"the bundle.json of {where}")
-        except ManifestError as e:
-            raise ManifestError(e.what, field=e.field, why=e.why, fix=fix) from None
-        try:
-            check_consistent(m, Expect(key=key))
-        except ManifestError as e:
-            raise ManifestError(f"store entry {where}: {_REFUSED.sub('', e.what, count=1)}", field=e.field, why=e.why,
-                                fix=fix) from None
+        m = entry_manifest(config, key=key, entry=where, where=f"the bundle.json of {where}", fix=fix)
         gap = img.covers(m)
         if gap is None and img.name != m.name:
             gap = f"its {image.NAME} is {img.name!r}, bundle.json's name {m.name!r}"
@@ -403,7 +394,7 @@ class OciStore:
                 blob = tmp / f"{n}{codec.SUFFIX}"
                 try:
                     with z.open(files[0].path) as src, open(blob, "xb") as out:
-                        packed = codec.pack(_Bounded(src, files[0].size), out)
+                        packed = codec.pack(codec.Bounded(src, files[0].size), out)
                     extra = [(f, _hash_member(z, f)) for f in files[1:]]
                 except OSError as e:
                     raise StoreError(f"cannot compress {zip_path.name}:{files[0].path} into {tmp}",
@@ -490,7 +481,7 @@ def _mode(info: zipfile.ZipInfo) -> str:
 def _hash_member(z: zipfile.ZipFile, f: FileEntry) -> tuple[str, int]:
     h, n = hashlib.sha256(), 0
     with z.open(f.path) as src:
-        reader = _Bounded(src, f.size)
+        reader = codec.Bounded(src, f.size)
         while chunk := reader.read(codec.CHUNK):
             h.update(chunk)
             n += len(chunk)
@@ -510,18 +501,4 @@ def _open_new(path: Path) -> BinaryIO:
         raise StoreError(f"cannot write {path}", why=e.strerror or str(e), fix=disk_fix(e)) from None
 
 
-class _Reader(Protocol):
-    def read(self, n: int, /) -> bytes: ...
-
-
-class _Bounded:
-    """A zip member read as a stream that may hold at most `size` bytes plus one (one more shows it lies)."""
-
-    def __init__(self, f: _Reader, size: int) -> None:
-        self.f, self.left = f, size + 1
-
-    def read(self, n: int) -> bytes:
-        chunk = self.f.read(min(n, self.left)) if self.left > 0 else b""
-        self.left -= len(chunk)
-        return chunk
 
