@@ -67,6 +67,8 @@ class Settings:
                                     printed; for ghcr.io GITHUB_TOKEN / GH_TOKEN when unset)
     LLAMABUNDLE_REGISTRY_INSECURE   [registry_insecure] "1": plain http to any `oci://` registry (default: https,
                                     but http to 127.0.0.1, ::1 and localhost)
+    LLAMABUNDLE_REGISTRY_MOUNT_FROM [registry_mount_from] comma-separated repositories of the same registry that
+                                    publish may mount a blob from instead of uploading it (cross-repository mount)
     LLAMABUNDLE_PIP_INDEX_URL       [pip_index_url] index of the `pypi:` source and the PyPI toolkit wheels
     LLAMABUNDLE_CUDA_REDIST_URL     [cuda_redist_url] mirror of NVIDIA's CUDA redist tree
     LLAMABUNDLE_CUDA_INSTALLER      [cuda_installer] a local copy of NVIDIA's Windows installer for
@@ -95,6 +97,7 @@ class Settings:
     registry_user: str | None = None  # $LLAMABUNDLE_REGISTRY_USER: an oci:// store's registry user
     registry_password: str | None = None  # $LLAMABUNDLE_REGISTRY_PASSWORD (never printed)
     registry_insecure: bool = False  # $LLAMABUNDLE_REGISTRY_INSECURE=1: plain http to any registry
+    registry_mount_from: tuple[str, ...] = ()  # $LLAMABUNDLE_REGISTRY_MOUNT_FROM: repositories to mount blobs from
     pip_index_url: str | None = None
     source_date_epoch: int | None = None
     github_actions: bool = False
@@ -170,6 +173,8 @@ class Settings:
             registry_user=env.get("LLAMABUNDLE_REGISTRY_USER") or None,
             registry_password=env.get("LLAMABUNDLE_REGISTRY_PASSWORD") or None,
             registry_insecure=env.get("LLAMABUNDLE_REGISTRY_INSECURE") == "1",
+            registry_mount_from=tuple(r.strip() for r in env.get("LLAMABUNDLE_REGISTRY_MOUNT_FROM", "").split(",")
+                                      if r.strip()),
             pip_index_url=env.get("LLAMABUNDLE_PIP_INDEX_URL") or None,
             source_date_epoch=sde,
             github_actions=actions,

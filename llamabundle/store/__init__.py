@@ -45,6 +45,9 @@ class StoreSettings(Protocol):
     @property
     def registry_insecure(self) -> bool: ...
 
+    @property
+    def registry_mount_from(self) -> tuple[str, ...]: ...
+
 
 def open_store(url: str, *, settings: StoreSettings | None = None, log: Log | None = None,
                tags: Mapping[str, str] | None = None) -> Store:
@@ -61,7 +64,8 @@ def open_store(url: str, *, settings: StoreSettings | None = None, log: Log | No
         ref = parse_url(url, insecure=settings.registry_insecure)  # strict: a bad URL is a UsageError here
         password = settings.registry_password or (settings.github_token if ref.host == "ghcr.io" else None)
         return OciStore(url, user=settings.registry_user, password=password, insecure=settings.registry_insecure,
-                        connect_timeout=settings.connect_timeout, log=log, tags=tags)
+                        connect_timeout=settings.connect_timeout, log=log, tags=tags,
+                        mount_from=settings.registry_mount_from)
     if url.startswith("github:"):
         from .github import GitHubStore
 

@@ -116,6 +116,27 @@ def captured() -> tuple[Log, io.StringIO]:
     return Log(console=Console(file=buf, width=200, force_terminal=False)), buf
 
 
+def test_a_publish_into_another_repository_mounts_the_blobs_it_names(registry: Registry, tmp_path: Path) -> None:
+    """LLAMABUNDLE_REGISTRY_MOUNT_FROM: `publish` into a second repository of the same registry mounts each blob
+    the first holds (POST ?mount=&from=, answered 201 by the distribution registry) instead of uploading it."""
+    (za, ma), (zb, mb) = make_bundle(tmp_path, "a"), make_bundle(tmp_path, "b")
+    la, lb = layers_of(za, ma), layers_of(zb, mb)
+    with Proxy(registry.netloc) as proxy:
+        first = f"oci://{proxy.netloc}/team/cpu"
+        assert run("publish", za, "--store", first, tmp=tmp_path)[0] == 0
+        proxy.reset()
+        code, _out, err = run("publish", zb, "--store", f"oci://{proxy.netloc}/team/cuda", tmp=tmp_path,
+                              env={"LLAMABUNDLE_REGISTRY_MOUNT_FROM": "team/cpu"})
+        assert code == 0, err
+        config_b = mb.text().encode()
+        new = {d: n for d, n in lb.items() if d not in la}
+        assert dict(proxy.put) == {**new, sha(config_b): len(config_b)}  # the shared layers were mounted, not sent
+    assert sorted(registry.tags("team/cuda")) == [key_tag(mb.key)]
+    got = install_bundle(OciStore(f"oci://{registry.netloc}/team/cuda", log=QUIET), mb.key, root=tmp_path / "data",
+                         log=QUIET, platform=mb.platform)
+    check_bundle(got.installed.path, key=mb.key, platform=mb.platform)
+
+
 # ------------------------------------------------------------------------------------------------ 1
 
 

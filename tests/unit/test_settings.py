@@ -47,6 +47,7 @@ def _cases(tmp: Path) -> list[tuple[dict[str, str], str, Any]]:
         ({"LLAMABUNDLE_REGISTRY_PASSWORD": "p"}, "registry_password", "p"),
         ({"LLAMABUNDLE_REGISTRY_INSECURE": "1"}, "registry_insecure", True),
         ({"LLAMABUNDLE_REGISTRY_INSECURE": "true"}, "registry_insecure", False),  # exactly "1"
+        ({"LLAMABUNDLE_REGISTRY_MOUNT_FROM": "org/a, org/b,"}, "registry_mount_from", ("org/a", "org/b")),
         ({"LLAMABUNDLE_PIP_INDEX_URL": "http://127.0.0.1:9/simple"}, "pip_index_url", "http://127.0.0.1:9/simple"),
         ({"LLAMABUNDLE_CUDA_REDIST_URL": "http://127.0.0.1:9/redist/"}, "cuda_redist_url", "http://127.0.0.1:9/redist"),
         ({"LLAMABUNDLE_CUDA_INSTALLER": str(tmp / "cuda.exe")}, "cuda_installer", tmp / "cuda.exe"),

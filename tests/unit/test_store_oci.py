@@ -439,3 +439,10 @@ def test_publish_says_when_a_zip_is_not_packed_as_llamabundle_packs(tmp_path: Pa
             assert buf.getvalue() == ""
         else:
             assert said in buf.getvalue() and "will not rebuild it byte for byte" in buf.getvalue()
+
+
+def test_a_repository_to_mount_from_that_is_no_repository_name_is_a_usage_error() -> None:
+    from llamabundle.errors import UsageError
+
+    with pytest.raises(UsageError, match="'Team/CPU' is not a repository name to mount blobs from"):
+        OciStore("oci://127.0.0.1:5000/team/cuda", log=Log(quiet=True), mount_from=["Team/CPU"])

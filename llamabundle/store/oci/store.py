@@ -26,12 +26,12 @@ from ... import net, scratch
 from ...bundle import MANIFEST, ZIP_EPOCH_DEFAULT, bundle_time, pack
 from ...bundle.manifest import MAX_MANIFEST_BYTES, Expect, FileEntry, Manifest, check_consistent
 from ...digest import sha256_file
-from ...errors import StoreError, VerifyError, disk_fix
+from ...errors import StoreError, UsageError, VerifyError, disk_fix
 from ...log import Log, ProgressHandle
 from .. import codec
 from ..base import Entry, Published, Unpacked, entry_manifest
 from . import image
-from .client import DIGEST_RE, TAG_RE, RegistryClient, RegistryError, parse_url
+from .client import DIGEST_RE, REPO_RE, TAG_RE, RegistryClient, RegistryError, parse_url
 
 BIG = 1 << 20  # a blob at least this large gets a line of its own in the log
 BAR = 32 << 20  # and from this size a progress bar
@@ -60,6 +60,10 @@ class OciStore:
         self.url = self.ref.url
         self.log = log or Log()
         self.tags = dict(tags or {})  # key -> release tag, from the recipe when the command has one
+        bad = [m for m in mount_from if not REPO_RE.fullmatch(m)]
+        if bad:
+            raise UsageError(f"{bad[0]!r} is not a repository name to mount blobs from", why="a repository name is "
+                             "lower-case path components of letters, digits and . _ -", fix="correct LLAMABUNDLE_REGISTRY_MOUNT_FROM")
         self.mount_from = [m for m in mount_from if m != self.ref.repo]  # repositories of the registry to mount from
         self.client = RegistryClient(self.ref, user=user, password=password, log=self.log, http=http or net.session(),
                                      timeout=(connect_timeout, read_timeout),
