@@ -239,6 +239,8 @@ def test_verify_catches_a_missing_companion(cuda_bundle: dict[str, Any], tmp_pat
     before = len(manifest["files"])
     manifest["files"] = [f for f in manifest["files"] if f["path"] != "libnvrtc.so.13"]
     assert len(manifest["files"]) == before - 1
+    assert "libnvrtc.so.13" in manifest["parts"]["cuda"]  # a companion is its backend's: out of the part list too
+    manifest["parts"]["cuda"].remove("libnvrtc.so.13")
     _rewrite_manifest(copy, manifest)  # the key is left as it is: the inputs did not change
     verify_bundle(cuda_bundle["out"], level=Level.STATIC, cache_dir=tmp_path / "cache")  # the original still passes
     with pytest.raises(VerifyError) as e:
