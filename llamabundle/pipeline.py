@@ -38,7 +38,7 @@ from .platforms.base import HostToolchain
 from .recipe import Recipe
 from .settings import Settings
 from .store import blobcache
-from .store.base import BlobStore, Entry, Published, Store, blob_store
+from .store.base import BlobStore, Entry, Published, Store, blob_source
 from .verify import Level, Naming, VerifyReport, verify_bundle, verify_unpacked
 
 
@@ -341,8 +341,8 @@ def fetch(key: str, *, store: Store, settings: Settings, log: Log, out: Path, le
     entry = store.lookup(key)
     if entry is None:
         raise UsageError(f"no bundle with key {key[:12]} in {store.url}", fix="build it first: llamabundle build RECIPE")
-    src = blob_store(store)
-    if not zip_ and src is not None and src.has_blobs(entry):
+    src = None if zip_ else blob_source(store, entry)
+    if src is not None:
         outcome = _by_content(entry, src, settings=settings, log=log, out=out, level=level, expect=expect)
     else:
         outcome = _from_store(entry, store=store, settings=settings, log=log, out=out, level=level, expect=expect)

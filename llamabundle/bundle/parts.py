@@ -76,6 +76,14 @@ class Choice:
     by: str  # "auto" or "list"
 
 
+def published_sha256(m: Manifest) -> str:
+    """The sha256 of the published bundle.json (as llamabundle writes it) that m is, or was cut from: what a pin of
+    the manifest (install --expect-sha256 of bundle.json) names."""
+    if m.cut is not None:
+        return str(m.cut["from_manifest_sha256"])
+    return hashlib.sha256(m.text().encode("utf-8")).hexdigest()
+
+
 def cut(m: Manifest, choice: Choice) -> Manifest:
     """The manifest of the subset of m holding choice.backends (m itself when that is all of them)."""
     keep = [b for b in m.backends if b in choice.backends]
@@ -91,8 +99,8 @@ def cut(m: Manifest, choice: Choice) -> Manifest:
     data["parts"] = {b: p for b, p in (m.parts or {}).items() if b in keep}
     data["cut"] = {"from_backends": sorted(m.backends), "dropped": sorted(set(m.backends) - set(keep)),
                    "by": choice.by, "why": dict(sorted(choice.why.items())),
-                   "from_manifest_sha256": hashlib.sha256(m.text().encode("utf-8")).hexdigest()}
+                   "from_manifest_sha256": published_sha256(m)}
     return parse(json.loads(json.dumps(data)))
 
 
-__all__ = ["CPU", "MANIFEST", "Choice", "cut", "files_of", "imports_of", "split"]
+__all__ = ["CPU", "MANIFEST", "Choice", "cut", "files_of", "imports_of", "published_sha256", "split"]

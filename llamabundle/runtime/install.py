@@ -8,7 +8,6 @@ bundle.json's, which names every file's sha256 (docs/install-rules.md gives ever
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -31,7 +30,7 @@ from ..log import Log
 from ..reasons import Reason
 from ..settings import Settings
 from ..store import blobcache, sums
-from ..store.base import BlobStore, Entry, Store, blob_store
+from ..store.base import BlobStore, Entry, Store, blob_source
 from . import slotlock
 from .results import utc_timestamp, write_atomic
 
@@ -335,14 +334,6 @@ def _os_error(what: str, e: OSError) -> StoreError:
     return StoreError(what, why=f"{e.strerror or e}{where}", fix=disk_fix(e))
 
 
-def published_sha256(m: Manifest) -> str:
-    """The sha256 of the published bundle.json (as llamabundle writes it) that m is, or was cut from: what a pin of
-    the manifest (--expect-sha256 of bundle.json) names."""
-    if m.cut is not None:
-        return str(m.cut["from_manifest_sha256"])
-    return hashlib.sha256(m.text().encode("utf-8")).hexdigest()
-
-
 def _pin_refused(entry: Entry, pin: Pin, got: str, *, where: str) -> BundleInvalid:
     return _invalid(entry.key, f"{entry.zip_name} has sha256 {got}, not the {pin.sha256} pinned by {pin.where}",
                     why=f"{where}: the zip is not the pinned one (a release whose zip and bundle.json were both replaced "
@@ -394,7 +385,7 @@ def _install_locked(store: Store, entry: Entry, slot: Path, *, log: Log, platfor
         else:
             leftover.unlink()
     same = old is not None and old.key == key and sorted(old.manifest.backends) == sorted(want.backends)
-    if old is not None and same and (pin is None or pin.sha256 in (old.zip_sha256, published_sha256(old.manifest))):
+    if old is not None and same and (pin is None or pin.sha256 in (old.zip_sha256, parts.published_sha256(old.manifest))):
         try:
             check_bundle(old.path, key=key, platform=platform, commit=commit, toolkit=toolkit)
             return InstallOutcome(installed=old, reused=True, replaced=None, pinned=pin)
@@ -403,7 +394,7 @@ def _install_locked(store: Store, entry: Entry, slot: Path, *, log: Log, platfor
     elif old is not None and same and pin is not None:
         log.info(f"the installed {slot.name} ({key[:12]}) is not known to come from the zip pinned by {pin.where}; "
                  "installing it again")
-    on_manifest = pin is not None and pin.sha256 == published_sha256(entry.manifest)
+    on_manifest = pin is not None and pin.sha256 == parts.published_sha256(entry.manifest)
     if pin is not None and entry.zip_sha256 != pin.sha256 and not on_manifest:  # refused before any download
         raise _pin_refused(entry, pin, entry.zip_sha256, where=f"{store.url} lists it so (nothing was downloaded)")
     version = f"{key[:12]}-{secrets.token_hex(4)}"
@@ -411,7 +402,7 @@ def _install_locked(store: Store, entry: Entry, slot: Path, *, log: Log, platfor
     swapped = False
     # a pin of the zip is on the zip's bytes: the zip is read. A pin of bundle.json (which names every file's
     # sha256) holds for the files fetched by content too.
-    by_content = _blob_source(store, entry) if pin is None or on_manifest else None
+    by_content = blob_source(store, entry) if pin is None or on_manifest else None
     blob_cache = slot.parent.parent / BLOB_CACHE
     try:
         if by_content is not None:
@@ -428,7 +419,7 @@ def _install_locked(store: Store, entry: Entry, slot: Path, *, log: Log, platfor
             transfer = _install_zip(store, entry, stage, version, pin=None if on_manifest else pin, log=log, hook=hook, slot=slot,
                                     platform=platform, commit=commit, toolkit=toolkit)
             if want is not entry.manifest:  # a part of it: the other backends' files go, its own bundle.json in
-                _cut_dir(stage / version, want)
+                _cut_dir(stage / version, entry.manifest, want)
                 check_bundle(stage / version, key=key, platform=platform, commit=commit, toolkit=toolkit)
         os.replace(stage / version, slot / version)
         hook("swapping")
@@ -489,16 +480,10 @@ class _Got:
     done: Transfer
 
 
-def _blob_source(store: Store, entry: Entry) -> BlobStore | None:
-    """The store, where it holds every file of the entry by content; else None (the zip is downloaded)."""
-    src = blob_store(store)
-    return src if src is not None and src.has_blobs(entry) else None
-
-
-def _cut_dir(root: Path, want: Manifest) -> None:
-    """An unpacked whole bundle made the part `want` says: the files it does not list removed, its bundle.json in."""
+def _cut_dir(root: Path, whole: Manifest, want: Manifest) -> None:
+    """The unpacked bundle `whole` made the part `want` says: the files it does not list removed, its bundle.json in."""
     keep = {f.path for f in want.files}
-    for f in read_manifest(root).files:
+    for f in whole.files:
         if f.path not in keep:
             root.joinpath(*f.path.split("/")).unlink()
     (root / MANIFEST).write_text(want.text(), encoding="utf-8", newline="\n")

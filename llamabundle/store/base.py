@@ -98,6 +98,9 @@ def entry_manifest(raw: bytes, *, key: str, entry: str, where: str, fix: str) ->
     return m
 
 
-def blob_store(store: Store) -> BlobStore | None:
-    """The store as a BlobStore where it is one."""
-    return store if hasattr(store, "has_blobs") and hasattr(store, "fetch_blob") else None  # type: ignore[return-value]
+def blob_source(store: Store, entry: Entry) -> BlobStore | None:
+    """The store, where it is a BlobStore holding every file of the entry by content; else None (the zip is read)."""
+    if not (hasattr(store, "has_blobs") and hasattr(store, "fetch_blob")):
+        return None
+    src: BlobStore = store  # type: ignore[assignment]  # checked just above
+    return src if src.has_blobs(entry) else None
