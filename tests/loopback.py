@@ -8,6 +8,7 @@ and of NVIDIA's redist server are built on it, as are the servers of the downloa
 from __future__ import annotations
 
 import http.server
+import re
 import sys
 import threading
 import time
@@ -76,20 +77,23 @@ def hang_up(*, delay: float = 0.0) -> Reply:
 
 def ranged(req: Request, body: bytes, *, etag: str | None = None, ranges: bool = True,
            headers: Mapping[str, str] | None = None, **reply: Any) -> Reply:
-    """A file server's answer to a GET of `body`: when `ranges`, 206 from the `Range: bytes=N-` offset if the
-    If-Range validator (if any) is `etag`, and 416 at or past the end; else 200 with all of it. Accept-Ranges
-    (when `ranges`) and ETag (when given) come before `headers`; the other arguments are the Reply's."""
+    """A file server's answer to a GET of `body`: when `ranges`, 206 for a `Range: bytes=N-` or `bytes=N-M` (M past
+    the end is the end) if the If-Range validator (if any) is `etag`, and 416 at or past the end; else 200 with all
+    of it. Accept-Ranges (when `ranges`) and ETag (when given) come before `headers`; the other arguments are the
+    Reply's."""
     size = len(body)
     rng, if_range = req.headers.get("range"), req.headers.get("if-range")
-    start, first = 0, {}
-    if ranges and rng and rng.startswith("bytes=") and rng.endswith("-") and (if_range is None or if_range == etag):
-        start = int(rng[len("bytes="):-1])
+    start, end, first = 0, size - 1, {}
+    m = re.fullmatch(r"bytes=([0-9]+)-([0-9]*)", rng or "")
+    if ranges and m and (if_range is None or if_range == etag) and (not m.group(2) or int(m.group(2)) >= int(m.group(1))):
+        start = int(m.group(1))
+        end = min(size - 1, int(m.group(2))) if m.group(2) else size - 1
         if start >= size:
             return Reply(416, {"Content-Range": f"bytes */{size}", "Content-Length": "0"})
-        first = {"Content-Range": f"bytes {start}-{size - 1}/{size}"}
+        first = {"Content-Range": f"bytes {start}-{end}/{size}"}
     hdrs = {**first, **({"Accept-Ranges": "bytes"} if ranges else {}), **({"ETag": etag} if etag else {}),
             **(headers or {})}
-    return Reply(206 if first else 200, hdrs, body[start:], **reply)
+    return Reply(206 if first else 200, hdrs, body[start:end + 1], **reply)
 
 
 def static(files: Mapping[str, bytes], *, headers: Mapping[str, str] | None = None) -> Handler:

@@ -3,6 +3,7 @@ whose asset downloads redirect to a "CDN" on 127.0.0.2. Real bundles, real HTTP,
 
 from __future__ import annotations
 
+import hashlib
 import json
 import socket
 import threading
@@ -99,15 +100,16 @@ def test_publish_then_lookup_hits_in_two_requests(gh: FakeGitHub, tmp_path: Path
     assert done.entry.zip_size == zip_path.stat().st_size
     assert done.entry.manifest == manifest
 
-    # one published release with exactly the three assets, uploaded in order zip, SHA256SUMS, bundle.json
+    # one published release with exactly its five assets, uploaded in order zip, blobs, SHA256SUMS, bundle.json
     (rel,) = gh.releases.values()
     assert (rel.tag_name, rel.draft) == (TAG, False)
-    assert gh.asset_names(rel) == ["SHA256SUMS", "bundle.json", "bundle.zip"]
+    assert gh.asset_names(rel) == ["SHA256SUMS", "blobs.all.zst", "blobs.json", "bundle.json", "bundle.zip"]
     uploads = [r.path.split("name=")[1] for r in gh.requests if r.path.startswith("/uploads/")]
-    assert uploads == ["bundle.zip", "SHA256SUMS", "bundle.json"]
+    assert uploads == ["bundle.zip", "blobs.all.zst", "blobs.json", "SHA256SUMS", "bundle.json"]
     assert f"refs/tags/{TAG}" in gh.refs
     by_name = {gh.assets[a].name: gh.assets[a] for a in rel.assets}
-    assert by_name["SHA256SUMS"].data == f"{sha256(zip_path)}  bundle.zip\n".encode()
+    assert by_name["SHA256SUMS"].data == "".join(f"{hashlib.sha256(by_name[n].data).hexdigest()}  {n}\n" for n in
+                                                 ("bundle.zip", "blobs.all.zst", "blobs.json")).encode()
     assert json.loads(by_name["bundle.json"].data) == manifest.to_json()
     assert by_name["bundle.json"].data == manifest.text().encode()
     assert by_name["bundle.zip"].data == zip_path.read_bytes()
@@ -278,8 +280,8 @@ def test_four_concurrent_publishers_leave_one_release(gh: FakeGitHub, tmp_path: 
     assert {r.entry.zip_sha256 for r in results} == {sha256(zip_path)}
     (rel,) = gh.releases.values()
     assert not rel.draft
-    assert gh.asset_names(rel) == ["SHA256SUMS", "bundle.json", "bundle.zip"]
-    assert len(gh.assets) == 3
+    assert gh.asset_names(rel) == ["SHA256SUMS", "blobs.all.zst", "blobs.json", "bundle.json", "bundle.zip"]
+    assert len(gh.assets) == 5
     assert gh.count("POST", "/releases", host="api") - gh.count("POST", "/uploads/") == 1  # one draft created
     assert all(TOKEN not in c.text for c in logs)
 
@@ -316,7 +318,7 @@ def test_a_stale_tag_is_taken_over(gh: FakeGitHub, tmp_path: Path) -> None:
     assert done.created is True
     assert old.id not in gh.releases
     (rel,) = gh.releases.values()
-    assert not rel.draft and gh.asset_names(rel) == ["SHA256SUMS", "bundle.json", "bundle.zip"]
+    assert not rel.draft and gh.asset_names(rel) == ["SHA256SUMS", "blobs.all.zst", "blobs.json", "bundle.json", "bundle.zip"]
     assert gh.count("DELETE", f"/git/refs/tags/{TAG}") == 1
     assert "taking it over" in cap.text
     assert store_for(gh).lookup(KEY).zip_sha256 == sha256(zip_path)
@@ -350,7 +352,7 @@ def test_a_502_leaving_a_starter_asset_is_reconciled(gh: FakeGitHub, tmp_path: P
     done = store_for(gh, sleeps=sleeps).publish(zip_path, manifest)
     assert done.created is True
     (rel,) = gh.releases.values()
-    assert gh.asset_names(rel) == ["SHA256SUMS", "bundle.json", "bundle.zip"]
+    assert gh.asset_names(rel) == ["SHA256SUMS", "blobs.all.zst", "blobs.json", "bundle.json", "bundle.zip"]
     assert all(gh.assets[a].state == "uploaded" for a in rel.assets)
     assert gh.count("DELETE", "/releases/assets/") == 1  # the starter asset
     assert gh.count("POST", "name=bundle.zip") == 2

@@ -36,7 +36,7 @@ from tests.ghstore import (
 pytestmark = pytest.mark.race
 
 ROOT = Path(__file__).resolve().parents[2]
-NAMES = ["SHA256SUMS", "bundle.json", "bundle.zip"]
+NAMES = ["SHA256SUMS", "blobs.all.zst", "blobs.json", "bundle.json", "bundle.zip"]
 
 # A publisher in its own process: prints "STEP <step>" at each step and sleeps at `pause` (to be killed),
 # then "DONE {created, sha}" or "ERROR <class> <what>" (and the error's exit code).
@@ -107,7 +107,7 @@ def assert_published_once(gh: FakeGitHub, zip_path: Path) -> None:
     """Exactly one release, published, holding our three assets and nothing else; a lookup hits."""
     (rel,) = gh.releases.values()
     assert rel.tag_name == TAG and not rel.draft
-    assert gh.asset_names(rel) == NAMES and len(gh.assets) == 3
+    assert gh.asset_names(rel) == NAMES and len(gh.assets) == 5
     assert all(gh.assets[a].state == "uploaded" for a in rel.assets)
     (z,) = [gh.assets[a] for a in rel.assets if gh.assets[a].name == "bundle.zip"]
     assert z.digest == f"sha256:{sha256(zip_path)}" and z.data == zip_path.read_bytes()

@@ -66,17 +66,19 @@ def _store_imports(path: Path) -> set[str]:
 
 
 def test_base_imports_no_store_and_the_stores_import_only_base() -> None:
-    """A store takes from the package only the protocol, the SHA256SUMS grammar and the blob codec (which takes
-    only the protocol); the GitHub and OCI stores' own modules take those and each other."""
+    """A store takes from the package only the protocol, the SHA256SUMS grammar, the blob codec (which takes
+    only the protocol) and the ranged blob reader (which takes nothing of it); the GitHub and OCI stores' own
+    modules take those and each other."""
     assert _relative_imports(STORE / "base.py") == _relative_imports(STORE / "sums.py") == []
+    assert _relative_imports(STORE / "ranged.py") == []
     assert _relative_imports(STORE / "codec.py") == [".base"]
     assert set(_relative_imports(STORE / "local.py")) <= {".", ".base"}
     for path in sorted((STORE / "github").glob("*.py")):
-        assert set(_relative_imports(path)) <= {".client", ".releases", ".publish", ".store"}, path.name
-        assert _store_imports(path) <= {"base", "sums"}, path.name
+        assert set(_relative_imports(path)) <= {".", ".blobs", ".client", ".releases", ".publish", ".store"}, path.name
+        assert _store_imports(path) <= {"base", "sums", "codec", "ranged"}, path.name
     for path in sorted((STORE / "oci").glob("*.py")):
         assert set(_relative_imports(path)) <= {".", ".client", ".image", ".store"}, path.name
-        assert _store_imports(path) <= {"base", "codec"}, path.name
+        assert _store_imports(path) <= {"base", "codec", "ranged"}, path.name
 
 
 def test_every_store_module_says_what_it_is_for() -> None:

@@ -197,7 +197,7 @@ def test_fetch_cut_at_half_resumes_unpacks_and_transfers_under_1_6x(tmp_path: Pa
         out = tmp_path / "out"
         settings = Settings.from_env({"LLAMABUNDLE_CACHE_DIR": str(tmp_path / "cache")})
         outcome = pipeline.fetch(KEY, store=store, settings=settings, log=ghstore.Captured().log, out=out,
-                                 level=Level.STATIC)
+                                 level=Level.STATIC, zip_=True)  # the zip, not the release's blobs
         zip_gets = [r for r in gh.requests[since:] if r.host == "cdn" and "/bundle.zip?" in r.path]
     assert outcome.out_dir == out
     assert sorted(p.name for p in out.iterdir()) == ["LICENSE", "bundle.json", "payload.bin"]
@@ -222,7 +222,7 @@ def test_fetch_of_a_tampered_asset_leaves_no_output(tmp_path: Path) -> None:
         out = tmp_path / "out"
         settings = Settings.from_env({"LLAMABUNDLE_CACHE_DIR": str(tmp_path / "cache")})
         with pytest.raises(VerifyError) as e:
-            pipeline.fetch(KEY, store=store, settings=settings, log=ghstore.Captured().log, out=out)
+            pipeline.fetch(KEY, store=store, settings=settings, log=ghstore.Captured().log, out=out, zip_=True)
     assert e.value.exit_code == 5
     assert not out.exists()
     assert [p for p in (tmp_path / "cache").rglob("*") if p.is_file()] == []  # no zip, no partial, no unpacked files

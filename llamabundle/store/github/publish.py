@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 from urllib.parse import quote
 
 from ...bundle import MANIFEST
@@ -28,7 +29,17 @@ from .client import (
     asset_digest,
     sha256_bytes,
 )
-from .releases import GitHubEntry, Releases
+from .releases import GitHubEntry, Releases, blob_assets
+
+
+@dataclass(frozen=True)
+class Extra:
+    """An asset published beside the zip, listed in SHA256SUMS."""
+    name: str
+    ctype: str
+    open: Callable[[], IO[bytes] | bytes]
+    size: int
+    sha256: str
 
 
 class Publisher:
@@ -41,16 +52,16 @@ class Publisher:
                                                                                  wait_timeout, on_step)
 
     def publish(self, zip_path: Path, zip_sha: str, mbytes: bytes, *, tag: str, key: str,
-                lookup: Callable[[str], GitHubEntry | None]) -> tuple[GitHubEntry, bool]:
-        """(the entry, whether this publisher created it)."""
-        sums_bytes = sums.line(zip_sha, zip_path.name).encode()
+                lookup: Callable[[str], GitHubEntry | None], extra: Sequence[Extra] = ()) -> tuple[GitHubEntry, bool]:
+        """(the entry, whether this publisher created it). `extra`: assets uploaded after the zip (the blobs)."""
+        sums_bytes = "".join([sums.line(zip_sha, zip_path.name), *(sums.line(x.sha256, x.name) for x in extra)]).encode()
         ours = {zip_path.name: zip_sha, sums.NAME: sha256_bytes(sums_bytes), MANIFEST: sha256_bytes(mbytes)}
         for _round in range(4):
             existing = lookup(key)
             if existing is not None:
                 return existing, False
             if self._take_tag(tag):
-                won = self._as_winner(tag, key, zip_path, zip_sha, sums_bytes, mbytes)
+                won = self._as_winner(tag, key, zip_path, zip_sha, sums_bytes, mbytes, extra)
                 if won is not None:
                     return won, True
             entry = self._wait_for_winner(tag, key, ours)
@@ -93,7 +104,7 @@ class Publisher:
     # ---------------------------------------------------------------------------------------- winner
 
     def _as_winner(self, tag: str, key: str, zip_path: Path, zip_sha: str, sums_bytes: bytes,
-                   mbytes: bytes) -> GitHubEntry | None:
+                   mbytes: bytes, extra: Sequence[Extra]) -> GitHubEntry | None:
         """The entry, or None when another publisher turned out to hold the tag first (we stepped back)."""
         c = self.client
         c.log.info(f"    github: took the tag {tag} in {c.repo}; creating a draft release")
@@ -124,6 +135,8 @@ class Publisher:
                                  lambda: open(zip_path, "rb"),  # noqa: SIM115 - upload closes it
                                  zip_path.stat().st_size, zip_sha)
             self.on_step("uploaded")
+            for x in extra:
+                c.upload(rel_id, upload, x.name, x.ctype, x.open, x.size, x.sha256)
             c.upload(rel_id, upload, sums.NAME, "text/plain", lambda: sums_bytes, len(sums_bytes),
                      sha256_bytes(sums_bytes))
             c.upload(rel_id, upload, MANIFEST, "application/json", lambda: mbytes, len(mbytes), sha256_bytes(mbytes))
@@ -148,7 +161,7 @@ class Publisher:
         assert rel_id is not None  # the draft was created before anything here could succeed
         return GitHubEntry(key=key, zip_name=zip_path.name, zip_sha256=zip_sha, zip_size=zip_path.stat().st_size,
                            manifest=manifest_mod.loads(mbytes), location=z.get("browser_download_url") or z.get("url", ""),
-                           asset_url=z["url"], release_id=int(rel_id))
+                           asset_url=z["url"], release_id=int(rel_id), blob_assets=blob_assets(done.get("assets") or []))
 
     def _first_claim(self, tag: str, rel_id: int, nonce: str) -> bool:
         """Whether our new draft is the tag's first release. Two publishers can both believe they hold the tag (a

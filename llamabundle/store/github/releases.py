@@ -5,7 +5,8 @@ SHA256SUMS line, is the entry's sha256), and whose bundle.json is a manifest of 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
@@ -15,6 +16,7 @@ from ...bundle.manifest import Expect, Manifest, ManifestError
 from ...errors import StoreError
 from .. import sums
 from ..base import Entry
+from .blobs import is_blob_asset
 from .client import GitHubClient, asset_digest, asset_size
 
 
@@ -22,6 +24,13 @@ from .client import GitHubClient, asset_digest, asset_size
 class GitHubEntry(Entry):
     asset_url: str  # the zip's API asset URL (download with Accept: application/octet-stream)
     release_id: int
+    blob_assets: Mapping[str, Any] = field(default_factory=dict)  # name -> uploaded asset: blobs.json, blobs.*.zst
+
+
+def blob_assets(assets: list[dict[str, Any]]) -> dict[str, Any]:
+    """The release's uploaded assets that hold its files by content (store.github.blobs)."""
+    return {a["name"]: a for a in assets if isinstance(a, dict) and isinstance(a.get("name"), str)
+            and is_blob_asset(a["name"]) and a.get("state") == "uploaded"}
 
 
 def manifest_tag(key: str, manifest: Manifest) -> str:
@@ -107,7 +116,7 @@ class Releases:
                              fix=f"delete the release {tag} and publish again")
         return GitHubEntry(key=manifest.key, zip_name=z["name"], zip_sha256=sha, zip_size=zip_size,
                            manifest=manifest, location=z.get("browser_download_url") or z.get("url", ""),
-                           asset_url=z["url"], release_id=int(rel["id"]))
+                           asset_url=z["url"], release_id=int(rel["id"]), blob_assets=blob_assets(assets))
 
     def _listed_sha(self, assets: list[dict[str, Any]], tag: str, name: str) -> str | None:
         """The zip's sha256 as the release's SHA256SUMS lists it (None: no such asset or line)."""

@@ -13,7 +13,7 @@ import ipaddress
 import random
 import re
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 from urllib.parse import quote, urljoin, urlsplit
@@ -23,6 +23,7 @@ import requests
 from ... import net, untrusted
 from ...errors import StoreError, UsageError
 from ...log import Log, ProgressHandle
+from ..ranged import RangedStream, Retry, Window
 
 CHUNK = 1 << 20
 MAX_ERROR_BODY = 64 << 10  # the most of an error answer read for its message
@@ -579,8 +580,19 @@ class RegistryClient:
                             fix="delete old tags")
 
     def blob(self, digest: str, size: int, *, what: str, mismatch: Callable[[str], Exception],
-             progress: ProgressHandle | None = None, tries: int = 3) -> BlobStream:
-        return BlobStream(self, digest, size, what=what, mismatch=mismatch, progress=progress, tries=tries)
+             progress: ProgressHandle | None = None, tries: int = 3) -> RangedStream:
+        """The layer's bytes as a reader, hashed as they arrive and checked against the digest and size at the end
+        (`mismatch(why)` when they differ); a dropped connection resumes with a Range request (store.ranged)."""
+        window = Window(start=0, size=size, total=size, sha256=digest.removeprefix("sha256:"))
+
+        def get(headers: dict[str, str]) -> requests.Response:
+            return self.request("GET", self.url(f"blobs/{digest}"), what=what, ok=(200, 206), stream=True, follow=True,
+                                headers=headers)
+
+        retry = Retry(tries=tries, delay=self.delay, sleep=self.sleep, redact=self.redact,
+                      note=lambda line: self.log.info(f"    oci: {line}"))
+        return RangedStream(window, get, what=what, where=self.ref.url, mismatch=mismatch, retry=retry,
+                            progress=progress)
 
 
 class _Counting:
@@ -598,115 +610,6 @@ class _Counting:
 
     def close(self) -> None:
         self.f.close()
-
-
-class BlobStream:
-    """A blob's bytes as a reader (`read(n)`), hashed as they arrive and checked against the digest and size at
-    the end (`mismatch(why)` is raised when they differ); a connection that drops is resumed with a Range
-    request from where it stopped, at most `tries` times (a registry that ignores Range: its first bytes are skipped)."""
-
-    def __init__(self, client: RegistryClient, digest: str, size: int, *, what: str,
-                 mismatch: Callable[[str], Exception], progress: ProgressHandle | None, tries: int) -> None:
-        self.client, self.digest, self.size, self.what = client, digest, size, what
-        self.mismatch, self.progress, self.tries = mismatch, progress, tries
-        self.sha = hashlib.sha256()
-        self.got = 0  # bytes of the blob hashed so far
-        self.received = 0  # bytes that came over the network (what a resume skips included)
-        self.drops = 0
-        self.done = False
-        self.skip = 0  # bytes to drop from the start of this answer (a registry that ignored Range)
-        self.pending = b""  # hashed, not yet handed out
-        self.r: requests.Response | None = None
-        self.chunks: Iterator[bytes] | None = None
-
-    def _open(self) -> None:
-        headers = {"Accept": "application/octet-stream"}
-        if self.got:
-            headers["Range"] = f"bytes={self.got}-"
-        r = self.client.request("GET", self.client.url(f"blobs/{self.digest}"), what=self.what, ok=(200, 206),
-                                stream=True, follow=True, headers=headers)
-        length = r.headers.get("Content-Length", "")
-        if r.status_code == 206:
-            start, _end, _total = net.content_range(r.headers.get("Content-Range"))
-            if start is None or start > self.got:
-                r.close()
-                raise net.NetworkError(f"cannot {self.what} in {self.client.ref.url}",
-                                       why=f"the registry resumed at byte {start}, not {self.got}", fix="retry")
-            self.skip = self.got - start
-        else:
-            if length.isdigit() and int(length) != self.size:
-                r.close()
-                raise self.mismatch(f"the registry serves {length} bytes for a layer of {self.size}")
-            self.skip = self.got
-        self.r, self.chunks = r, r.raw.stream(CHUNK, decode_content=False)
-
-    def read(self, n: int = CHUNK) -> bytes:
-        while True:
-            if self.pending:
-                chunk, self.pending = self.pending[:n], self.pending[n:]
-                return chunk
-            if self.done:
-                return b""
-            if self.chunks is None:
-                self._open()
-                continue
-            try:
-                chunk = next(self.chunks, b"")
-            except net.DROPPED as e:
-                self._dropped(net.short_reason(e))
-                continue
-            if not chunk:
-                if self.got < self.size:
-                    self._dropped(f"the body ended after {self.got} of {self.size} bytes")
-                    continue
-                self.close()
-                self.done = True
-                got = "sha256:" + self.sha.hexdigest()
-                if got != self.digest:
-                    raise self.mismatch(f"the registry served {got} for the layer {self.digest}")
-                continue
-            self.received += len(chunk)
-            if self.skip:
-                cut = min(self.skip, len(chunk))
-                chunk, self.skip = chunk[cut:], self.skip - cut
-                if not chunk:
-                    continue
-            if self.got + len(chunk) > self.size:
-                self.close()
-                raise self.mismatch(f"the registry sent more than the layer's {self.size} bytes")
-            self.sha.update(chunk)
-            self.got += len(chunk)
-            if self.progress is not None:
-                self.progress.update(self.got, self.size)
-            self.pending = chunk
-
-    def finish(self) -> None:
-        """Read what is left (a frame's end, or bytes past it) so that the digest is checked."""
-        while self.read(CHUNK):
-            pass
-
-    def _dropped(self, why: str) -> None:
-        self.close()
-        self.drops += 1
-        if self.drops > self.tries:
-            raise net.NetworkError(f"cannot {self.what} in {self.client.ref.url}",
-                                   why=self.client.redact(f"{why} (gave up after {self.drops} attempts)"),
-                                   fix="check the network and retry")
-        delay = self.client.delay(self.drops)
-        self.client.log.info(self.client.redact(f"    oci: {self.what}: {why}; resuming at byte {self.got} "
-                                                f"in {delay:.1f}s"))
-        self.client.sleep(delay)
-
-    def close(self) -> None:
-        if self.r is not None:
-            self.r.close()
-        self.r, self.chunks = None, None
-
-    def __enter__(self) -> BlobStream:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def basic_header(user: str, password: str) -> str:
