@@ -9,6 +9,14 @@
 // message of GetLastError and, for error 126, the imported DLL that is missing), and ggml's log goes to a
 // callback of ours, called synchronously (no log thread: no line is lost at exit). It reads no model and
 // allocates nothing on a device. Exit 0 whenever it printed its JSON; 2 for a bad argument.
+//
+// `--drivers` asks the machine's GPU drivers themselves instead, without any ggml backend module (a partial
+// install that holds only the CPU part of a bundle learns which GPU backends it could run): the NVIDIA driver
+// (libcuda.so.1, nvcuda.dll: its version and its devices with their compute capabilities, PCI bus ids and
+// memory) and the Vulkan loader (libvulkan.so.1, vulkan-1.dll: the physical devices and their types). Each is
+// opened by name from the system's own places, its functions declared here (no CUDA or Vulkan headers are
+// needed to build it); a library that does not open is reported with the loader's words, a function it lacks
+// is named and never called, device counts are bounded, and what a driver writes on stdout goes to stderr.
 #include "ggml-backend.h"
 #include "ggml.h"
 
@@ -29,9 +37,13 @@
 #    endif
 #    include <windows.h>
 #    include <fstream>
+#    include <io.h>
 #else
 #    include <dlfcn.h>
 #    include <unistd.h>
+#    ifdef __linux__
+#        include <link.h>
+#    endif
 #endif
 
 namespace fs = std::filesystem;
@@ -179,6 +191,23 @@ void * open_module(const fs::path & path, std::string & error) {
 void * symbol(void * h, const char * name) { return reinterpret_cast<void *>(GetProcAddress((HMODULE) h, name)); }
 void close_module(void * h) { FreeLibrary((HMODULE) h); }
 
+// A driver's library by name, from System32 only (where the driver installs it): never a copy beside the program.
+void * open_system_library(const char * name, std::string & error) {
+    UINT old = SetErrorMode(SEM_FAILCRITICALERRORS);
+    SetErrorMode(old | SEM_FAILCRITICALERRORS);
+    HMODULE h = LoadLibraryExW(fs::u8path(name).wstring().c_str(), nullptr, LOAD_LIBRARY_SEARCH_SYSTEM32);
+    if (!h) error = system_message(GetLastError());
+    SetErrorMode(old);
+    return h;
+}
+
+std::string library_path(void * h) {
+    std::wstring buf(32768, L'\0');
+    DWORD n = GetModuleFileNameW((HMODULE) h, buf.data(), (DWORD) buf.size());
+    buf.resize(n);
+    return narrow(buf);
+}
+
 fs::path executable_dir() {
     std::wstring buf(32768, L'\0');
     DWORD n = GetModuleFileNameW(nullptr, buf.data(), (DWORD) buf.size());
@@ -202,6 +231,19 @@ void * open_module(const fs::path & path, std::string & error) {
 
 void * symbol(void * h, const char * name) { return dlsym(h, name); }
 void close_module(void * h) { dlclose(h); }
+
+// A driver's library by name, as the loader finds it (LD_LIBRARY_PATH, the ld.so cache, the system's
+// directories; a bundle never holds libcuda.so.1 or libvulkan.so.1).
+void * open_system_library(const char * name, std::string & error) { return open_module(name, error); }
+
+std::string library_path(void * h) {
+#    ifdef __linux__
+    struct link_map * map = nullptr;
+    if (dlinfo(h, RTLD_DI_LINKMAP, &map) == 0 && map && map->l_name) return map->l_name;
+#    endif
+    (void) h;
+    return "";
+}
 
 fs::path executable_dir() {
     std::error_code ec;
@@ -250,24 +292,382 @@ std::string compute_capability(const Log & log, size_t index) {
     return "";
 }
 
+// --drivers: the GPU drivers themselves, asked without ggml
+
+#ifdef _WIN32
+#    define DRIVER_API __stdcall  // CUDAAPI and VKAPI_PTR on Windows
+const char * const CUDA_LIBRARY = "nvcuda.dll";
+const char * const VULKAN_LIBRARY = "vulkan-1.dll";
+int dup_fd(int fd) { return _dup(fd); }
+int dup2_fd(int from, int to) { return _dup2(from, to); }
+void close_fd(int fd) { _close(fd); }
+#else
+#    define DRIVER_API
+const char * const CUDA_LIBRARY = "libcuda.so.1";
+const char * const VULKAN_LIBRARY = "libvulkan.so.1";
+int dup_fd(int fd) { return dup(fd); }
+int dup2_fd(int from, int to) { return dup2(from, to); }
+void close_fd(int fd) { close(fd); }
+#endif
+
+const int MAX_DRIVER_DEVICES = 64;  // what a driver says of more is not listed (a problem says how many it said)
+const size_t MAX_DRIVER_STRING = 256;  // a name a driver gives is read up to its NUL or this many bytes
+
+// A driver's string as valid UTF-8 (a byte that is not is replaced by U+FFFD), read up to its NUL or `max`
+// bytes: JSON text must be UTF-8, and a driver's buffer may hold anything.
+std::string utf8(const char * s, size_t max = MAX_DRIVER_STRING) {
+    std::string out;
+    if (!s) return out;
+    size_t n = 0;
+    while (n < max && s[n]) n++;
+    const auto * b = reinterpret_cast<const unsigned char *>(s);
+    for (size_t i = 0; i < n;) {
+        unsigned char c = b[i];
+        size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
+        bool ok = len && i + len <= n;
+        for (size_t k = 1; ok && k < len; k++) ok = (b[i + k] & 0xc0) == 0x80;
+        if (ok && len > 1) {  // no overlong form, surrogate or code point past U+10FFFF
+            uint32_t cp = len == 2 ? (c & 0x1f) << 6 | (b[i + 1] & 0x3f)
+                        : len == 3 ? (c & 0x0f) << 12 | (b[i + 1] & 0x3f) << 6 | (b[i + 2] & 0x3f)
+                                   : (c & 0x07) << 18 | (b[i + 1] & 0x3f) << 12 | (b[i + 2] & 0x3f) << 6 | (b[i + 3] & 0x3f);
+            ok = cp >= (len == 2 ? 0x80u : len == 3 ? 0x800u : 0x10000u) && cp <= 0x10ffff && (cp < 0xd800 || cp > 0xdfff);
+        }
+        if (ok) {
+            out.append(s + i, len);
+            i += len;
+        } else {
+            out += "\xef\xbf\xbd";
+            i++;
+        }
+    }
+    return out;
+}
+
+std::string utf8(const std::string & s) { return utf8(s.c_str(), s.size()); }
+
+std::string json_list(const std::vector<std::string> & items) {
+    std::string out = "[";
+    for (size_t i = 0; i < items.size(); i++) out += (i ? ", " : "") + json_str(utf8(items[i]));
+    return out + "]";
+}
+
+std::string json_int(bool known, long long v) { return known ? std::to_string(v) : "null"; }
+
+// What a driver writes on stdout while it is asked goes to stderr: stdout holds our one JSON object only.
+struct StdoutToStderr {
+    int saved = -1;
+    StdoutToStderr() {
+        std::fflush(stdout);
+        saved = dup_fd(1);
+        if (saved >= 0 && dup2_fd(2, 1) < 0) {
+            close_fd(saved);
+            saved = -1;
+        }
+    }
+    ~StdoutToStderr() {
+        if (saved < 0) return;
+        std::fflush(stdout);
+        dup2_fd(saved, 1);
+        close_fd(saved);
+    }
+};
+
+// One driver library as opened: what every driver's JSON object starts with.
+struct Library {
+    const char * name;
+    void * handle = nullptr;
+    std::string error, path;
+    std::vector<std::string> missing, problems;
+
+    explicit Library(const char * n) : name(n) {
+        handle = open_system_library(n, error);
+        // the driver is never closed: its threads may outlive the queries, and the program exits next
+        if (handle) path = library_path(handle);
+    }
+    void * need(const char * symbol_name) {
+        void * f = handle ? symbol(handle, symbol_name) : nullptr;
+        if (handle && !f) missing.push_back(symbol_name);
+        return f;
+    }
+    std::string json_head() const {
+        return "\"library\": " + json_str(name) + ", \"opened\": " + (handle ? "true" : "false") +
+               ", \"error\": " + (handle ? std::string("null") : json_str(utf8(error))) +
+               ", \"path\": " + (path.empty() ? std::string("null") : json_str(utf8(path))) +
+               ", \"missing\": " + json_list(missing);
+    }
+};
+
+// The NVIDIA driver's API, as cuda.h declares it (CUresult and CUdevice are int)
+using cuInit_t = int(DRIVER_API *)(unsigned int);
+using cuDriverGetVersion_t = int(DRIVER_API *)(int *);
+using cuDeviceGetCount_t = int(DRIVER_API *)(int *);
+using cuDeviceGet_t = int(DRIVER_API *)(int *, int);
+using cuDeviceGetName_t = int(DRIVER_API *)(char *, int, int);
+using cuDeviceGetAttribute_t = int(DRIVER_API *)(int *, int, int);
+using cuDeviceTotalMem_t = int(DRIVER_API *)(size_t *, int);
+using cuGetErrorName_t = int(DRIVER_API *)(int, const char **);
+enum {
+    CU_DEVICE_ATTRIBUTE_PCI_BUS_ID = 33,
+    CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID = 34,
+    CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID = 50,
+    CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75,
+    CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76,
+};
+
+std::string cuda_driver() {
+    Library lib(CUDA_LIBRARY);
+    auto init = reinterpret_cast<cuInit_t>(lib.need("cuInit"));
+    auto driver_version = reinterpret_cast<cuDriverGetVersion_t>(lib.need("cuDriverGetVersion"));
+    auto device_count = reinterpret_cast<cuDeviceGetCount_t>(lib.need("cuDeviceGetCount"));
+    auto device_get = reinterpret_cast<cuDeviceGet_t>(lib.need("cuDeviceGet"));
+    auto device_name = reinterpret_cast<cuDeviceGetName_t>(lib.need("cuDeviceGetName"));
+    auto attribute = reinterpret_cast<cuDeviceGetAttribute_t>(lib.need("cuDeviceGetAttribute"));
+    // cuDeviceTotalMem is the 32-bit one of CUDA 3.1 and before: given a zeroed 64-bit value, it fills the low half
+    auto total_mem = reinterpret_cast<cuDeviceTotalMem_t>(lib.handle ? symbol(lib.handle, "cuDeviceTotalMem_v2") : nullptr);
+    if (!total_mem) total_mem = reinterpret_cast<cuDeviceTotalMem_t>(lib.need("cuDeviceTotalMem"));
+    if (lib.handle && !total_mem) lib.missing.back() = "cuDeviceTotalMem_v2";
+    auto error_name = reinterpret_cast<cuGetErrorName_t>(lib.handle ? symbol(lib.handle, "cuGetErrorName") : nullptr);
+
+    auto name_of = [&](int code) -> std::string {
+        const char * s = nullptr;
+        if (error_name && error_name(code, &s) == 0 && s) return utf8(s);
+        return "";
+    };
+    auto failed = [&](const char * call, int code) {
+        std::string n = name_of(code);
+        lib.problems.push_back(std::string(call) + " returned " + std::to_string(code) + (n.empty() ? "" : " (" + n + ")"));
+    };
+
+    bool have_init = false, have_version = false, have_count = false;
+    int init_result = 0, version = 0, count = 0;
+    if (init) {
+        have_init = true;
+        init_result = init(0);
+    }
+    if (driver_version) {
+        int r = driver_version(&version);
+        if (r == 0) have_version = true; else failed("cuDriverGetVersion", r);
+    }
+    std::string devices;
+    if (have_init && init_result == 0 && device_count) {
+        int r = device_count(&count);
+        if (r == 0) have_count = true; else failed("cuDeviceGetCount", r);
+    }
+    int listed = have_count && device_get ? std::max(0, std::min(count, MAX_DRIVER_DEVICES)) : 0;
+    if (have_count && count > MAX_DRIVER_DEVICES) {
+        lib.problems.push_back("cuDeviceGetCount said " + std::to_string(count) + " devices: the first " +
+                               std::to_string(MAX_DRIVER_DEVICES) + " are listed");
+    }
+    for (int i = 0; i < listed; i++) {
+        int dev = 0;
+        int r = device_get(&dev, i);
+        if (r != 0) {
+            failed(("cuDeviceGet(" + std::to_string(i) + ")").c_str(), r);
+            continue;
+        }
+        std::string name;
+        if (device_name) {
+            char buf[MAX_DRIVER_STRING + 1] = {};
+            if ((r = device_name(buf, (int) MAX_DRIVER_STRING, dev)) == 0) name = utf8(buf); else failed("cuDeviceGetName", r);
+        }
+        auto attr = [&](int which, int & out) {
+            return attribute && attribute(&out, which, dev) == 0;
+        };
+        int major = 0, minor = 0, domain = 0, bus = 0, slot = 0;
+        std::string cc, bus_id;
+        if (attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, major) && attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, minor)) {
+            cc = std::to_string(major) + "." + std::to_string(minor);
+        }
+        if (attr(CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID, domain) && attr(CU_DEVICE_ATTRIBUTE_PCI_BUS_ID, bus) &&
+            attr(CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID, slot)) {
+            char buf[64];
+            std::snprintf(buf, sizeof buf, "%04x:%02x:%02x.0", (unsigned) domain, (unsigned) bus, (unsigned) slot);
+            bus_id = buf;  // as ggml-cuda's device_id
+        }
+        uint64_t memory = 0;
+        size_t bytes[2] = {0, 0};  // room for a driver that writes more than it should
+        bool have_memory = total_mem && (r = total_mem(bytes, dev)) == 0;
+        if (total_mem && !have_memory) failed("cuDeviceTotalMem", r);
+        memory = bytes[0];
+        devices += devices.empty() ? "\n        {" : ",\n        {";
+        devices += "\"index\": " + std::to_string(i) + ", \"name\": " + (name.empty() ? std::string("null") : json_str(name));
+        devices += ", \"compute_capability\": " + (cc.empty() ? std::string("null") : json_str(cc));
+        devices += ", \"device_id\": " + (bus_id.empty() ? std::string("null") : json_str(bus_id));
+        devices += ", \"memory_total\": " + json_int(have_memory, (long long) memory) + "}";
+    }
+
+    std::string init_error = have_init && init_result != 0 ? name_of(init_result) : "";
+    std::string out = "{\n      " + lib.json_head();
+    out += ",\n      \"init\": " + json_int(have_init, init_result);
+    out += ", \"init_error\": " + (init_error.empty() ? std::string("null") : json_str(init_error));
+    out += ", \"driver_version\": " + json_int(have_version, version);
+    out += ", \"cuda_version\": " + (have_version ? json_str(std::to_string(version / 1000) + "." + std::to_string(version % 1000 / 10)) : "null");
+    out += ", \"device_count\": " + json_int(have_count, count);
+    out += ",\n      \"devices\": [" + devices + (devices.empty() ? "]" : "\n      ]");
+    out += ",\n      \"problems\": " + json_list(lib.problems) + "\n    }";
+    return out;
+}
+
+// The Vulkan loader's API: the handful of types it needs, as vulkan_core.h lays them out
+using VkInstance = void *;
+using VkPhysicalDevice = void *;
+using PFN_vkVoidFunction = void(DRIVER_API *)();
+using PFN_vkGetInstanceProcAddr = PFN_vkVoidFunction(DRIVER_API *)(VkInstance, const char *);
+struct VkApplicationInfo {
+    int32_t sType;  // VK_STRUCTURE_TYPE_APPLICATION_INFO = 0
+    const void * pNext;
+    const char * pApplicationName;
+    uint32_t applicationVersion;
+    const char * pEngineName;
+    uint32_t engineVersion;
+    uint32_t apiVersion;
+};
+struct VkInstanceCreateInfo {
+    int32_t sType;  // VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO = 1
+    const void * pNext;
+    uint32_t flags;
+    const VkApplicationInfo * pApplicationInfo;
+    uint32_t enabledLayerCount;
+    const char * const * ppEnabledLayerNames;
+    uint32_t enabledExtensionCount;
+    const char * const * ppEnabledExtensionNames;
+};
+using PFN_vkCreateInstance = int32_t(DRIVER_API *)(const VkInstanceCreateInfo *, const void *, VkInstance *);
+using PFN_vkDestroyInstance = void(DRIVER_API *)(VkInstance, const void *);
+using PFN_vkEnumeratePhysicalDevices = int32_t(DRIVER_API *)(VkInstance, uint32_t *, VkPhysicalDevice *);
+using PFN_vkGetPhysicalDeviceProperties = void(DRIVER_API *)(VkPhysicalDevice, void *);
+// VkPhysicalDeviceProperties: apiVersion, driverVersion, vendorID, deviceID (uint32_t each), deviceType (an enum:
+// int32_t), deviceName[VK_MAX_PHYSICAL_DEVICE_NAME_SIZE = 256], then the UUID, limits and sparse properties
+// (824 bytes on x86-64); filled into a zeroed buffer five times larger
+const size_t VK_PROPERTIES_SIZE = 4096, VK_API_VERSION = 0, VK_VENDOR_ID = 8, VK_DEVICE_TYPE = 16, VK_DEVICE_NAME = 20;
+const char * const VK_DEVICE_TYPES[] = {"other", "integrated_gpu", "discrete_gpu", "virtual_gpu", "cpu"};
+
+std::string vulkan_driver() {
+    Library lib(VULKAN_LIBRARY);
+    auto gipa = reinterpret_cast<PFN_vkGetInstanceProcAddr>(lib.need("vkGetInstanceProcAddr"));
+    auto resolve = [&](VkInstance instance, const char * name) -> void * {
+        auto f = reinterpret_cast<void *>(gipa(instance, name));
+        if (!f) lib.missing.push_back(name);
+        return f;
+    };
+    auto create = gipa ? reinterpret_cast<PFN_vkCreateInstance>(resolve(nullptr, "vkCreateInstance")) : nullptr;
+
+    bool have_create = false, have_count = false;
+    int32_t created = 0;
+    uint32_t count = 0;
+    std::string devices;
+    if (create) {
+        VkApplicationInfo app{};
+        app.sType = 0;
+        app.pApplicationName = "llamabundle-probe";
+        app.apiVersion = 1u << 22;  // Vulkan 1.0: every loader and driver takes it
+        VkInstanceCreateInfo info{};
+        info.sType = 1;
+        info.pApplicationInfo = &app;
+        VkInstance instance = nullptr;
+        have_create = true;
+        created = create(&info, nullptr, &instance);
+        if (created == 0 && instance) {
+            auto enumerate = reinterpret_cast<PFN_vkEnumeratePhysicalDevices>(resolve(instance, "vkEnumeratePhysicalDevices"));
+            auto properties = reinterpret_cast<PFN_vkGetPhysicalDeviceProperties>(resolve(instance, "vkGetPhysicalDeviceProperties"));
+            auto destroy = reinterpret_cast<PFN_vkDestroyInstance>(resolve(instance, "vkDestroyInstance"));
+            int32_t r = enumerate ? enumerate(instance, &count, nullptr) : 0;
+            if (enumerate && r != 0) lib.problems.push_back("vkEnumeratePhysicalDevices returned " + std::to_string(r));
+            have_count = enumerate && r == 0;
+            std::vector<VkPhysicalDevice> handles(MAX_DRIVER_DEVICES, nullptr);
+            uint32_t got = have_count ? std::min<uint32_t>(count, MAX_DRIVER_DEVICES) : 0;
+            if (count > (uint32_t) MAX_DRIVER_DEVICES) {
+                lib.problems.push_back("vkEnumeratePhysicalDevices said " + std::to_string(count) + " devices: the first " +
+                                       std::to_string(MAX_DRIVER_DEVICES) + " are listed");
+            }
+            if (got) {
+                r = enumerate(instance, &got, handles.data());  // VK_INCOMPLETE (5): the first `got` of more
+                if (r != 0 && r != 5) {
+                    lib.problems.push_back("vkEnumeratePhysicalDevices returned " + std::to_string(r));
+                    got = 0;
+                }
+                got = std::min<uint32_t>(got, MAX_DRIVER_DEVICES);
+            }
+            for (uint32_t i = 0; properties && i < got; i++) {
+                alignas(8) unsigned char props[VK_PROPERTIES_SIZE];
+                std::memset(props, 0, sizeof props);
+                if (!handles[i]) continue;
+                properties(handles[i], props);
+                uint32_t api = 0, vendor = 0;
+                int32_t type = 0;
+                std::memcpy(&api, props + VK_API_VERSION, 4);
+                std::memcpy(&vendor, props + VK_VENDOR_ID, 4);
+                std::memcpy(&type, props + VK_DEVICE_TYPE, 4);
+                std::string name = utf8(reinterpret_cast<const char *>(props + VK_DEVICE_NAME), 256);
+                std::string version = std::to_string(api >> 22 & 0x7f) + "." + std::to_string(api >> 12 & 0x3ff) + "." +
+                                      std::to_string(api & 0xfff);
+                devices += devices.empty() ? "\n        {" : ",\n        {";
+                devices += "\"index\": " + std::to_string(i) + ", \"name\": " + (name.empty() ? std::string("null") : json_str(name));
+                devices += ", \"type\": " + json_str(type >= 0 && type <= 4 ? VK_DEVICE_TYPES[type] : "other");
+                devices += ", \"api_version\": " + json_str(version) + ", \"vendor_id\": " + std::to_string(vendor) + "}";
+            }
+            if (destroy) destroy(instance, nullptr);
+        } else if (created == 0) {
+            lib.problems.push_back("vkCreateInstance returned VK_SUCCESS without an instance");
+        }
+    }
+
+    std::string out = "{\n      " + lib.json_head();
+    out += ",\n      \"create_instance\": " + json_int(have_create, created);
+    out += ", \"device_count\": " + json_int(have_count, count);
+    out += ",\n      \"devices\": [" + devices + (devices.empty() ? "]" : "\n      ]");
+    out += ",\n      \"problems\": " + json_list(lib.problems) + "\n    }";
+    return out;
+}
+
+// `--drivers`: one JSON object, {"schema": 1, "program": …, "mode": "drivers", "drivers": {"cuda": …, "vulkan": …}}
+int drivers_main() {
+    std::string cuda, vulkan;
+    {
+        StdoutToStderr quiet;
+        cuda = cuda_driver();
+        vulkan = vulkan_driver();
+    }
+    std::string out = "{\n  \"schema\": 1,\n  \"program\": \"llamabundle-probe\",\n  \"mode\": \"drivers\",\n";
+    out += "  \"drivers\": {\n    \"cuda\": " + cuda + ",\n    \"vulkan\": " + vulkan + "\n  }\n}\n";
+    std::fwrite(out.data(), 1, out.size(), stdout);
+    std::fflush(stdout);
+    // no exit handlers or library destructors: a driver that crashes as the process ends cannot turn the
+    // answer printed into a failure
+    std::_Exit(0);
+}
+
 }  // namespace
 
 int main(int argc, char ** argv) {
+    const char * usage = "usage: llamabundle-probe [--dir DIR | --drivers]";
     fs::path dir;
+    bool has_dir = false, drivers = false;
     for (int i = 1; i < argc; i++) {
         std::string a = argv[i];
-        if (a == "--dir" && i + 1 < argc) {
+        if ((a == "--dir" && i + 1 < argc && drivers) || (a == "--drivers" && has_dir)) {
+            std::fprintf(stderr, "llamabundle-probe: --dir and --drivers do not go together (%s)\n", usage);
+            return 2;
+        } else if (a == "--dir" && i + 1 < argc) {
             dir = fs::u8path(argv[++i]);
+            has_dir = true;
+        } else if (a == "--drivers") {
+            drivers = true;
         } else if (a == "--help" || a == "-h") {
-            std::printf("usage: llamabundle-probe [--dir DIR]\n"
+            std::printf("%s\n"
                         "Prints one JSON object: the ggml backend modules of DIR (default: this program's\n"
-                        "directory), whether each loads here and why not, and the devices they find.\n");
+                        "directory), whether each loads here and why not, and the devices they find.\n"
+                        "--drivers: the GPU drivers of this machine instead, asked without any ggml backend\n"
+                        "module: the NVIDIA driver (%s) and the Vulkan loader (%s), whether\n"
+                        "each opens here and why not, and the devices they find.\n",
+                        usage, CUDA_LIBRARY, VULKAN_LIBRARY);
             return 0;
         } else {
-            std::fprintf(stderr, "llamabundle-probe: unknown argument '%s' (usage: llamabundle-probe [--dir DIR])\n", argv[i]);
+            std::fprintf(stderr, "llamabundle-probe: unknown argument '%s' (%s)\n", argv[i], usage);
             return 2;
         }
     }
+    if (drivers) return drivers_main();
     if (dir.empty()) dir = executable_dir();
 
     Log log;
