@@ -59,10 +59,12 @@ SERVERS = {  # llama-server --verbose --list-devices, as llama.cpp answers it (s
 
 def make_stage(tmp: Path, *, name: str = NAME, server: str = "ok", backends: tuple[str, ...] = ("cpu", "cuda"),
                floor: str | None = "572.61", toolkit: str = "13.0.2", commit: str = COMMIT, salt: str = "",
-               platform: str = "linux-x86_64", parts: bool = False) -> tuple[Path, Manifest]:
+               platform: str = "linux-x86_64", parts: bool = False, drivers: str | None = None) -> tuple[Path, Manifest]:
     """An unpacked bundle made with the real helpers; its key is the sha256 of its inputs, as a build's is.
     Returns the typed manifest (bundle.write_manifest's), as read_manifest would read it back. `parts`: it also
-    carries CUDA's runtime library and licence, and bundle.json says which files each GPU backend needs."""
+    carries CUDA's runtime library and licence, and bundle.json says which files each GPU backend needs.
+    `drivers`: the bundle carries a `llamabundle-probe` (in its CPU part) printing this for --drivers and
+    exiting 2 for anything else, as a probe older than --drivers does ("exit N" for text: it exits N)."""
     stage = tmp / f"stage-{uuid.uuid4().hex[:8]}"
     stage.mkdir(parents=True)
     files = {"llama-server": (SERVERS[server], "exe"), "libggml-cpu.so": (b"cpu backend\n", "backend"),
@@ -74,9 +76,15 @@ def make_stage(tmp: Path, *, name: str = NAME, server: str = "ok", backends: tup
         files["LICENSE-CUDA.txt"] = (b"NVIDIA licence\n", "license")
     if "vulkan" in backends:
         files["libggml-vulkan.so"] = (b"vulkan backend\n" * 100, "backend")
+    if drivers is not None:
+        answer = (f"exit {drivers[5:]}" if drivers.startswith("exit ")
+                  else f"cat <<'EOF'\n{drivers}\nEOF\nexit 0")
+        files["llamabundle-probe"] = (f'#!/bin/sh\n[ "$1" = --drivers ] || exit 2\n{answer}\n'.encode(), "exe")
     for rel, (data, _role) in files.items():
         (stage / rel).write_bytes(data)
     (stage / "llama-server").chmod(0o755)
+    if drivers is not None:
+        (stage / "llamabundle-probe").chmod(0o755)
     cuda = {"toolkit": toolkit, "driver_floor": floor} if "cuda" in backends else None
     inputs = {"platform": platform, "commit": commit, "backends": sorted(backends), "cuda": cuda, "salt": salt}
     manifest = bundle.write_manifest(stage, {

@@ -72,7 +72,8 @@ def probe_cmd(c: Ctx, as_json: bool, bundle: Path | None, dest: Path | None, nvi
               help="Refuse a bundle whose zip is not in this digest list (SHA256SUMS lines: `<sha256>  <zip name or key>`).")
 @click.option("--if-needed", is_flag=True, help="Probe first; install only on binary_missing_nvidia_detected (pinned as without it), then probe again.")
 @click.option("--backends", "backends_wanted", metavar="auto|LIST",
-              help="Install only the CPU part and these backends (comma-separated), or those whose device is here (auto).")
+              help="Install only the CPU part and these backends (comma-separated), or those the GPU drivers here can "
+                   "run (auto: the bundle's llamabundle-probe --drivers, from its CPU part fetched first).")
 @JSON_OPT
 @pass_ctx
 def install_cmd(c: Ctx, store_url: str | None, recipe_path: Path | None, key_: str | None, dest: Path | None,
@@ -102,7 +103,8 @@ def install_cmd(c: Ctx, store_url: str | None, recipe_path: Path | None, key_: s
     root, store = install_mod.data_root(c.settings, dest), c.store(store_url)
     if if_needed:
         res = probe_mod.ensure_backend(store=store, key=key_, root=root, env=c.env, log=c.log, cache_dir=c.runtime_cache,
-                                       commit=expect_commit, toolkit=expect_toolkit, expect_sha256=sha, digests=digests)
+                                       commit=expect_commit, toolkit=expect_toolkit, expect_sha256=sha, digests=digests,
+                                       backends_wanted=backends_wanted)
         emit(res.to_json()) if as_json else _print_probe(res)
         return
     out = install_mod.install_bundle(store, key_, root=root, log=c.log, commit=expect_commit, toolkit=expect_toolkit,

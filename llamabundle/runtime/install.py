@@ -296,14 +296,17 @@ def install_bundle(store: Store, key: str, *, root: Path, log: Log, commit: str 
     name = entry.manifest.name
     if not _NAME.fullmatch(name):
         raise _invalid(key, f"the store names it {name!r}, which is not a usable bundle name")
-    choice = choose_backends(entry.manifest, backends_wanted, log=log) if backends_wanted is not None else None
+    auto = backends_wanted == "auto" and entry.manifest.parts is not None and len(entry.manifest.backends) > 1
+    choice = (choose_backends(entry.manifest, backends_wanted, log=log)
+              if backends_wanted is not None and not auto else None)
+    want = parts.cut(entry.manifest, choice) if choice is not None else None if auto else entry.manifest
     try:
         with _slot_lock(root, name, doing="installing or removing",
                         on_wait=lambda owner: log.info(f"waiting for {owner.describe() if owner else 'another process'}, "
                                                        f"which holds the lock of {name} in {root}")):
             return _install_locked(store, entry, root / BUNDLES / name, log=log, platform=platform or platforms.host_name(),
                                    commit=commit, toolkit=toolkit, hook=hook or (lambda _point: None), pin=pin,
-                                   want=parts.cut(entry.manifest, choice) if choice is not None else entry.manifest)
+                                   want=want)
     except OSError as e:
         raise _os_error(f"cannot install {name} into {root}", e) from None
 
@@ -341,16 +344,19 @@ def _pin_refused(entry: Entry, pin: Pin, got: str, *, where: str) -> BundleInval
                     fix=pin.fix(entry.zip_name))
 
 
-def choose_backends(m: Manifest, wanted: str, *, log: Log) -> parts.Choice:
-    """The backends to install: `auto` keeps each GPU backend whose device is present here (Backend.device_present:
-    the NVIDIA driver's device node or library, a Vulkan driver for a GPU), a list keeps those it names; the CPU
-    part is always kept. A bundle packed before bundle.json had `parts` can only be installed whole."""
+Sight = Mapping[str, tuple[bool, str]]  # GPU backend -> (a device for it is here, why: a few words)
+
+
+def choose_backends(m: Manifest, wanted: str, *, log: Log, sight: Sight | None = None) -> parts.Choice:
+    """The backends to install: `auto` keeps each GPU backend that `sight` says has a device here (drivers_sight:
+    the bundle's own llamabundle-probe asking the drivers; without it, Backend.device_present: the NVIDIA
+    driver's device node or library, a Vulkan driver for a GPU), a list keeps those it names; the CPU part is
+    always kept. A bundle packed before bundle.json had `parts` can only be installed whole."""
     gpu = [b for b in m.backends if b != parts.CPU]
     if wanted == "auto":
-        found = {b: b in backends.REGISTRY and backends.REGISTRY[b].device_present() for b in gpu}
-        hint = {b: backends.REGISTRY[b].device_hint if b in backends.REGISTRY else f"a {b} device" for b in gpu}
-        why = {b: f"{hint[b]}: found here" if found[b] else f"{hint[b]}: not found here" for b in gpu}
-        keep = [parts.CPU, *(b for b in gpu if found[b])]
+        seen = dict(sight) if sight is not None else present_sight(m)
+        why = {b: seen[b][1] for b in gpu}
+        keep = [parts.CPU, *(b for b in gpu if seen[b][0])]
         by = "auto"
     else:
         asked = [w.strip().lower() for w in wanted.split(",") if w.strip()]
@@ -372,8 +378,69 @@ def choose_backends(m: Manifest, wanted: str, *, log: Log) -> parts.Choice:
     return parts.Choice(backends=tuple(keep), why=why, by=by)
 
 
+def present_sight(m: Manifest) -> dict[str, tuple[bool, str]]:
+    """Each GPU backend of m by Backend.device_present (a device node, a driver library in a usual place)."""
+    out = {}
+    for b in (b for b in m.backends if b != parts.CPU):
+        found = b in backends.REGISTRY and backends.REGISTRY[b].device_present()
+        hint = backends.REGISTRY[b].device_hint if b in backends.REGISTRY else f"a {b} device"
+        out[b] = (found, f"{hint}: {'found' if found else 'not found'} here")
+    return out
+
+
+def drivers_sight(m: Manifest, bundle_dir: Path, *, log: Log, env: Mapping[str, str] | None = None) -> dict[str, tuple[bool, str]]:
+    """Each GPU backend of m as the GPU drivers answer the bundle's own `llamabundle-probe --drivers`, run from
+    bundle_dir (the CPU part is enough: it opens the drivers, not the backend modules): CUDA where the NVIDIA
+    driver lists a device, runs the bundle's CUDA major version and one of its GPUs is served by the bundle's SASS
+    or PTX; Vulkan where the loader lists a GPU (not a CPU implementation). A bundle for another platform, one
+    without the program, or a program that gives no answer: present_sight, said so."""
+    from . import drivers
+
+    exe = ".exe" if m.platform.startswith("windows") else ""
+    program = bundle_dir / f"{drivers.PROBE_PROGRAM}{exe}"
+    fallback = present_sight(m)
+    if m.platform != platforms.host_name() or not program.is_file():
+        return fallback
+    try:
+        d = drivers.query(program, env=env)
+    except drivers.DriversError as e:
+        log.warn(f"{e.what} ({e.why}); choosing the backends by their drivers' files instead")  # noqa: G010 - Log.warn
+        return fallback
+    out = dict(fallback)
+    said = f"{drivers.PROBE_PROGRAM} --drivers"
+    if "cuda" in out:
+        why_not = d.why_not("cuda")
+        info = cuda_section.read(m)
+        if not why_not and info is not None and d.cuda_driver_version and info.toolkit:
+            have, need = d.cuda_driver_version.split(".")[0], info.toolkit.split(".")[0]
+            if int(have) < int(need):
+                why_not = (f"the NVIDIA driver runs CUDA {d.cuda_driver_version}, the bundle's runtime is CUDA "
+                           f"{info.toolkit}" + (f" (driver {info.driver_floor} or newer)" if info.driver_floor else ""))
+        devices = [f"CUDA{x.index}: {x.name or '?'}" for x in d.cuda_devices]
+        if not why_not:
+            caps = {f"CUDA{x.index}": x.compute_capability for x in d.cuda_devices if x.compute_capability}
+            why_not = backends.get("cuda").unserved(m, devices, caps) or ""
+        gpus = ", ".join(f"{x.name or '?'} ({x.compute_capability or '?'})" for x in d.cuda_devices)
+        out["cuda"] = ((False, f"{why_not} ({said})") if why_not else
+                       (True, f"{gpus} with CUDA {d.cuda_driver_version or '?'} ({said})"))
+    if "vulkan" in out:
+        why_not = d.why_not("vulkan")
+        gpus = ", ".join(f"{x.name or '?'} ({x.type})" for x in d.vulkan_devices if x.gpu)
+        out["vulkan"] = (False, f"{why_not} ({said})") if why_not else (True, f"{gpus} ({said})")
+    return out
+
+
+def _auto(entry: Entry, bundle_dir: Path, *, log: Log) -> Manifest:
+    """`--backends auto`: the part of the entry that the drivers answering the bundle's probe in bundle_dir choose."""
+    m = entry.manifest
+    with log.step(f"ask the GPU drivers which backends of {m.name} ({m.key[:12]}) run here"):
+        return parts.cut(m, choose_backends(m, "auto", log=log, sight=drivers_sight(m, bundle_dir, log=log)))
+
+
 def _install_locked(store: Store, entry: Entry, slot: Path, *, log: Log, platform: str, commit: str | None,
-                    toolkit: str | None, hook: Hook, pin: Pin | None, want: Manifest) -> InstallOutcome:
+                    toolkit: str | None, hook: Hook, pin: Pin | None, want: Manifest | None) -> InstallOutcome:
+    """`want`: the part of the entry to install (None: `--backends auto`, decided by the bundle's own probe: the
+    installed one of this key, else the CPU part fetched by content first, else the unpacked zip)."""
     key = entry.key
     slot.mkdir(parents=True, exist_ok=True)
     old = _current(slot)
@@ -384,7 +451,9 @@ def _install_locked(store: Store, entry: Entry, slot: Path, *, log: Log, platfor
             shutil.rmtree(leftover)
         else:
             leftover.unlink()
-    same = old is not None and old.key == key and sorted(old.manifest.backends) == sorted(want.backends)
+    if want is None and old is not None and old.key == key:
+        want = _auto(entry, old.path, log=log)
+    same = old is not None and want is not None and old.key == key and sorted(old.manifest.backends) == sorted(want.backends)
     if old is not None and same and (pin is None or pin.sha256 in (old.zip_sha256, parts.published_sha256(old.manifest))):
         try:
             check_bundle(old.path, key=key, platform=platform, commit=commit, toolkit=toolkit)
@@ -411,13 +480,27 @@ def _install_locked(store: Store, entry: Entry, slot: Path, *, log: Log, platfor
                 backends.read_sections(entry.manifest)
             except VerifyError as e:
                 raise _invalid(key, e.what, e.why) from None
+            first = None
+            if want is None:  # the CPU part first (every install holds it): its probe asks the drivers
+                cpu = parts.cut(entry.manifest, parts.Choice(backends=(parts.CPU,), why={}, by="auto"))
+                first = _install_blobs(by_content, entry, cpu, blob_cache, stage / "cpu-part", log=log,
+                                       hook=lambda _p: None).done
+                want = _auto(entry, stage / "cpu-part", log=log)
             transfer = _install_blobs(by_content, entry, want, blob_cache, stage / version, log=log, hook=hook)
+            if first is not None:  # one install: what the CPU part's download brought counts as downloaded
+                got = transfer.done
+                fetched_bytes = sum(f.size for f in cpu.files) - first.from_cache
+                transfer = _Got(zip_sha256=None, done=Transfer(
+                    by="blobs", downloaded=first.downloaded + got.downloaded, files=got.files,
+                    fetched=first.fetched + got.fetched, from_cache=got.from_cache - fetched_bytes))
             with log.step(f"check {slot.name} ({key[:12]})"):  # bundle.json is the store's: its files are what is left
                 check_bundle(stage / version, key=key, platform=platform, commit=commit, toolkit=toolkit)
             hook("verified")
         else:
             transfer = _install_zip(store, entry, stage, version, pin=None if on_manifest else pin, log=log, hook=hook, slot=slot,
                                     platform=platform, commit=commit, toolkit=toolkit)
+            if want is None:
+                want = _auto(entry, stage / version, log=log)
             if want is not entry.manifest:  # a part of it: the other backends' files go, its own bundle.json in
                 _cut_dir(stage / version, entry.manifest, want)
                 check_bundle(stage / version, key=key, platform=platform, commit=commit, toolkit=toolkit)

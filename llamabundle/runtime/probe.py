@@ -270,16 +270,17 @@ def store_result(cache_dir: Path, result: ProbeResult) -> bool:
 def ensure_backend(*, store: Store | None, key: str | None, root: Path, env: Mapping[str, str], log: Log,
                    cache_dir: Path | None = None, commit: str | None = None, toolkit: str | None = None,
                    expect_sha256: str | None = None, digests: DigestList | None = None,
-                   **probe_kw: Any) -> ProbeResult:
+                   backends_wanted: str | None = None, **probe_kw: Any) -> ProbeResult:
     """Probe; on binary_missing_nvidia_detected (the only reason that installs) install `key` from `store`
-    (its zip pinned by `expect_sha256` or `digests`, as install_bundle pins it) and probe again. Any other
+    (its zip pinned by `expect_sha256` or `digests`, its backends chosen by `backends_wanted`, as install_bundle
+    does both) and probe again. Any other
     reason, or a failed install (a zip the pin refuses: bundle_invalid), is CPU with that reason."""
     first = probe(root=root, env=env, cache_dir=cache_dir, **probe_kw)
     if first.reason is not Reason.BINARY_MISSING_NVIDIA_DETECTED or store is None or key is None:
         return first
     try:
         install_bundle(store, key, root=root, log=log, commit=commit, toolkit=toolkit, expect_sha256=expect_sha256,
-                       digests=digests)
+                       digests=digests, backends_wanted=backends_wanted)
     except LlamaBundleError as e:
         reason = Reason.BUNDLE_INVALID if getattr(e, "reason", None) is Reason.BUNDLE_INVALID else Reason.CUDA_BUNDLE_INSTALL_FAILED
         facts = {**first.facts, "detail": e.what, "install_error": e.render()}

@@ -331,3 +331,20 @@ def test_the_cpu_part_installs_alone_verifies_and_vulkan_is_added_by_its_own_fil
     print(f"\npartial install of the CPU+Vulkan bundle (zip {zip_size} bytes): the CPU part downloaded "
           f"{cpu['transfer']['downloaded_bytes']} bytes ({cpu['transfer']['downloaded_bytes'] / zip_size:.3f} of the zip); "
           f"adding vulkan {both['transfer']['downloaded_bytes']} bytes")
+
+
+def test_auto_asks_the_drivers_through_the_real_cpu_part(vulkan_build: dict[str, Any], e2e_env: dict[str, str],
+                                                         tmp_path: Path) -> None:
+    """`install --backends auto` of the real CPU+Vulkan bundle: the CPU part is fetched first, its own
+    llamabundle-probe --drivers asks the Vulkan loader, which lists lavapipe only (a CPU implementation): Vulkan's
+    part is left out, with the driver's own words, and only the CPU part was downloaded."""
+    key, store, root = vulkan_build["result"]["key"], vulkan_build["dir"] / "store", tmp_path / "data"
+    got = run_cli("install", "--store", store, "--key", key, "--dest", root, "--backends", "auto", "--json", env=e2e_env)
+    assert got.returncode == 0, got.stderr
+    out = json.loads(got.stdout)
+    held = json.loads(Path(out["path"], "bundle.json").read_text())
+    assert out["backends"] == ["cpu"] and held["cut"]["by"] == "auto" and held["cut"]["dropped"] == ["vulkan"]
+    why = held["cut"]["why"]["vulkan"]
+    assert why.startswith("the Vulkan loader lists only CPU implementations: llvmpipe") and why.endswith(
+        "(llamabundle-probe --drivers)"), why
+    assert out["transfer"]["files_downloaded"] == len(held["files"])  # the CPU part, once

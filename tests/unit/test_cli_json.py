@@ -305,6 +305,20 @@ def test_install_if_needed_takes_the_pin(tmp_path: Path, monkeypatch: pytest.Mon
     assert (data["backend"], data["reason"]) == ("cpu", "bundle_invalid") and "sha256" in data["facts"]["detail"]
 
 
+def test_install_if_needed_takes_the_backends(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.probing import H200
+
+    fake_smi(tmp_path / "bin", H200)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:/usr/bin:/bin")  # an NVIDIA GPU, no bundle: it installs
+    monkeypatch.setenv("LLAMABUNDLE_CACHE_DIR", str(tmp_path / "cache"))
+    m = publish_cuda(tmp_path / "store", tmp_path, backends=("cpu", "cuda", "vulkan"), parts=True)
+    json_of(capsys, "install", "install", "--store", tmp_path / "store", "--key", m.key, "--dest", tmp_path / "data",
+            "--if-needed", "--backends", "cuda")
+    (held,) = json_of(capsys, "list", "list", "--dest", tmp_path / "data")["bundles"]
+    assert held["key"] == m.key and held["backends"] == ["cpu", "cuda"]  # Vulkan's part was not installed
+
+
 def test_install_of_a_cpu_bundle_expecting_cuda_never_says_none(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     m = publish_cuda(tmp_path / "store", tmp_path, backends=("cpu",))
     data = json_of(capsys, "error", "install", "--store", tmp_path / "store", "--key", m.key, "--dest",

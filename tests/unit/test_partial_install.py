@@ -20,6 +20,7 @@ from llamabundle.bundle.manifest import ManifestError, check_consistent
 from llamabundle.errors import UsageError
 from llamabundle.runtime.install import check_bundle, install_bundle, list_installed
 from llamabundle.store.local import LocalStore
+from tests.ghstore import Captured
 from tests.probing import QUIET, make_zip, publish
 
 PLATFORM = "linux-x86_64"
@@ -159,3 +160,81 @@ def test_the_cli_installs_a_part_and_says_which(tmp_path: Path) -> None:
     assert out["backends"] == ["cpu"] and out["transfer"]["files"] == 3
     assert "backends: cpu; cuda: not asked for; vulkan: not asked for" in r.stderr
     shutil.rmtree(tmp_path / "data")
+
+
+# ------------------------------------------------------------- auto: the bundle's probe asks the drivers
+
+def drivers_answer(cuda: dict[str, object] | None = None, vulkan: dict[str, object] | None = None) -> str:
+    from tests.unit.test_drivers import answer
+
+    return json.dumps(answer(cuda, vulkan))
+
+
+def h200(version: str = "13.0", cc: str = "9.0") -> dict[str, object]:
+    from tests.unit.test_drivers import H200, cuda
+
+    major, minor = version.split(".")
+    return cuda(devices=[{**H200, "compute_capability": cc}], device_count=1, cuda_version=version,
+                driver_version=int(major) * 1000 + int(minor) * 10)
+
+
+def test_auto_asks_the_drivers_through_the_cpu_part_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CPU part (its llamabundle-probe with it) is fetched first; the drivers' answer keeps CUDA (an H200 with
+    a CUDA 13 driver, served by the bundle's sm_90 SASS) and leaves Vulkan out (lavapipe is a CPU); what the
+    device files say is not asked."""
+    monkeypatch.setattr(type(backends.REGISTRY["cuda"]), "device_present", lambda self: False)
+    monkeypatch.setattr(type(backends.REGISTRY["vulkan"]), "device_present", lambda self: True)
+    store, m = store_with_parts(tmp_path, drivers=drivers_answer(h200()))
+    root = tmp_path / "data"
+    got = install_bundle(LocalStore(store), m.key, root=root, log=QUIET, platform=PLATFORM, backends_wanted="auto")
+    held = got.installed.manifest
+    assert held.backends == ("cpu", "cuda") and held.cut is not None and held.cut["by"] == "auto"
+    assert held.cut["why"]["cuda"] == "NVIDIA Fake H200 (9.0) with CUDA 13.0 (llamabundle-probe --drivers)"
+    assert held.cut["why"]["vulkan"].startswith("the Vulkan loader lists only CPU implementations: llvmpipe")
+    assert "llamabundle-probe" in {f.path for f in held.files} and "libggml-vulkan.so" not in {f.path for f in held.files}
+    # the CPU part fetched once (the install linked it again), then CUDA's part: each file downloaded once
+    assert got.transfer.fetched == len(held.files) and got.transfer.from_cache == 0
+    again = install_bundle(LocalStore(store), m.key, root=root, log=QUIET, platform=PLATFORM, backends_wanted="auto")
+    assert again.reused  # the installed part's own probe answered the same
+
+
+@pytest.mark.parametrize(("said", "why"), [
+    (h200("12.8"), "the NVIDIA driver runs CUDA 12.8, the bundle's runtime is CUDA 13.0.2 (driver 572.61 or newer)"),
+    (h200(cc="7.0"), "CUDA0 (compute capability 7.0) is listed, but no kernel of the bundle runs on it"),
+    (None, "libcuda.so.1 did not open: libcuda.so.1: cannot open shared object file"),
+])
+def test_auto_leaves_cuda_out_when_the_driver_cannot_run_it(tmp_path: Path, said: dict[str, object] | None,
+                                                            why: str) -> None:
+    from tests.unit.test_drivers import NO_CUDA
+
+    store, m = store_with_parts(tmp_path, drivers=drivers_answer(NO_CUDA if said is None else said))
+    got = install_bundle(LocalStore(store), m.key, root=tmp_path / "data", log=QUIET, platform=PLATFORM,
+                         backends_wanted="auto")
+    held = got.installed.manifest
+    assert held.backends == ("cpu",) and held.cut is not None
+    assert why in held.cut["why"]["cuda"] and held.cut["why"]["cuda"].endswith("(llamabundle-probe --drivers)")
+
+
+def test_auto_with_a_probe_that_gives_no_answer_says_so_and_reads_the_device_files(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(type(backends.REGISTRY["cuda"]), "device_present", lambda self: True)
+    monkeypatch.setattr(type(backends.REGISTRY["vulkan"]), "device_present", lambda self: False)
+    store, m = store_with_parts(tmp_path, drivers="exit 2")  # a probe older than --drivers
+    cap = Captured()
+    got = install_bundle(LocalStore(store), m.key, root=tmp_path / "data", log=cap.log, platform=PLATFORM,
+                         backends_wanted="auto")
+    assert got.installed.manifest.backends == ("cpu", "cuda")
+    assert "llamabundle-probe --drivers exited with 2" in cap.text and "by their drivers' files" in cap.text
+
+
+def test_auto_from_a_pinned_zip_asks_the_unpacked_bundle(tmp_path: Path) -> None:
+    """A zip pin reads the zip: the whole bundle is unpacked and checked, its probe answers, then it is cut."""
+    from llamabundle.digest import sha256_file
+
+    store, m = store_with_parts(tmp_path, drivers=drivers_answer(h200()))
+    (zip_path,) = (store / m.key).glob("*.zip")
+    got = install_bundle(LocalStore(store), m.key, root=tmp_path / "data", log=QUIET, platform=PLATFORM,
+                         backends_wanted="auto", expect_sha256=sha256_file(zip_path))
+    assert got.installed.manifest.backends == ("cpu", "cuda") and got.transfer.by == "zip"
+    assert sorted(p.name for p in got.installed.path.iterdir()) == sorted(
+        [f.path for f in got.installed.manifest.files] + ["bundle.json"])
