@@ -11,7 +11,7 @@ which is seconds where a bundle build would be minutes, then run with the driver
 
 Every answer is validated against the schema llamabundle ships and read by runtime/drivers.query, as the
 installer reads it (a clean environment, a process group of its own). Skipped where g++ or gcc is missing, or
-the e2e cache holds no CPU build tree yet (tests/e2e/test_pipeline.py's build makes it)."""
+the shared build left no tree with ggml's libraries (it is waited for: the `first_build` fixture)."""
 
 from __future__ import annotations
 
@@ -70,9 +70,11 @@ def ggml_tree(cache: Path, key: str) -> tuple[Path, Path] | None:
 
 
 @pytest.fixture(scope="module")
-def probe(e2e_env: dict[str, str], recipe_key: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def probe(e2e_env: dict[str, str], recipe_key: str, first_build: dict[str, Any],
+          tmp_path_factory: pytest.TempPathFactory) -> Path:
     """llamabundle-probe compiled from this checkout's source, beside copies of the cached tree's libggml and
-    libggml-base (RUNPATH $ORIGIN, as in a bundle): the cached tree is only read."""
+    libggml-base (RUNPATH $ORIGIN, as in a bundle): the cached tree (the session's shared build, waited for) is
+    only read."""
     found = ggml_tree(Path(e2e_env["LLAMABUNDLE_CACHE_DIR"]), recipe_key)
     if found is None:
         pytest.skip(f"no build tree of recipes/linux-x86_64-cpu.yaml (key {recipe_key[:16]}) with ggml's libraries in "
