@@ -366,7 +366,8 @@ def _by_content(entry: Entry, src: BlobStore, *, settings: Settings, log: Log, o
         try:
             got = blobcache.assemble(src, entry, entry.manifest, blobs, tmp, log=log)
             with log.step(f"verify ({level})"):
-                manifest, check = bundle_mod.check_unpacked(tmp, hashes=None, expect=expect)
+                # the files were hashed as they were written or found (assemble): not read again
+                manifest, check = bundle_mod.check_unpacked(tmp, hashes=got.hashes, expect=expect)
                 report = naming.report(verify_unpacked(tmp, manifest, check, level=level, label=str(out),
                                                        wine_prefix=cache.wine_prefix(settings.cache_dir)))
                 _log_report(report, log)

@@ -5,7 +5,8 @@
 # (--backends cpu), CUDA added to it (only its files), and the whole bundle into a new root, against the zip
 # installed from the directory store (a pin of the zip takes the zip path); probe and verify --level gpu on the
 # whole install; the codec measured on the whole bundle (bench/codec_choice.py); then the same recipe with another
-# arch list built and installed over the whole install (an update: what moves). Carry .devtree .whl .gl .vk .reg.
+# arch list built and installed over the whole install (an update: what moves; UPDATE=0 leaves it out); between
+# them bench/hit_speed.py on the whole bundle. Carry .devtree .whl .gl .vk .reg.
 #
 #   bash bench/gpu/layered_h200.sh start   # starts in the background, then polls
 #   bash bench/gpu/layered_h200.sh poll    # wait (at most POLL_S seconds); results in $OUT/results.tgz
@@ -66,6 +67,10 @@ run() {
 
   from_registry
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > $R/nvidia-smi.txt
+  # a hit at the speed of the disk (issue 34): fetch and install of this bundle against cp + sha256sum + unzip
+  python3 -m bench.hit_speed "$zip" --repeat 3 --json-out $R/hit-speed.json > $R/hit-speed.txt 2>&1
+  say "hit-speed: rc=$? $(tail -7 $R/hit-speed.txt | tr '\n' '|')"
+  [ "${UPDATE:-1}" = 0 ] && { say "all done"; return; }
 
   # an update to a bundle of the same toolkit and commit with another arch list: only what changed moves
   sed 's/^  archs: .*/  archs: [90-real]/' "$(vulkan_recipe)" > $W/archs90.yaml

@@ -226,13 +226,14 @@ class InstallOutcome:
 
 
 def check_bundle(path: Path, *, key: str, platform: str, commit: str | None = None,
-                 toolkit: str | None = None) -> Manifest:
+                 toolkit: str | None = None, hashes: Mapping[str, str] | None = None) -> Manifest:
     """Trust nothing unchecked (DESIGN §5): manifest.trust of the unpacked bundle against what was asked for
     (format, platform, key and the key of its inputs, commit, the CUDA toolkit, every file) and each backend's
-    section read typed. Returns the manifest; raises BundleInvalid."""
+    section read typed. `hashes`: the sha256 of files this install has just written or checked (not read
+    again). Returns the manifest; raises BundleInvalid."""
     try:
         m = read_manifest(path)
-        trust(m, path, _expect(key, platform, commit, toolkit))
+        trust(m, path, _expect(key, platform, commit, toolkit), hashes=hashes)
         backends.read_sections(m)
     except VerifyError as e:
         raise _invalid(key, e.what, e.why) from None
@@ -492,9 +493,11 @@ def _install_locked(store: Store, entry: Entry, slot: Path, *, log: Log, platfor
                 fetched_bytes = sum(f.size for f in cpu.files) - first.from_cache
                 transfer = _Got(zip_sha256=None, done=Transfer(
                     by="blobs", downloaded=first.downloaded + got.downloaded, files=got.files,
-                    fetched=first.fetched + got.fetched, from_cache=got.from_cache - fetched_bytes))
+                    fetched=first.fetched + got.fetched, from_cache=got.from_cache - fetched_bytes),
+                    hashes=transfer.hashes)
             with log.step(f"check {slot.name} ({key[:12]})"):  # bundle.json is the store's: its files are what is left
-                check_bundle(stage / version, key=key, platform=platform, commit=commit, toolkit=toolkit)
+                check_bundle(stage / version, key=key, platform=platform, commit=commit, toolkit=toolkit,
+                             hashes=transfer.hashes)
             hook("verified")
         else:
             transfer = _install_zip(store, entry, stage, version, pin=None if on_manifest else pin, log=log, hook=hook, slot=slot,
@@ -503,7 +506,8 @@ def _install_locked(store: Store, entry: Entry, slot: Path, *, log: Log, platfor
                 want = _auto(entry, stage / version, log=log)
             if want is not entry.manifest:  # a part of it: the other backends' files go, its own bundle.json in
                 _cut_dir(stage / version, entry.manifest, want)
-                check_bundle(stage / version, key=key, platform=platform, commit=commit, toolkit=toolkit)
+                check_bundle(stage / version, key=key, platform=platform, commit=commit, toolkit=toolkit,
+                             hashes={f.path: f.sha256 for f in want.files})  # each checked whole just before
         os.replace(stage / version, slot / version)
         hook("swapping")
         write_atomic(slot / POINTER, json.dumps({"dir": version, "key": key, "installed_at": utc_timestamp(),
@@ -561,6 +565,7 @@ BLOB_CACHE = "blobs"
 class _Got:
     zip_sha256: str | None  # the zip's sha256 the pointer records (None: assembled from blobs, no zip read)
     done: Transfer
+    hashes: Mapping[str, str] | None = None  # path -> sha256 of the files assembled (read once, as they were linked)
 
 
 def _cut_dir(root: Path, whole: Manifest, want: Manifest) -> None:
@@ -583,7 +588,7 @@ def _install_blobs(src: BlobStore, entry: Entry, want: Manifest, cache: Path, de
     hook("downloaded")
     hook("extracted")
     return _Got(zip_sha256=None, done=Transfer(by="blobs", downloaded=got.downloaded, files=got.files,
-                                                fetched=got.fetched, from_cache=got.from_cache))
+                                                fetched=got.fetched, from_cache=got.from_cache), hashes=got.hashes)
 
 
 def uninstall(root: Path, what: str) -> Installed:

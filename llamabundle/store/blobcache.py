@@ -10,7 +10,8 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +34,13 @@ class Assembled:
     from_cache: int  # bytes of the files found in the cache
     files: int
     fetched: int  # files downloaded
+    hashes: Mapping[str, str]  # path -> the sha256 of what was linked there, read once (the trust check reuses it)
+
+
+def workers(src: object) -> int:
+    """How many blobs are fetched at once: what the store says it serves in parallel (`blob_workers`; one
+    where it says nothing), at most one per core."""
+    return max(1, min(int(getattr(src, "blob_workers", 1)), os.cpu_count() or 1))
 
 
 def blob_name(f: FileEntry) -> str:
@@ -47,29 +55,19 @@ def assemble(src: BlobStore, entry: Entry, want: Manifest, cache: Path, dest: Pa
     cache.mkdir(parents=True, exist_ok=True)
     scratch.sweep(cache, [PREFIX])
     by_name = {blob_name(f): f for f in files}
-    have = {n for n, f in by_name.items() if _cached(cache / n, f.sha256, f.size)}
-    need = {n: f for n, f in by_name.items() if n not in have}
-    size, found = sum(f.size for f in need.values()), sum(f.size for n, f in by_name.items() if n in have)
-    moved = 0
-    with log.step(f"download {len(need)} of {len(by_name)} files ({size / 1e6:.1f} MB unpacked; {found / 1e6:.1f} MB "
-                  f"already here) from {src.url}"):
-        for n, f in need.items():
-            tmp = scratch.owned(cache, PREFIX, ".part")
-            try:
-                try:
-                    got = src.fetch_blob(entry, f, tmp)
-                except VerifyError as e:  # not a blob of the file at all (not a zstd frame, the wrong digest)
-                    raise VerifyError(f"{f.path} ({f.sha256[:12]}) from {src.url}: {e.what}", why=e.why,
-                                      fix="publish the bundle again") from None
-                moved += got.packed_size
-                if (got.sha256, got.size) != (f.sha256, f.size):
-                    raise VerifyError(f"{f.path} ({f.sha256[:12]}) from {src.url} does not match its sha256",
-                                      why="the store's copy changed or was damaged", fix="publish the bundle again")
-                os.chmod(tmp, 0o755 if n.endswith(EXE_SUFFIX) else 0o644)
-                os.replace(tmp, cache / n)
-            except BaseException:
-                tmp.unlink(missing_ok=True)
-                raise
+    cores = min(8, os.cpu_count() or 1)
+    with ThreadPoolExecutor(max_workers=cores) as pool:  # hashing lets go of the GIL: one core each
+        ok = list(pool.map(lambda item: _cached(cache / item[0], item[1].sha256, item[1].size), by_name.items()))
+    have = {name for name, cached in zip(by_name, ok, strict=True) if cached}
+    need = {name: f for name, f in by_name.items() if name not in have}
+    size, found = sum(f.size for f in need.values()), sum(f.size for name, f in by_name.items() if name in have)
+    n = min(workers(src), max(1, len(need)))
+    with log.step(f"download {len(need)} of {len(by_name)} files ({size / 1e6:.1f} MB unpacked; {found / 1e6:.1f} "
+                  f"MB already here) from {src.url}" + (f", {n} at a time" if n > 1 else "")), \
+            ThreadPoolExecutor(max_workers=n) as pool:  # so do zstd and the sockets
+        # the largest first: the longest file sets the time, the small ones fill the other cores meanwhile
+        order = sorted(need.items(), key=lambda item: -item[1].size)
+        moved = sum(pool.map(lambda item: _fetch(src, entry, item[1], cache, item[0]), order))
     dest.mkdir(parents=True, exist_ok=True)
     for f in files:
         target = dest.joinpath(*f.path.split("/"))
@@ -84,7 +82,29 @@ def assemble(src: BlobStore, entry: Entry, want: Manifest, cache: Path, dest: Pa
                 raise DiskError(f"cannot write {target}{in_whose(target)}", why=e.strerror or str(e),
                                 fix=disk_fix(e)) from None
     (dest / MANIFEST).write_text(want.text(), encoding="utf-8", newline="\n")
-    return Assembled(downloaded=moved, from_cache=found, files=len(files), fetched=len(need))
+    return Assembled(downloaded=moved, from_cache=found, files=len(files), fetched=len(need),
+                     hashes={f.path: f.sha256 for f in files})
+
+
+def _fetch(src: BlobStore, entry: Entry, f: FileEntry, cache: Path, name: str) -> int:
+    """The file's blob downloaded into the cache under `name`, checked against its sha256 as it is written; the
+    bytes read from the store. Nothing of a blob that is not its file is kept."""
+    tmp = scratch.owned(cache, PREFIX, ".part")
+    try:
+        try:
+            got = src.fetch_blob(entry, f, tmp)
+        except VerifyError as e:  # not a blob of the file at all (not a zstd frame, the wrong digest)
+            raise VerifyError(f"{f.path} ({f.sha256[:12]}) from {src.url}: {e.what}", why=e.why,
+                              fix="publish the bundle again") from None
+        if (got.sha256, got.size) != (f.sha256, f.size):
+            raise VerifyError(f"{f.path} ({f.sha256[:12]}) from {src.url} does not match its sha256",
+                              why="the store's copy changed or was damaged", fix="publish the bundle again")
+        os.chmod(tmp, 0o755 if name.endswith(EXE_SUFFIX) else 0o644)
+        os.replace(tmp, cache / name)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return got.packed_size
 
 
 def _cached(path: Path, sha256: str, size: int) -> bool:

@@ -42,6 +42,8 @@ _KEY_DIR = re.compile(r"[0-9a-f]{64}")
 
 
 class LocalStore:
+    blob_workers = 8  # blobs read from a disk: one core each (store.blobcache.workers)
+
     def __init__(self, root: Path) -> None:
         self.root = root.expanduser().resolve()
         self.url = str(self.root)

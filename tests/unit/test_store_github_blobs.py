@@ -166,7 +166,8 @@ def test_a_frame_download_cut_short_resumes_from_where_it_stopped(gh: FakeGitHub
     assert done.installed.manifest == m
     ranges = [r.headers.get("range") for r in gh.downloads("blobs.all.zst")]
     i = ranges.index(first)
-    assert ranges[i + 1] == f"bytes={fr['offset'] + 100_000}-{fr['offset'] + fr['length'] - 1}"  # from the cut on
+    # from the cut on (other frames' requests, 4 at a time, come in between)
+    assert f"bytes={fr['offset'] + 100_000}-{fr['offset'] + fr['length'] - 1}" in ranges[i + 1:]
     assert ranges.count(first) == 1 and "resuming at byte 100000" in cap.text
     assert fr["length"] > 100_000
 

@@ -35,6 +35,8 @@ BAR = 8 << 20  # a blob this large downloads with a progress bar
 
 
 class GitHubStore:
+    blob_workers = 4  # frames read with Range requests at once (store.blobcache.workers)
+
     def __init__(self, repo: str, *, api_url: str | None = None, token: str | None = None, log: Log | None = None,
                  tags: Mapping[str, str] | None = None,
                  stale_after: float = 1800.0, poll_interval: float = 5.0, wait_timeout: float | None = None,

@@ -1,0 +1,106 @@
+"""A hit at the speed of the disk (issue 34): `llamabundle fetch` and `install` of a published bundle, through the
+command line as a user runs them, against the plain way of doing the same with the zip: `cp` + `sha256sum` +
+`python -m zipfile -e`, in the same run. The bundle zip is published to a directory store in a temporary
+directory first (its files by content, zstd blobs); then, each `--repeat` times, in a fresh cache or install
+root unless said:
+
+- plain: cp + sha256sum + python -m zipfile -e of the zip (the baseline, 1.00);
+- fetch --zip: the zip copied, hashed and unpacked in one pass (the path of a store without blobs);
+- fetch, cold: every file decompressed from its blob into the cache, then linked into --out;
+- fetch, warm: every blob already in the cache (a second fetch of the bundle, or one sharing its files):
+  re-hashed, linked;
+- install, cold: the same as a fetch, into an install root, with install's own checks.
+
+Every fetch verifies at `--level` (default static: every file's sha256 and the static checks of the binaries).
+
+Usage: python -m bench.hit_speed ZIP [--repeat N] [--level static|load] [--json] [--json-out FILE]
+Prints the median seconds of each path and its ratio to plain."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+from typing import Any
+
+from bench import add_json_args, emit_json
+from llamabundle.bundle import manifest as manifest_mod
+from llamabundle.store.local import LocalStore
+
+LB = [sys.executable, "-m", "llamabundle", "--quiet"]
+
+
+def timed(argv: list[str], env: dict[str, str]) -> float:
+    t0 = time.perf_counter()
+    r = subprocess.run(argv, env=env, capture_output=True, text=True)
+    took = time.perf_counter() - t0
+    if r.returncode != 0:
+        sys.exit(f"{' '.join(argv)} failed ({r.returncode}):\n{r.stderr[-3000:]}")
+    return took
+
+
+def plain(zip_path: Path, dest: Path) -> float:
+    t0 = time.perf_counter()
+    dest.mkdir(parents=True)
+    subprocess.run(["cp", str(zip_path), str(dest / zip_path.name)], check=True)
+    subprocess.run(["sha256sum", str(dest / zip_path.name)], check=True, capture_output=True)
+    subprocess.run([sys.executable, "-m", "zipfile", "-e", str(dest / zip_path.name), str(dest / "x")], check=True)
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("zip", type=Path)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--level", default="static", choices=["manifest", "static", "load"])
+    add_json_args(ap)
+    a = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="lb-hit-speed-", dir=os.environ.get("BENCH_TMP")))
+    try:
+        with zipfile.ZipFile(a.zip) as z:
+            m = manifest_mod.loads(z.read("bundle.json"))
+        store = work / "store"
+        LocalStore(store).publish(a.zip, m)
+        key = m.key
+        size = a.zip.stat().st_size
+        unpacked = sum(f.size for f in m.files)
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        times: dict[str, list[float]] = {k: [] for k in ("plain", "fetch_zip", "fetch_cold", "fetch_warm", "install_cold")}
+        for i in range(a.repeat):
+            times["plain"].append(plain(a.zip, work / f"plain-{i}"))
+            cache = {**env, "LLAMABUNDLE_CACHE_DIR": str(work / f"cache-zip-{i}")}
+            times["fetch_zip"].append(timed([*LB, "fetch", key, "--store", str(store), "--out", str(work / f"z-{i}"),
+                                             "--zip", "--level", a.level], cache))
+            cache = {**env, "LLAMABUNDLE_CACHE_DIR": str(work / f"cache-{i}")}
+            times["fetch_cold"].append(timed([*LB, "fetch", key, "--store", str(store), "--out", str(work / f"c-{i}"),
+                                              "--level", a.level], cache))
+            times["fetch_warm"].append(timed([*LB, "fetch", key, "--store", str(store), "--out", str(work / f"w-{i}"),
+                                              "--level", a.level], cache))
+            times["install_cold"].append(timed([*LB, "install", "--store", str(store), "--key", key, "--dest",
+                                                str(work / f"root-{i}")], cache))
+            for d in (f"plain-{i}", f"z-{i}", f"c-{i}", f"w-{i}", f"root-{i}", f"cache-zip-{i}", f"cache-{i}"):
+                shutil.rmtree(work / d, ignore_errors=True)
+        med = {k: statistics.median(v) for k, v in times.items()}
+        base = med["plain"]
+        print(f"bundle {m.name} ({key[:12]}): zip {size / 1e6:.1f} MB, {len(m.files)} files, {unpacked / 1e6:.1f} MB "
+              f"unpacked; {os.cpu_count()} cores; median of {a.repeat}; fetch --level {a.level}")
+        print(f"{'path':<14} {'seconds':>8} {'vs plain':>9}")
+        for k, v in med.items():
+            print(f"{k:<14} {v:8.2f} {v / base:9.2f}")
+        result: dict[str, Any] = {"benchmark": "hit_speed", "zip_bytes": size, "unpacked_bytes": unpacked,
+                                  "files": len(m.files), "cores": os.cpu_count(), "repeat": a.repeat, "level": a.level,
+                                  "seconds": times, "median": med, "ratio_to_plain": {k: v / base for k, v in med.items()}}
+        emit_json(a, result)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
