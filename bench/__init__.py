@@ -6,8 +6,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
+
+
+def timed_run(argv: list[str], env: dict[str, str]) -> float:
+    """Seconds one command took (its output captured); a failure ends the benchmark with its stderr."""
+    t0 = time.perf_counter()
+    r = subprocess.run(argv, env=env, capture_output=True, text=True)
+    took = time.perf_counter() - t0
+    if r.returncode != 0:
+        sys.exit(f"{' '.join(argv)} failed ({r.returncode}):\n{r.stderr[-3000:]}")
+    return took
 
 
 def add_json_args(ap: argparse.ArgumentParser) -> None:

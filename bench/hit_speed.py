@@ -30,20 +30,11 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-from bench import add_json_args, emit_json
+from bench import add_json_args, emit_json, timed_run
 from llamabundle.bundle import manifest as manifest_mod
 from llamabundle.store.local import LocalStore
 
 LB = [sys.executable, "-m", "llamabundle", "--quiet"]
-
-
-def timed(argv: list[str], env: dict[str, str]) -> float:
-    t0 = time.perf_counter()
-    r = subprocess.run(argv, env=env, capture_output=True, text=True)
-    took = time.perf_counter() - t0
-    if r.returncode != 0:
-        sys.exit(f"{' '.join(argv)} failed ({r.returncode}):\n{r.stderr[-3000:]}")
-    return took
 
 
 def plain(zip_path: Path, dest: Path) -> float:
@@ -76,14 +67,14 @@ def main() -> None:
         for i in range(a.repeat):
             times["plain"].append(plain(a.zip, work / f"plain-{i}"))
             cache = {**env, "LLAMABUNDLE_CACHE_DIR": str(work / f"cache-zip-{i}")}
-            times["fetch_zip"].append(timed([*LB, "fetch", key, "--store", str(store), "--out", str(work / f"z-{i}"),
+            times["fetch_zip"].append(timed_run([*LB, "fetch", key, "--store", str(store), "--out", str(work / f"z-{i}"),
                                              "--zip", "--level", a.level], cache))
             cache = {**env, "LLAMABUNDLE_CACHE_DIR": str(work / f"cache-{i}")}
-            times["fetch_cold"].append(timed([*LB, "fetch", key, "--store", str(store), "--out", str(work / f"c-{i}"),
+            times["fetch_cold"].append(timed_run([*LB, "fetch", key, "--store", str(store), "--out", str(work / f"c-{i}"),
                                               "--level", a.level], cache))
-            times["fetch_warm"].append(timed([*LB, "fetch", key, "--store", str(store), "--out", str(work / f"w-{i}"),
+            times["fetch_warm"].append(timed_run([*LB, "fetch", key, "--store", str(store), "--out", str(work / f"w-{i}"),
                                               "--level", a.level], cache))
-            times["install_cold"].append(timed([*LB, "install", "--store", str(store), "--key", key, "--dest",
+            times["install_cold"].append(timed_run([*LB, "install", "--store", str(store), "--key", key, "--dest",
                                                 str(work / f"root-{i}")], cache))
             for d in (f"plain-{i}", f"z-{i}", f"c-{i}", f"w-{i}", f"root-{i}", f"cache-zip-{i}", f"cache-{i}"):
                 shutil.rmtree(work / d, ignore_errors=True)

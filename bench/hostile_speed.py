@@ -17,26 +17,16 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench import add_json_args, emit_json  # noqa: E402
+from bench import add_json_args, emit_json, timed_run  # noqa: E402
 
 
 def _env(tree: Path, cache: Path) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(tree), "LLAMABUNDLE_CACHE_DIR": str(cache)}
-
-
-def _timed(argv: list[str], env: dict[str, str]) -> float:
-    t0 = time.monotonic()
-    r = subprocess.run(argv, env=env, capture_output=True, text=True)
-    took = time.monotonic() - t0
-    if r.returncode != 0:
-        sys.exit(f"{' '.join(argv)} failed ({r.returncode}):\n{r.stderr[-2000:]}")
-    return took
 
 
 def main() -> None:
@@ -65,9 +55,9 @@ def main() -> None:
         for i in range(a.repeat):
             for name in (("after", "before") if i % 2 else ("before", "after")):  # interleaved: drift hits both
                 env = _env(trees[name], work / f"cache-{name}")
-                times[name]["verify"].append(_timed([*lb, "verify", str(a.zip)], env))
+                times[name]["verify"].append(timed_run([*lb, "verify", str(a.zip)], env))
                 out = work / f"out-{name}-{i}"
-                times[name]["fetch"].append(_timed([*lb, "fetch", str(key), "--store", str(store / name),
+                times[name]["fetch"].append(timed_run([*lb, "fetch", str(key), "--store", str(store / name),
                                                     "--out", str(out)], env))
                 shutil.rmtree(out)
         med = {t: {k: statistics.median(v) for k, v in d.items()} for t, d in times.items()}

@@ -1,7 +1,8 @@
 """JSON from outside (a bundle.json, a marker, a pointer, an API answer) parsed within limits: at most
 MAX_BYTES, nested at most MAX_DEPTH levels, the depth counted by a linear scan before json.loads recurses.
 A refusal is `Untrusted` (a ValueError naming the limit); each caller turns it into its own file's error.
-`preview` shows the first bytes of an answer that is not what it should be, printable and escaped."""
+`preview` shows the first bytes of an answer that is not what it should be, printable and escaped; `misfit` says
+which field of a parsed object is missing or of another type."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import json
 import os
 import re
 import stat
+from collections.abc import Mapping
 from itertools import accumulate
 from pathlib import Path
 from typing import Any
@@ -90,3 +92,19 @@ def preview(body: bytes, n: int = PREVIEW) -> str:
     text = body[:n].decode("utf-8", "backslashreplace")  # a byte that is not UTF-8 reads \xff
     shown = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
     return f"'{shown}'" + ("…" if len(body) > n else "")
+
+
+def misfit(obj: Any, fields: Mapping[str, Any], where: str, *, closed: bool = False) -> str:
+    """What is wrong with `obj` as an object of `fields` (name -> a type, None for null, or a tuple of them; a
+    bool is not an int), '' when nothing is: the first field missing or of another type, or (`closed`) one it
+    has that `fields` does not name. `where` names obj in the answer."""
+    if not isinstance(obj, dict):
+        return f"{where} is not an object"
+    for name, kinds in fields.items():
+        value = obj.get(name, ...)
+        if not any(value is None if k is None else isinstance(value, k) and not (k is int and isinstance(value, bool))
+                   for k in (kinds if isinstance(kinds, tuple) else (kinds,))):
+            return f"{where}.{name} is {'missing' if value is ... else repr(value)[:60]}"
+    if closed and (extra := sorted(set(obj) - set(fields))):
+        return f"{where} has a field the schema does not name: {extra[0][:60]!r}"
+    return ""

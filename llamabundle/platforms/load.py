@@ -176,18 +176,7 @@ def read_probe(stdout: str, *, root: Path, exe: str) -> dict[str, Any]:
 
 def probe_problem(said: Any) -> str:
     """What is wrong with a probe's answer ('' when nothing is)."""
-    def wrong(obj: Any, fields: Mapping[str, Any], where: str) -> str:
-        if not isinstance(obj, dict):
-            return f"{where} is not an object"
-        for name, kinds in fields.items():
-            kinds = kinds if isinstance(kinds, tuple) else (kinds,)
-            value = obj.get(name, ...)
-            ok = any(value is None if k is None else isinstance(value, k) and not (k is int and isinstance(value, bool))
-                     for k in kinds)
-            if not ok:
-                return f"{where}.{name} is {'missing' if value is ... else repr(value)[:60]}"
-        return ""
-
+    wrong = untrusted.misfit
     if not isinstance(said, dict) or said.get("schema") != 1 or said.get("program") != PROBE_PROGRAM:
         return f'not a {PROBE_PROGRAM} answer of schema 1'
     if problem := wrong(said, {"dir": str, "modules": list, "devices": list, "log": list}, "the answer"):

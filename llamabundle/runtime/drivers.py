@@ -193,17 +193,7 @@ def problem(said: Any) -> str:
     """What is wrong with an answer of llamabundle-probe --drivers ('' when nothing is): each field there, of
     its type, with no other, as the schema says."""
     def wrong(obj: Any, fields: Mapping[str, Any], where: str) -> str:
-        if not isinstance(obj, dict):
-            return f"{where} is not an object"
-        for name, kinds in fields.items():
-            kinds = kinds if isinstance(kinds, tuple) else (kinds,)
-            value = obj.get(name, ...)
-            if not any(value is None if k is None else isinstance(value, k) and not (k is int and isinstance(value, bool))
-                       for k in kinds):
-                return f"{where}.{name} is {'missing' if value is ... else repr(value)[:60]}"
-        if extra := sorted(set(obj) - set(fields)):
-            return f"{where} has a field the schema does not name: {extra[0][:60]!r}"
-        return ""
+        return untrusted.misfit(obj, fields, where, closed=True)
 
     def strings(items: list[Any], where: str) -> str:
         return next((f"{where}[{i}] is {s!r:.60}" for i, s in enumerate(items) if not isinstance(s, str)), "")

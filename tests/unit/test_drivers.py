@@ -157,9 +157,9 @@ MUTATIONS: list[tuple[tuple[Any, ...], Any]] = [
 ]
 
 
-def mutated(path: tuple[Any, ...], value: Any) -> dict[str, Any]:
-    """answer() with the field at `path` set to `value` (... removes it)."""
-    bad = copy.deepcopy(answer())
+def mutated(given: dict[str, Any], path: tuple[Any, ...], value: Any) -> dict[str, Any]:
+    """A copy of the answer `given` with the field at `path` set to `value` (... removes it)."""
+    bad = copy.deepcopy(given)
     where: Any = bad
     for key in path[:-1]:
         where = where[key]
@@ -178,7 +178,7 @@ def test_what_is_read_is_what_the_schema_accepts() -> None:
 
 @pytest.mark.parametrize(("path", "value"), MUTATIONS)
 def test_the_hand_written_check_agrees_with_the_schema(path: tuple[Any, ...], value: Any) -> None:
-    bad = mutated(path, value)
+    bad = mutated(answer(), path, value)
     assert not valid(bad)
     assert drivers.problem(bad) != ""
     with pytest.raises(DriversError) as e:
@@ -188,11 +188,11 @@ def test_the_hand_written_check_agrees_with_the_schema(path: tuple[Any, ...], va
 
 
 def test_a_refusal_names_the_field() -> None:
-    assert drivers.problem(mutated(("drivers", "vulkan", "devices", 0, "type"), "gpu")) == \
+    assert drivers.problem(mutated(answer(), ("drivers", "vulkan", "devices", 0, "type"), "gpu")) == \
         "drivers.vulkan.devices[0].type is 'gpu'"
-    assert drivers.problem(mutated(("drivers", "cuda", "devices", 0, "memory_total"), ...)) == \
+    assert drivers.problem(mutated(answer(), ("drivers", "cuda", "devices", 0, "memory_total"), ...)) == \
         "drivers.cuda.devices[0].memory_total is missing"
-    assert drivers.problem(mutated(("mode",), ...)) == "not the answer to --drivers (mode is 'missing')"
+    assert drivers.problem(mutated(answer(), ("mode",), ...)) == "not the answer to --drivers (mode is 'missing')"
 
 
 def test_the_default_answer_of_the_program_is_not_a_drivers_answer() -> None:

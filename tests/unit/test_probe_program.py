@@ -16,6 +16,7 @@ import pytest
 
 from llamabundle import data
 from llamabundle.build import OWN_PROGRAMS, PROBE_PROGRAM
+from tests.unit.test_drivers import mutated
 
 H200 = Path(__file__).resolve().parents[1] / "data" / "h200"
 
@@ -171,14 +172,7 @@ def test_the_schema_accepts_what_drivers_prints() -> None:
     (("dir",), "/bundle"),
 ])
 def test_the_schema_refuses_a_broken_drivers_answer(path: tuple[Any, ...], value: Any) -> None:
-    bad = drivers_answer()
-    where = bad
-    for key in path[:-1]:
-        where = where[key]
-    if value is ...:
-        del where[path[-1]]
-    else:
-        where[path[-1]] = value
+    bad = mutated(drivers_answer(), path, value)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(bad, schema())
 
