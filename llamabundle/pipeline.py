@@ -9,11 +9,10 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from . import backends, cache, keys, opscheck, platforms, repro, scratch, webui
+from . import backends, cache, keys, opscheck, platforms, scratch
 from . import bundle as bundle_mod
-from . import source as source_mod
 from .archive import tmp_beside
 from .backends import Prepared
 from .build import (
@@ -32,7 +31,6 @@ from .digest import sha256_file
 from .errors import LlamaBundleError, ToolchainError, UsageError, VerifyError
 from .keys import Keyed
 from .log import Log
-from .package import Made, package
 from .platforms import Collected
 from .platforms.base import HostToolchain
 from .recipe import Recipe
@@ -40,6 +38,12 @@ from .settings import Settings
 from .store import blobcache
 from .store.base import BlobStore, Entry, Published, Store, blob_source
 from .verify import Level, Naming, VerifyReport, verify_bundle, verify_unpacked
+
+if TYPE_CHECKING:  # what only building needs (the web UI, packing, a second build) is imported when a build runs:
+    # a fetch or an install starts without it (requests and the packer are most of the tool's import time)
+    from . import webui
+    from .package import Made
+    from .source import SourceTree
 
 
 @dataclass(kw_only=True)
@@ -174,7 +178,7 @@ def _build_locked(keyed: Keyed, *, settings: Settings, store: Store, log: Log, e
     toolchain = platform.setup_toolchain(recipe, host, env=env, log=log)  # and the compiler
     env = {**env, **toolchain.env}
     with log.step(f"source llama.cpp {recipe.llama_cpp.commit[:12]}"):
-        src = source_mod.fetch_source(recipe, settings, log, env=env)
+        src = _fetch_source(recipe, settings, log, env=env)
     tools = resolve_tools(path=env.get("PATH"))
     prepared: dict[str, Prepared] = {}
     for backend in backends.of(recipe):  # each backend's toolkit (CUDA's), found or installed and checked
@@ -187,6 +191,8 @@ def _build_locked(keyed: Keyed, *, settings: Settings, store: Store, log: Log, e
                  "come from the clock, so the bundle is not reproducible; set SOURCE_DATE_EPOCH to fix them")
     build_env = {**env, "SOURCE_DATE_EPOCH": str(sde)} if sde is not None else env
     ui = web_ui(recipe, src.path, settings=settings, log=log, env=env) if recipe.embeds_ui else None
+    from .package import Made
+
     made = Made(keyed=keyed, src=src, tools=tools, prepared=prepared, sde=sde, ui=ui)
     build_dir = cache.build_dir(settings.cache_dir, key, tools.ids, made.toolkit_roots.values())
     plan = plan_build(recipe, host, source_dir=src.path, build_dir=build_dir, tools=tools, jobs=jobs,
@@ -210,6 +216,8 @@ def _build_locked(keyed: Keyed, *, settings: Settings, store: Store, log: Log, e
         outcome.ops_tool = build_ops_tool(plan, opscheck.sibling_tool(out_zip), log=log, env=build_env,
                                           timeout=settings.build_timeout)
     if check_reproducible:
+        from . import repro
+
         outcome.reproducible = repro.rebuild_elsewhere(made, out_zip, toolchain=toolchain, jobs=jobs, cache_dir=settings.cache_dir,
                                                        build_timeout=settings.build_timeout, log=log, env=build_env)
     if publish:
@@ -224,9 +232,18 @@ def _build_locked(keyed: Keyed, *, settings: Settings, store: Store, log: Log, e
     return outcome
 
 
+def _fetch_source(recipe: Recipe, settings: Settings, log: Log, *, env: Mapping[str, str]) -> SourceTree:
+    """llama.cpp at the recipe's commit (source.fetch_source: imported when a build runs, with the network)."""
+    from . import source
+
+    return source.fetch_source(recipe, settings, log, env=env)
+
+
 def web_ui(recipe: Recipe, src: Path, *, settings: Settings, log: Log, env: Mapping[str, str]) -> webui.Assets:
     """The web UI the recipe's ui: names for the source tree src: built with npm (or the kept one), or the pinned
     archive (downloaded once). The last step of a build with a network: npm's registry or the archive's host."""
+    from . import webui
+
     if isinstance(recipe.ui, str):
         return webui.built(src, cache_dir=settings.cache_dir, log=log, env=env, timeout=settings.build_timeout)
     return webui.pinned(recipe.ui.url, recipe.ui.sha256, src, cache_dir=settings.cache_dir, log=log)
@@ -248,12 +265,14 @@ class PackedUi:
 def pack_ui(recipe: Recipe, *, settings: Settings, log: Log, env: Mapping[str, str], out_dir: Path) -> PackedUi:
     """`ui pack`: the web UI of the recipe's commit, built with npm (or the kept one), as an archive in out_dir
     that recipes pin with ui: {url, sha256} once it is published."""
+    from . import webui
+
     if not recipe.embeds_ui:
         raise UsageError(f"{recipe.origin} says ui: none", why="there is no web UI to pack",
                          fix="use a recipe with ui: build (or {url, sha256})")
     with cache.in_use(settings.cache_dir):
         with log.step(f"source llama.cpp {recipe.llama_cpp.commit[:12]}"):
-            src = source_mod.fetch_source(recipe, settings, log, env=env)
+            src = _fetch_source(recipe, settings, log, env=env)
         assets = webui.built(src.path, cache_dir=settings.cache_dir, log=log, env=env, timeout=settings.build_timeout)
     path = webui.pack(assets, out_dir)
     return PackedUi(assets=assets, commit=recipe.llama_cpp.commit, path=path, sha256=sha256_file(path),
@@ -264,6 +283,8 @@ def assemble(made: Made, plan: BuildPlan, result: BuildResult, out_zip: Path, *,
              settings: Settings, log: Log) -> tuple[Manifest, Collected, VerifyReport]:
     """Collect, write bundle.json, pack and verify: what `build` does after compiling, and all that `bundle`
     does with a build made elsewhere."""
+    from .package import package
+
     manifest, collected = package(made, plan, result, out_zip, toolchain=toolchain, cache_dir=settings.cache_dir,
                                   log=log)
     level = verify_level_for(made.recipe.platform)
