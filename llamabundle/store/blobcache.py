@@ -1,12 +1,14 @@
 """A local blob cache: each file a machine holds once, named by its sha256 (an executable's with `.x`, mode 0755),
 hard-linked into the bundle directories assembled from it (install's version directories, fetch's --out). `assemble`
 downloads from a BlobStore only the files the cache lacks (each decompressed and checked against its sha256 as it is
-written), hashes again every blob it reuses (a directory that links one may have changed it), then links each file
+written), hashes again every blob it reuses unless its stamp (`.verified.json`: device, inode, size, mtime, ctime
+when it was last found right) shows it unchanged since (a directory that links one may have changed it), links each file
 into the new directory (copies where links are refused) and writes bundle.json. `prune` removes the blobs nothing
 links any more once they are older than KEEP seconds (another run may be about to link one)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import time
@@ -15,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import scratch
+from .. import scratch, untrusted
 from ..bundle import MANIFEST
 from ..bundle.manifest import FileEntry, Manifest
 from ..digest import sha256_file
@@ -55,9 +57,11 @@ def assemble(src: BlobStore, entry: Entry, want: Manifest, cache: Path, dest: Pa
     cache.mkdir(parents=True, exist_ok=True)
     scratch.sweep(cache, [PREFIX])
     by_name = {blob_name(f): f for f in files}
+    known = _stamps(cache)
     cores = min(8, os.cpu_count() or 1)
     with ThreadPoolExecutor(max_workers=cores) as pool:  # hashing lets go of the GIL: one core each
-        ok = list(pool.map(lambda item: _cached(cache / item[0], item[1].sha256, item[1].size), by_name.items()))
+        ok = list(pool.map(lambda item: _cached(cache / item[0], item[1].sha256, item[1].size, known.get(item[0])),
+                           by_name.items()))
     have = {name for name, cached in zip(by_name, ok, strict=True) if cached}
     need = {name: f for name, f in by_name.items() if name not in have}
     size, found = sum(f.size for f in need.values()), sum(f.size for name, f in by_name.items() if name in have)
@@ -82,6 +86,7 @@ def assemble(src: BlobStore, entry: Entry, want: Manifest, cache: Path, dest: Pa
                 raise DiskError(f"cannot write {target}{in_whose(target)}", why=e.strerror or str(e),
                                 fix=disk_fix(e)) from None
     (dest / MANIFEST).write_text(want.text(), encoding="utf-8", newline="\n")
+    _stamp(cache, known, by_name)
     return Assembled(downloaded=moved, from_cache=found, files=len(files), fetched=len(need),
                      hashes={f.path: f.sha256 for f in files})
 
@@ -107,10 +112,54 @@ def _fetch(src: BlobStore, entry: Entry, f: FileEntry, cache: Path, name: str) -
     return got.packed_size
 
 
-def _cached(path: Path, sha256: str, size: int) -> bool:
-    """A blob of the cache that is what its name says; one that is not is removed."""
+STAMPS = ".verified.json"  # name -> the blob's file state when it was last found to be what its name says
+
+
+def _state(st: os.stat_result) -> list[int]:
+    """What changes whenever a file's bytes can have changed: ctime is set by the kernel on every write, link and
+    unlink of the file, and no call sets it back."""
+    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
+def _stamps(cache: Path) -> dict[str, list[int]]:
+    """The cache's stamps (none when the file is missing or not what this module writes)."""
     try:
-        if path.stat().st_size == size and sha256_file(path) == sha256:
+        said = untrusted.loads((cache / STAMPS).read_bytes(), max_bytes=16 << 20)
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(said, dict):
+        return {}
+    return {k: v for k, v in said.items() if isinstance(v, list) and len(v) == 5 and all(type(x) is int for x in v)}
+
+
+def _stamp(cache: Path, known: dict[str, list[int]], checked: Mapping[str, FileEntry]) -> None:
+    """Record the state of each blob just checked or written (and linked: a link sets ctime too), so that the
+    next assemble takes an unchanged blob without reading it. Best effort: a stamp not written costs a read."""
+    now = {**known}
+    for name, f in checked.items():
+        try:
+            st = os.stat(cache / name)
+        except OSError:
+            continue
+        if st.st_size == f.size:
+            now[name] = _state(st)
+    present = {n for n in now if (cache / n).exists()}
+    tmp = scratch.owned(cache, PREFIX, ".stamps")
+    try:
+        tmp.write_text(json.dumps({n: now[n] for n in sorted(present)}), encoding="utf-8")
+        os.replace(tmp, cache / STAMPS)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+
+
+def _cached(path: Path, sha256: str, size: int, state: list[int] | None = None) -> bool:
+    """A blob of the cache that is what its name says: unchanged since it was found so (`state`, its stamp), or
+    read again; one that is not is removed."""
+    try:
+        st = path.stat()
+        if st.st_size == size and state is not None and _state(st) == state:
+            return True
+        if st.st_size == size and sha256_file(path) == sha256:
             return True
         path.unlink()
     except OSError:

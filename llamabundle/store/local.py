@@ -12,8 +12,10 @@ SHA256SUMS records. SHA256SUMS is UTF-8 whatever the locale."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
+import secrets
 import shutil
 import zipfile
 from pathlib import Path
@@ -21,7 +23,7 @@ from typing import TYPE_CHECKING, BinaryIO, Protocol
 
 from filelock import FileLock, Timeout
 
-from .. import scratch
+from .. import scratch, untrusted
 from ..bundle import MANIFEST
 from ..bundle.manifest import Expect, FileEntry, Manifest, check_consistent
 from ..errors import StoreError, UsageError, VerifyError, disk_fix, in_whose
@@ -150,7 +152,7 @@ class LocalStore:
         if not zip_path.is_file():
             return None
         try:
-            digest, size = _digest(zip_path), zip_path.stat().st_size
+            digest, size = _verified_digest(zip_path, sums[zip_name]), zip_path.stat().st_size
         except OSError as e:
             raise StoreError(f"cannot read {zip_path}", why=e.strerror or str(e), fix="check the store's permissions") from None
         if digest != sums[zip_name]:
@@ -277,6 +279,40 @@ def _parse_sums(raw: bytes, path: Path, *, fix: str) -> dict[str, str]:
             raise StoreError(f"store entry {path.parent} is damaged", why=f"{path}:{n} is not '<sha256>  <file name>'", fix=fix)
         sums[os.fsdecode(read[1].encode("utf-8"))] = read[0]
     return sums
+
+
+STAMPS = ".verified"  # <store>/.verified/<key>.json: the zip's file state when its sha256 was last found right
+
+
+def _state(st: os.stat_result) -> list[int]:
+    """What changes whenever the file's bytes can have changed: the kernel sets ctime on every write (and on
+    every metadata change), and no call sets it back."""
+    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
+def _verified_digest(path: Path, listed: str) -> str:
+    """The zip's sha256: read from the file, unless the entry's stamp says that this very file state was found to
+    have the sha256 SHA256SUMS lists (a lookup of a large bundle then reads no zip: `check` of the CUDA bundle
+    hashed 480 MB each time). The stamp is written after a full read that matched, where the store can be
+    written (a read-only share reads the zip every time); a stamp that does not match the file is ignored."""
+    stamp = path.parent.parent / STAMPS / f"{path.parent.name}.json"
+    st = path.stat()
+    try:
+        said = untrusted.loads(stamp.read_bytes(), max_bytes=4096)
+        if isinstance(said, dict) and said.get("state") == _state(st) and said.get("sha256") == listed:
+            return listed
+    except (OSError, ValueError):
+        pass
+    digest = _digest(path)
+    if digest == listed and _state(path.stat()) == _state(st):  # unchanged while it was read
+        tmp = stamp.with_name(f".{stamp.name}.{os.getpid()}.{secrets.token_hex(4)}")
+        try:
+            stamp.parent.mkdir(exist_ok=True)
+            tmp.write_text(json.dumps({"sha256": digest, "state": _state(st)}) + "\n", encoding="utf-8")
+            os.replace(tmp, stamp)
+        except OSError:
+            _unlink(tmp)
+    return digest
 
 
 def _digest(path: Path) -> str:

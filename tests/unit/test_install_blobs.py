@@ -43,8 +43,9 @@ def packed(store: Path, *files: FileEntry) -> int:
 
 
 def cache(root: Path) -> list[str]:
+    """The blobs of the install root's cache (its stamps file, blobcache.STAMPS, left out)."""
     d = root / install_mod.BLOB_CACHE
-    return sorted(p.name for p in d.iterdir()) if d.is_dir() else []
+    return sorted(p.name for p in d.iterdir() if p.name != blobcache.STAMPS) if d.is_dir() else []
 
 
 def test_a_store_keeps_each_file_once_and_a_second_bundle_adds_only_its_new_files(tmp_path: Path) -> None:
@@ -107,6 +108,27 @@ def test_an_install_changed_on_disk_never_feeds_the_next_one(tmp_path: Path) -> 
     again = install_bundle(LocalStore(store), a.key, root=root, log=QUIET)  # the edited install fails its check
     assert not again.reused and again.transfer.by == "blobs" and again.transfer.downloaded == 0
     check_bundle(again.installed.path, key=a.key, platform=PLATFORM)
+
+
+def test_an_unchanged_blob_is_not_read_again_and_a_changed_one_is(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After an install the cache stamps each blob's state (device, inode, size, mtime, ctime): the next install
+    of a bundle sharing them reads none of them. A blob edited through an install's link, its size and mtime put
+    back, has another ctime: it is read, found changed, and downloaded again."""
+    store, root = tmp_path / "store", tmp_path / "data"
+    a, b = publish(store, tmp_path, salt="a"), publish(store, tmp_path, salt="b", name="other")
+    first = install_bundle(LocalStore(store), a.key, root=root, log=QUIET).installed
+    read: list[Path] = []
+    real = blobcache.sha256_file
+    monkeypatch.setattr(blobcache, "sha256_file", lambda p: read.append(Path(p).name) or real(p))
+    second = install_bundle(LocalStore(store), b.key, root=root, log=QUIET)
+    assert read == [] and second.transfer.fetched == 1  # libggml-cuda.so, salted; the other files stamped
+    lic = first.path / "LICENSE"
+    st = lic.stat()
+    lic.write_bytes(b"MIT Licensx\n")  # same size, through the link: the cache's blob changes too
+    os.utime(lic, ns=(st.st_atime_ns, st.st_mtime_ns))
+    third = install_bundle(LocalStore(store), a.key, root=root, log=QUIET)  # the edited install fails its check
+    assert read == [next(blobcache.blob_name(f) for f in a.files if f.path == "LICENSE")]
+    assert third.transfer.fetched == 1 and (third.installed.path / "LICENSE").read_bytes() == b"MIT License\n"
 
 
 def test_a_zip_that_disagrees_with_its_manifest_is_not_published(tmp_path: Path) -> None:

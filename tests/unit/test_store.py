@@ -145,6 +145,32 @@ def test_fetch_refuses_a_zip_that_no_longer_matches_the_entry(tmp_path: Path) ->
     assert list(dest.iterdir()) == []
 
 
+def test_a_lookup_reads_the_zip_once_until_the_file_changes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The zip's sha256 is read in full once; the store then remembers the file's state (device, inode, size,
+    mtime and ctime) beside it, and a lookup of an unchanged zip reads none of it. A zip changed in place, its
+    size and mtime put back, has another ctime: it is read again, and refused."""
+    from llamabundle.store import local
+
+    zip_path, manifest = make_bundle(tmp_path)
+    store = LocalStore(tmp_path / "store")
+    store.publish(zip_path, manifest)
+    reads: list[Path] = []
+    real = local._digest
+    monkeypatch.setattr(local, "_digest", lambda p: reads.append(p) or real(p))
+    first, second = store.lookup(KEY), store.lookup(KEY)
+    assert first == second and first is not None and first.zip_sha256 == sha256(zip_path)
+    assert reads == [] and (tmp_path / "store" / ".verified" / f"{KEY}.json").is_file()  # read by publish's own lookup
+    stored = tmp_path / "store" / KEY / "bundle.zip"
+    st = stored.stat()
+    data = bytearray(stored.read_bytes())
+    data[-30] ^= 0xFF
+    stored.write_bytes(bytes(data))
+    os.utime(stored, ns=(st.st_atime_ns, st.st_mtime_ns))
+    with pytest.raises(VerifyError, match="does not match its SHA256SUMS"):
+        store.lookup(KEY)
+    assert reads == [stored]
+
+
 def test_partial_entry_is_not_a_hit_and_publish_replaces_it(tmp_path: Path) -> None:
     zip_path, manifest = make_bundle(tmp_path)
     root = tmp_path / "store"
