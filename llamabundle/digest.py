@@ -18,6 +18,13 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+def file_state(st: os.stat_result) -> list[int]:
+    """What changes whenever a file's bytes can have changed, for remembering that a file was found to have its
+    sha256: the kernel sets ctime on every write (and every link, unlink or metadata change) and no call sets it
+    back, so a file in the same state has the same bytes."""
+    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
 def sha256_json(value: Any) -> str:
     """The sha256 of a value's canonical JSON (a cache key, a pin)."""
     return hashlib.sha256(canonical_json(value).encode()).hexdigest()

@@ -20,8 +20,8 @@ from pathlib import Path
 from .. import scratch, untrusted
 from ..bundle import MANIFEST
 from ..bundle.manifest import FileEntry, Manifest
-from ..digest import sha256_file
-from ..errors import DiskError, VerifyError, disk_fix, in_whose
+from ..digest import file_state, sha256_file
+from ..errors import DiskError, VerifyError, disk_fix, from_os_error, in_whose
 from ..log import Log
 from .base import BlobStore, Entry
 
@@ -94,7 +94,10 @@ def assemble(src: BlobStore, entry: Entry, want: Manifest, cache: Path, dest: Pa
 def _fetch(src: BlobStore, entry: Entry, f: FileEntry, cache: Path, name: str) -> int:
     """The file's blob downloaded into the cache under `name`, checked against its sha256 as it is written; the
     bytes read from the store. Nothing of a blob that is not its file is kept."""
-    tmp = scratch.owned(cache, PREFIX, ".part")
+    try:
+        tmp = scratch.owned(cache, PREFIX, ".part")
+    except OSError as e:  # several blobs are written at once: the disk may be full before this one starts
+        raise from_os_error(e) from None
     try:
         try:
             got = src.fetch_blob(entry, f, tmp)
@@ -106,6 +109,11 @@ def _fetch(src: BlobStore, entry: Entry, f: FileEntry, cache: Path, name: str) -
                               why="the store's copy changed or was damaged", fix="publish the bundle again")
         os.chmod(tmp, 0o755 if name.endswith(EXE_SUFFIX) else 0o644)
         os.replace(tmp, cache / name)
+    except OSError as e:  # a write's error may come when the file is closed: it names no file, this one is it
+        tmp.unlink(missing_ok=True)
+        if e.filename is None:
+            e.filename = str(tmp)
+        raise from_os_error(e) from None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -113,12 +121,6 @@ def _fetch(src: BlobStore, entry: Entry, f: FileEntry, cache: Path, name: str) -
 
 
 STAMPS = ".verified.json"  # name -> the blob's file state when it was last found to be what its name says
-
-
-def _state(st: os.stat_result) -> list[int]:
-    """What changes whenever a file's bytes can have changed: ctime is set by the kernel on every write, link and
-    unlink of the file, and no call sets it back."""
-    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
 
 
 def _stamps(cache: Path) -> dict[str, list[int]]:
@@ -142,7 +144,7 @@ def _stamp(cache: Path, known: dict[str, list[int]], checked: Mapping[str, FileE
         except OSError:
             continue
         if st.st_size == f.size:
-            now[name] = _state(st)
+            now[name] = file_state(st)
     present = {n for n in now if (cache / n).exists()}
     tmp = scratch.owned(cache, PREFIX, ".stamps")
     try:
@@ -157,7 +159,7 @@ def _cached(path: Path, sha256: str, size: int, state: list[int] | None = None) 
     read again; one that is not is removed."""
     try:
         st = path.stat()
-        if st.st_size == size and state is not None and _state(st) == state:
+        if st.st_size == size and state is not None and file_state(st) == state:
             return True
         if st.st_size == size and sha256_file(path) == sha256:
             return True

@@ -26,6 +26,7 @@ from filelock import FileLock, Timeout
 from .. import scratch, untrusted
 from ..bundle import MANIFEST
 from ..bundle.manifest import Expect, FileEntry, Manifest, check_consistent
+from ..digest import file_state
 from ..errors import StoreError, UsageError, VerifyError, disk_fix, in_whose
 from . import codec
 from . import sums as sums_grammar
@@ -284,12 +285,6 @@ def _parse_sums(raw: bytes, path: Path, *, fix: str) -> dict[str, str]:
 STAMPS = ".verified"  # <store>/.verified/<key>.json: the zip's file state when its sha256 was last found right
 
 
-def _state(st: os.stat_result) -> list[int]:
-    """What changes whenever the file's bytes can have changed: the kernel sets ctime on every write (and on
-    every metadata change), and no call sets it back."""
-    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
-
-
 def _verified_digest(path: Path, listed: str) -> str:
     """The zip's sha256: read from the file, unless the entry's stamp says that this very file state was found to
     have the sha256 SHA256SUMS lists (a lookup of a large bundle then reads no zip: `check` of the CUDA bundle
@@ -299,16 +294,16 @@ def _verified_digest(path: Path, listed: str) -> str:
     st = path.stat()
     try:
         said = untrusted.loads(stamp.read_bytes(), max_bytes=4096)
-        if isinstance(said, dict) and said.get("state") == _state(st) and said.get("sha256") == listed:
+        if isinstance(said, dict) and said.get("state") == file_state(st) and said.get("sha256") == listed:
             return listed
     except (OSError, ValueError):
         pass
     digest = _digest(path)
-    if digest == listed and _state(path.stat()) == _state(st):  # unchanged while it was read
+    if digest == listed and file_state(path.stat()) == file_state(st):  # unchanged while it was read
         tmp = stamp.with_name(f".{stamp.name}.{os.getpid()}.{secrets.token_hex(4)}")
         try:
             stamp.parent.mkdir(exist_ok=True)
-            tmp.write_text(json.dumps({"sha256": digest, "state": _state(st)}) + "\n", encoding="utf-8")
+            tmp.write_text(json.dumps({"sha256": digest, "state": file_state(st)}) + "\n", encoding="utf-8")
             os.replace(tmp, stamp)
         except OSError:
             _unlink(tmp)
