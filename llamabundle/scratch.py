@@ -90,6 +90,20 @@ def owned(directory: Path, prefix: str, suffix: str = "") -> Path:
     return directory / f"{prefix}{owner_token()}{suffix}"
 
 
+def replace_text(path: Path, text: str, *, prefix: str) -> bool:
+    """Best effort: `text` as the file `path`, written under an owned name beside it (`prefix`: what sweep
+    removes) and renamed over it, so that a reader sees the old file or the new one, whole. False when it could
+    not be written (a read-only or full disk); nothing of it is left then."""
+    tmp = owned(path.parent, prefix)
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        return False
+    return True
+
+
 def make_dir(directory: Path, prefix: str) -> Path:
     """A new directory in `directory` owned by this process (directory is created when missing)."""
     directory.mkdir(parents=True, exist_ok=True)

@@ -397,10 +397,11 @@ def drivers_sight(m: Manifest, bundle_dir: Path, *, log: Log, env: Mapping[str, 
     without the program, or a program that gives no answer: present_sight, said so."""
     from . import drivers
 
-    exe = ".exe" if m.platform.startswith("windows") else ""
-    program = bundle_dir / f"{drivers.PROBE_PROGRAM}{exe}"
     fallback = present_sight(m)
-    if m.platform != platforms.host_name() or not program.is_file():
+    if m.platform != platforms.host_name():
+        return fallback
+    program = bundle_dir / platforms.get(m.platform).program_file(drivers.PROBE_PROGRAM)
+    if not program.is_file():
         return fallback
     try:
         d = drivers.query(program, env=env)

@@ -146,12 +146,7 @@ def _stamp(cache: Path, known: dict[str, list[int]], checked: Mapping[str, FileE
         if st.st_size == f.size:
             now[name] = file_state(st)
     present = {n for n in now if (cache / n).exists()}
-    tmp = scratch.owned(cache, PREFIX, ".stamps")
-    try:
-        tmp.write_text(json.dumps({n: now[n] for n in sorted(present)}), encoding="utf-8")
-        os.replace(tmp, cache / STAMPS)
-    except OSError:
-        tmp.unlink(missing_ok=True)
+    scratch.replace_text(cache / STAMPS, json.dumps({n: now[n] for n in sorted(present)}), prefix=PREFIX)
 
 
 def _cached(path: Path, sha256: str, size: int, state: list[int] | None = None) -> bool:

@@ -10,12 +10,14 @@ gives fewer bytes, and a frame that is not zstd is a CodecError)."""
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
 import zstandard
 
+from ..errors import StoreError, disk_fix
 from .base import Unpacked
 
 LEVEL = 3
@@ -99,3 +101,28 @@ def unpack(src: Reader, out: BinaryIO, *, limit: int) -> Unpacked:
     except zstandard.ZstdError as e:
         raise CodecError(f"not a zstd frame of the file ({e})") from None
     return Unpacked(sha256=h.hexdigest(), size=raw, packed_size=counting.n)
+
+
+class Blob(Reader, Protocol):
+    """A blob's bytes from a store (store.ranged.RangedStream): checked against the blob's digest once read to its
+    end (`finish`); `received`: the bytes that came over the network."""
+    received: int
+
+    def finish(self) -> None: ...
+
+
+def unpack_new(blob: Blob, dest: Path, *, limit: int, not_frame: Callable[[str], Exception]) -> Unpacked:
+    """The blob decompressed into the new file dest (unpack, at most limit + 1 bytes), then read to its end so that
+    its digest is checked: bytes that are not the blob are said so (the blob's own error) before a frame that is
+    not zstd (`not_frame(why)`). A write that fails is a StoreError naming dest."""
+    try:
+        with open(dest, "xb") as out:
+            try:
+                got = unpack(blob, out, limit=limit)
+            except CodecError as e:
+                blob.finish()
+                raise not_frame(str(e)) from None
+            blob.finish()
+    except OSError as e:
+        raise StoreError(f"cannot write {dest}", why=e.strerror or str(e), fix=disk_fix(e)) from None
+    return Unpacked(sha256=got.sha256, size=got.size, packed_size=blob.received)

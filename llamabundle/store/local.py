@@ -11,11 +11,11 @@ SHA256SUMS records. SHA256SUMS is UTF-8 whatever the locale."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import re
-import secrets
 import shutil
 import zipfile
 from pathlib import Path
@@ -300,13 +300,10 @@ def _verified_digest(path: Path, listed: str) -> str:
         pass
     digest = _digest(path)
     if digest == listed and file_state(path.stat()) == file_state(st):  # unchanged while it was read
-        tmp = stamp.with_name(f".{stamp.name}.{os.getpid()}.{secrets.token_hex(4)}")
-        try:
+        with contextlib.suppress(OSError):  # a store that cannot be written reads the zip every time
             stamp.parent.mkdir(exist_ok=True)
-            tmp.write_text(json.dumps({"sha256": digest, "state": file_state(st)}) + "\n", encoding="utf-8")
-            os.replace(tmp, stamp)
-        except OSError:
-            _unlink(tmp)
+            scratch.replace_text(stamp, json.dumps({"sha256": digest, "state": file_state(st)}) + "\n",
+                                 prefix=f".{stamp.name}.")
     return digest
 
 

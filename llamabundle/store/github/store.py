@@ -19,7 +19,7 @@ from ...bundle import MANIFEST
 from ...bundle import manifest as manifest_mod
 from ...bundle.manifest import FileEntry, Manifest
 from ...digest import sha256_file
-from ...errors import StoreError, UsageError, VerifyError, disk_fix
+from ...errors import StoreError, UsageError, VerifyError
 from ...log import Log
 from .. import codec, sums
 from ..base import Entry, Published, Unpacked
@@ -169,19 +169,11 @@ class GitHubStore:
                 bar = stack.enter_context(self.log.progress(what, fr.length, unit="bytes")) if fr.length >= BAR else None
                 stream = stack.enter_context(RangedStream(window, get, what=what, where=self.url, mismatch=mismatch,
                                                           retry=retry, progress=bar))
-                with open(dest, "xb") as out:
-                    try:
-                        got = codec.unpack(stream, out, limit=file.size)
-                    except codec.CodecError as e:
-                        stream.finish()  # bytes that are not the frame's are said so first
-                        raise VerifyError(f"the blob of {file.path} in {fr.asset} is not a zstd frame of the file",
-                                          why=str(e), fix="publish the bundle again") from None
-                    stream.finish()
+                return codec.unpack_new(stream, dest, limit=file.size, not_frame=lambda why: VerifyError(
+                    f"the blob of {file.path} in {fr.asset} is not a zstd frame of the file", why=why,
+                    fix="publish the bundle again"))
         except StoreError as e:
             raise c.redacted(e) from None
-        except OSError as e:
-            raise StoreError(f"cannot write {dest}", why=e.strerror or str(e), fix=disk_fix(e)) from None
-        return Unpacked(sha256=got.sha256, size=got.size, packed_size=stream.received)
 
     def list_entries(self, *, per_page: int = 100, max_pages: int = 1000) -> list[GitHubEntry]:
         """Every published release that is a complete entry, one per key (the newest release of a key, as

@@ -18,7 +18,6 @@ import zipfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
 
 import requests
 
@@ -191,20 +190,12 @@ class OciStore:
 
         with self._progress(what, layer.size) as bar, \
                 self.client.blob(layer.digest, layer.size, what=what, mismatch=mismatch, progress=bar) as stream:
-            out = _open_new(dest)
-            with out:
-                try:
-                    got = codec.unpack(stream, out, limit=file.size)
-                except codec.CodecError as e:
-                    stream.finish()  # a layer that is not its digest's bytes is said so first
-                    raise VerifyError(f"the layer {layer.digest[:19]}… of {file.path} is not a zstd frame of the file",
-                                      why=str(e), fix=self._damaged_fix(entry.key)) from None
-                except OSError as e:
-                    raise StoreError(f"cannot write {dest}", why=e.strerror or str(e), fix=disk_fix(e)) from None
-                stream.finish()
+            got = codec.unpack_new(stream, dest, limit=file.size, not_frame=lambda why: VerifyError(
+                f"the layer {layer.digest[:19]}… of {file.path} is not a zstd frame of the file", why=why,
+                fix=self._damaged_fix(entry.key)))
         if layer.size >= BIG:
-            self.log.info(f"    oci: downloaded {file.path} ({stream.received / 1e6:.1f} MB)")
-        return Unpacked(sha256=got.sha256, size=got.size, packed_size=stream.received)
+            self.log.info(f"    oci: downloaded {file.path} ({got.packed_size / 1e6:.1f} MB)")
+        return got
 
     @contextlib.contextmanager
     def _progress(self, what: str, size: int) -> Iterator[ProgressHandle | None]:
@@ -496,13 +487,3 @@ def _inside(stage: Path, path: str) -> Path:
     target = stage.joinpath(*path.split("/"))
     target.parent.mkdir(parents=True, exist_ok=True)
     return target
-
-
-def _open_new(path: Path) -> BinaryIO:
-    try:
-        return open(path, "xb")
-    except OSError as e:
-        raise StoreError(f"cannot write {path}", why=e.strerror or str(e), fix=disk_fix(e)) from None
-
-
-
