@@ -45,7 +45,7 @@ def main() -> None:
     work = Path(a.workdir or tempfile.mkdtemp(prefix="lb-bench-"))
     env = {k: v for k, v in os.environ.items() if k not in ("CCACHE_DIR",)}
     # Plain cmake: the same configure and build commands, a fresh build directory.
-    tools = resolve_tools(path=env.get("PATH"), use_ccache=False)
+    tools = resolve_tools(path=env.get("PATH"))
     plain = plan_build(recipe, NO_HOST, source_dir=src.path, build_dir=work / "plain-build", tools=tools, jobs=a.jobs)
     t0 = time.monotonic()
     subprocess.run(plain.configure, check=True, stdout=subprocess.DEVNULL, env=env)

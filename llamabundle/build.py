@@ -14,7 +14,7 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
-from . import backends, data, offline, platforms, proc, untrusted
+from . import backends, compiler_cache, data, offline, platforms, proc, untrusted
 from .backends import Backend
 from .compilers import EXECUTABLES
 from .errors import BuildError, ToolchainError
@@ -32,14 +32,14 @@ _NINJA_PROGRESS = re.compile(r"^\[(\d+)/(\d+)\]")
 class BuildTools:
     cmake: str
     ninja: str
-    ccache: str | None = None
+    compiler_cache: str | None = None  # the launcher after the tool's own for C, C++ and CUDA (compiler_cache.py)
     cmake_version: str = ""
     ninja_version: str = ""
 
     @property
     def ids(self) -> tuple[str | None, ...]:
         """What names a build tree of these tools (cache.build_dir)."""
-        return (self.cmake, self.ninja, self.ccache)
+        return (self.cmake, self.ninja, self.compiler_cache)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -76,6 +76,7 @@ def backend_targets(recipe: Recipe) -> tuple[str, ...]:
     return tuple(t for b in backends.of(recipe) for t in b.targets(recipe))
 
 
+COMPILER_CACHE_SWITCH = "GGML_CCACHE"  # ggml's pick of ccache or sccache, when no launcher is set: always off
 FIXED_LENGTH = 120  # of the paths a build with a compiler launcher is configured at
 
 
@@ -138,9 +139,10 @@ def plan_build(recipe: Recipe, host: HostFacts, *, source_dir: Path, build_dir: 
     defs.update(project_defs)
     by_lang = {x.language: x.argv for x in launchers}
     for lang in ("C", "CXX", *(lang for b in have for lang in b.languages)):
-        chain = [*by_lang.get(lang, ()), *([tools.ccache] if tools.ccache else [])]
+        chain = [*by_lang.get(lang, ()), *([tools.compiler_cache] if tools.compiler_cache else [])]
         if chain:
             defs[f"CMAKE_{lang}_COMPILER_LAUNCHER"] = ";".join(chain)
+    defs[COMPILER_CACHE_SWITCH] = "OFF"  # the tool's launchers are the only ones (ggml's own would add ccache or sccache)
     files = files + tuple(f for x in launchers for f in x.files)
     configure = (tools.cmake, "-S", str(source_dir), "-B", str(build_dir), "-G", "Ninja",
                  f"-DCMAKE_MAKE_PROGRAM={tools.ninja}", *(f"-D{k}={v}" for k, v in defs.items()))
@@ -225,20 +227,22 @@ def _prefix_map_flags(recipe: Recipe, defs: dict[str, str], have: Sequence[Backe
 # ------------------------------------------------------------------------------------- tools
 
 
-def resolve_tools(*, path: str | None, use_ccache: bool = True) -> BuildTools:
-    """Find cmake and ninja: the system ones when new enough, else those of the PyPI packages."""
+def resolve_tools(*, path: str | None, compiler_cache: str | None = None) -> BuildTools:
+    """Find cmake and ninja: the system ones when new enough, else those of the PyPI packages; `compiler_cache`:
+    the program of the cache compiler_cache.choose picked (None: none)."""
     min_cmake = data.build_knowledge()["min_cmake"]
     cmake = _pick("cmake", path, min_cmake, "cmake")
     ninja = _pick("ninja", path, "1.10", "ninja")
-    ccache = shutil.which("ccache", path=path) if use_ccache else None
-    return BuildTools(cmake=cmake[0], cmake_version=cmake[1], ninja=ninja[0], ninja_version=ninja[1], ccache=ccache)
+    return BuildTools(cmake=cmake[0], cmake_version=cmake[1], ninja=ninja[0], ninja_version=ninja[1],
+                      compiler_cache=compiler_cache)
 
 
 def locate_tools(*, path: str | None) -> BuildTools:
     """The build tools a build would most likely use, found without running anything (for `show`):
     the first candidate that exists, or the bare name."""
     found = {p: next((c for c in _candidates(p, path, p) if c and Path(c).is_file()), p) for p in ("cmake", "ninja")}
-    return BuildTools(cmake=found["cmake"], ninja=found["ninja"], ccache=shutil.which("ccache", path=path))
+    cache = next((p for kind in compiler_cache.AUTO_ORDER if (p := compiler_cache.find(kind, path=path))), None)
+    return BuildTools(cmake=found["cmake"], ninja=found["ninja"], compiler_cache=cache)
 
 
 def _candidates(program: str, path: str | None, pypi: str) -> list[str | None]:

@@ -81,6 +81,11 @@ def waiting_lock(path: Path, log: Log, waiting: str) -> Iterator[None]:
         lock.release()
 
 
+def compiler_cache_lock(cache_dir: Path, kind: str) -> Path:
+    """Held by the build that runs its own server of that compiler cache (sccache: one server per local cache)."""
+    return lock_dir(cache_dir) / f"compiler-cache-{kind}.lock"
+
+
 def build_lock(cache_dir: Path, key: str) -> Path:
     """Held by the one process that makes a key's bundle (its build tree, its zip in out/), and by a prune
     that removes that build tree."""

@@ -6,12 +6,12 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import backends, cache, keys, opscheck, platforms, scratch
+from . import backends, cache, compiler_cache, keys, opscheck, platforms, scratch
 from . import bundle as bundle_mod
 from .archive import tmp_beside
 from .backends import Prepared
@@ -63,6 +63,7 @@ class BuildOutcome:
     reproducible: dict[str, Any] | None = None  # with --check-reproducible: the zip sha256 both builds gave
     ops_tool: Path | None = None  # with --ops-tool: test-backend-ops from the same build tree, beside the zip
     transfer: dict[str, Any] = field(default_factory=dict)  # fetch: how the files came (by zip or blobs), bytes
+    compiler_cache: dict[str, Any] | None = None  # a build's: what its compiler cache did (compiler_cache.py)
 
     def to_json(self, *, fetch: bool = False) -> dict[str, Any]:
         """build --json (fetch=True: fetch --json, without what only a build has)."""
@@ -72,7 +73,8 @@ class BuildOutcome:
         if fetch:
             return {**out, "transfer": self.transfer}
         return {**out, "hit": self.hit, "bundled_libs": self.bundled_libs, "compiled": self.compiled,
-                "reproducible": self.reproducible, "ops_tool": str(self.ops_tool) if self.ops_tool else None}
+                "reproducible": self.reproducible, "ops_tool": str(self.ops_tool) if self.ops_tool else None,
+                "compiler_cache": self.compiler_cache}
 
 
 def sweep_cache(settings: Settings) -> None:
@@ -179,7 +181,8 @@ def _build_locked(keyed: Keyed, *, settings: Settings, store: Store, log: Log, e
     env = {**env, **toolchain.env}
     with log.step(f"source llama.cpp {recipe.llama_cpp.commit[:12]}"):
         src = _fetch_source(recipe, settings, log, env=env)
-    tools = resolve_tools(path=env.get("PATH"))
+    chosen = compiler_cache.choose(settings.compiler_cache, path=env.get("PATH"))
+    tools = resolve_tools(path=env.get("PATH"), compiler_cache=chosen.program if chosen else None)
     prepared: dict[str, Prepared] = {}
     for backend in backends.of(recipe):  # each backend's toolkit (CUDA's), found or installed and checked
         got = backend.prepare(recipe, host, settings=settings, log=log, env=env, source=toolkit_source)
@@ -197,24 +200,21 @@ def _build_locked(keyed: Keyed, *, settings: Settings, store: Store, log: Log, e
     build_dir = cache.build_dir(settings.cache_dir, key, tools.ids, made.toolkit_roots.values())
     plan = plan_build(recipe, host, source_dir=src.path, build_dir=build_dir, tools=tools, jobs=jobs,
                       toolkit_roots=made.toolkit_roots, env=toolchain.env, fixed_root=cache.fixed_dir(settings.cache_dir))
-    result = run_build(plan, log=log, env=build_env, clean=clean, timeout=settings.build_timeout,
-                       lay=lambda d: made.lay(d, log))
-    for used in (build_dir, src.path, *made.toolkit_roots.values(), *([ui.dist.parent] if ui else [])):  # used now (the bound removes the least recently used first)
-        cache.touch_used(settings.cache_dir, used)
-    configure_log = result.log_path.read_text(encoding="utf-8", errors="replace")
-    for backend in backends.of(recipe):
-        backend.after_configure(recipe, host, configure_log)
-    if toolchain.compiler is not None and result.compiler.rsplit(" ", 1)[-1] != toolchain.compiler:
-        raise ToolchainError(f"CMake built with {result.compiler}, not the {recipe.toolchain.compiler} "
-                             f"{toolchain.compiler} the cache key names", why=f"CMake's record in {plan.build_dir}",
-                             fix="rerun with --clean, with one compiler of that family on PATH")
-    out_zip = cache.out_zip(settings.cache_dir, recipe.name, key)
-    manifest, collected, report = assemble(made, plan, result, out_zip, toolchain=toolchain, settings=settings, log=log)
-    outcome = BuildOutcome(key=key, hit=False, zip_path=out_zip, manifest=manifest, verify=report, store=store.url,
-                           bundled_libs={k: str(v) for k, v in collected.bundled.items()}, compiled=result.compiled)
-    if ops_tool:
-        outcome.ops_tool = build_ops_tool(plan, opscheck.sibling_tool(out_zip), log=log, env=build_env,
-                                          timeout=settings.build_timeout)
+    one_server = (cache.waiting_lock(cache.compiler_cache_lock(settings.cache_dir, chosen.kind), log,
+                                     f"another llamabundle build on this cache runs its {chosen.kind} server (one at a "
+                                     "time: its local cache takes one); waiting for it")
+                  if chosen is not None and chosen.kind == "sccache" else nullcontext())
+    with one_server, compiler_cache.session(chosen, base_dir=settings.cache_dir, env=build_env) as cc:
+        if cc is not None:  # open until the ops tool is built too (sccache's server)
+            build_env = cc.apply(build_env)
+            log.info(f"    compiling through {cc.cache.name} ({cc.cache.program})")
+        outcome = _build_in(made, plan, keyed, toolchain=toolchain, settings=settings, store=store, log=log,
+                            env=build_env, clean=clean, ops_tool=ops_tool)
+    if cc is not None:
+        log.info(f"    compiler cache: {compiler_cache.describe(cc.stats)}")
+        outcome.compiler_cache = cc.stats
+    out_zip, manifest = outcome.zip_path, outcome.manifest
+    assert out_zip is not None
     if check_reproducible:
         from . import repro
 
@@ -229,6 +229,31 @@ def _build_locked(keyed: Keyed, *, settings: Settings, store: Store, log: Log, e
     if out is not None:
         outcome.out_dir = unpack_to(out_zip, out, expect_for(keyed))
         log.info(f"bundle unpacked in {out}")
+    return outcome
+
+
+def _build_in(made: Made, plan: BuildPlan, keyed: Keyed, *, toolchain: HostToolchain, settings: Settings, store: Store,
+              log: Log, env: Mapping[str, str], clean: bool, ops_tool: bool) -> BuildOutcome:
+    """Compile the plan, then collect, pack and verify the zip in out/ (and the ops tool from the same tree)."""
+    recipe, key, host, ui, src = keyed.recipe, keyed.key, keyed.host, made.ui, made.src
+    build_dir = plan.build_dir
+    result = run_build(plan, log=log, env=env, clean=clean, timeout=settings.build_timeout, lay=lambda d: made.lay(d, log))
+    for used in (build_dir, src.path, *made.toolkit_roots.values(), *([ui.dist.parent] if ui else [])):  # used now (the bound removes the least recently used first)
+        cache.touch_used(settings.cache_dir, used)
+    configure_log = result.log_path.read_text(encoding="utf-8", errors="replace")
+    for backend in backends.of(recipe):
+        backend.after_configure(recipe, host, configure_log)
+    if toolchain.compiler is not None and result.compiler.rsplit(" ", 1)[-1] != toolchain.compiler:
+        raise ToolchainError(f"CMake built with {result.compiler}, not the {recipe.toolchain.compiler} "
+                             f"{toolchain.compiler} the cache key names", why=f"CMake's record in {plan.build_dir}",
+                             fix="rerun with --clean, with one compiler of that family on PATH")
+    out_zip = cache.out_zip(settings.cache_dir, recipe.name, key)
+    manifest, collected, report = assemble(made, plan, result, out_zip, toolchain=toolchain, settings=settings, log=log)
+    outcome = BuildOutcome(key=key, hit=False, zip_path=out_zip, manifest=manifest, verify=report, store=store.url,
+                           bundled_libs={k: str(v) for k, v in collected.bundled.items()}, compiled=result.compiled)
+    if ops_tool:
+        outcome.ops_tool = build_ops_tool(plan, opscheck.sibling_tool(out_zip), log=log, env=env,
+                                          timeout=settings.build_timeout)
     return outcome
 
 

@@ -614,6 +614,19 @@ def inherited(names: Sequence[str]) -> dict[str, str]:
     return {k: os.environ[k] for k in names if k in os.environ}
 
 
+def start_daemon(argv: Sequence[str], *, env: Mapping[str, str], log_path: Path, timeout: float = 120) -> int:
+    """Run a command that starts a server and leaves it running (`sccache --start-server`), in a session of its
+    own so that no group kill of ours reaches the server; what they say goes to `log_path` (the server may hold it
+    open, so nothing waits for its end). The command's exit code; OSError or Timeout as `capture`."""
+    args = [str(a) for a in argv]
+    with log_path.open("wb") as out:
+        try:
+            return subprocess.run(args, env=dict(env), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                  start_new_session=True, timeout=timeout, check=False).returncode
+        except subprocess.TimeoutExpired:
+            raise Timeout(args, timeout) from None
+
+
 def capture(argv: Sequence[str], *, cwd: Path | None = None, env: Mapping[str, str] | None = None,
             timeout: float = 60) -> subprocess.CompletedProcess[str]:
     """Run a short query command (no echo) and return the completed process, whatever its exit code.

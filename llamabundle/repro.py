@@ -29,7 +29,8 @@ def rebuild_elsewhere(made: Made, zip_a: Path, *, toolchain: HostToolchain, jobs
         with log.step("second build elsewhere (reproducibility check)"):
             src_b = work / "elsewhere" / "src" / "llama.cpp"
             shutil.copytree(made.src.path, src_b, symlinks=True)
-            plan_b = plan_build(made.recipe, made.keyed.host, source_dir=src_b, build_dir=work / "b" / "build", tools=made.tools,
+            plan_b = plan_build(made.recipe, made.keyed.host, source_dir=src_b, build_dir=work / "b" / "build",
+                                tools=replace(made.tools, compiler_cache=None),  # compiled again, not taken from a cache
                                 jobs=jobs, toolkit_roots=made.toolkit_roots, env=toolchain.env,
                                 fixed_root=cache.fixed_dir(cache_dir))
             try:

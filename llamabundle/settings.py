@@ -77,6 +77,9 @@ class Settings:
     LLAMABUNDLE_CONNECT_TIMEOUT     [connect_timeout] seconds to wait for a connection (> 0, default 10)
     LLAMABUNDLE_BUILD_TIMEOUT       [build_timeout] seconds one cmake configure or build may run (> 0,
                                     default 21600)
+    LLAMABUNDLE_COMPILER_CACHE      [compiler_cache] the compiler cache a build compiles through: auto (ccache, else
+                                    sccache, when on PATH; the default), ccache, sccache or none; `build
+                                    --compiler-cache` before it
     LLAMABUNDLE_CACHE_MAX           [cache_max] the cache's bound: bytes, or with K, M, G or T (default 50G;
                                     "off": none); build and fetch then prune the least recently used
     SOURCE_DATE_EPOCH               [source_date_epoch] timestamp of built_at and the zip's entries, 1980-01-01
@@ -110,6 +113,7 @@ class Settings:
     cuda_installer_sha256: str | None = None  # $LLAMABUNDLE_CUDA_INSTALLER_SHA256
     build_timeout: float = DEFAULT_BUILD_TIMEOUT  # seconds one cmake configure or build may run before it is stopped
     cache_max: int | None = DEFAULT_CACHE_MAX  # bytes the cache may hold (None: no bound)
+    compiler_cache: str = "auto"  # $LLAMABUNDLE_COMPILER_CACHE (compiler_cache.CHOICES)
 
     @staticmethod
     def reporting(env: Mapping[str, str]) -> tuple[bool, Path | None, bool]:
@@ -151,6 +155,16 @@ class Settings:
                 raise UsageError(f"LLAMABUNDLE_CACHE_MAX={raw!r} is not {wanted}", why="LLAMABUNDLE_CACHE_MAX is read from the environment",
                                  fix=f"set LLAMABUNDLE_CACHE_MAX to {wanted}, or unset it") from None
 
+        def compiler_cache(raw: str | None) -> str:
+            from .compiler_cache import CHOICES
+
+            value = (raw or "").strip().lower() or "auto"
+            if value not in CHOICES:
+                raise UsageError(f"LLAMABUNDLE_COMPILER_CACHE={raw!r} is not one of {', '.join(CHOICES)}",
+                                 why="LLAMABUNDLE_COMPILER_CACHE is read from the environment",
+                                 fix=f"set it to one of {', '.join(CHOICES)}, or unset it (auto)")
+            return value
+
         import platformdirs
 
         cache = env.get("LLAMABUNDLE_CACHE_DIR") or platformdirs.user_cache_dir("llamabundle", appauthor=False)
@@ -189,4 +203,5 @@ class Settings:
             build_timeout=seconds("LLAMABUNDLE_BUILD_TIMEOUT", DEFAULT_BUILD_TIMEOUT,
                                   "a number of seconds greater than 0 (e.g. 21600)"),
             cache_max=cache_max(env.get("LLAMABUNDLE_CACHE_MAX")),
+            compiler_cache=compiler_cache(env.get("LLAMABUNDLE_COMPILER_CACHE")),
         )

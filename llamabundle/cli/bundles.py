@@ -6,6 +6,7 @@ is exit 1)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from pathlib import Path
@@ -52,6 +53,9 @@ def check(c: Ctx, recipe_path: Path, store_url: str | None, as_json: bool) -> No
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), callback=owned("--out"), help="Leave the unpacked bundle in this new directory.")
 @click.option("--jobs", "-j", type=click.IntRange(1), help="Parallel compile jobs (default: ninja's).")
 @click.option("--clean", is_flag=True, help="Remove the cached build directory first.")
+@click.option("--compiler-cache", type=click.Choice(["auto", "sccache", "ccache", "none"]),
+              help="Compile C, C++ and CUDA through this compiler cache (default: LLAMABUNDLE_COMPILER_CACHE, else auto: "
+                   "ccache, else sccache, when on PATH). Changes no byte and no key; its statistics are in --json.")
 @click.option("--toolkit-source", type=click.Choice(["redist", "pypi", "installer", "system"]),
               help="Where the CUDA toolkit comes from, overriding cuda.source (not part of the key).")
 @click.option("--check-reproducible", is_flag=True,
@@ -63,8 +67,8 @@ def check(c: Ctx, recipe_path: Path, store_url: str | None, as_json: bool) -> No
 @JSON_OPT
 @pass_ctx
 def build(c: Ctx, recipe_path: Path, store_url: str | None, force: bool, publish: bool | None, out: Path | None,
-          jobs: int | None, clean: bool, toolkit_source: str | None, check_reproducible: bool, ops_tool: bool,
-          as_json: bool) -> None:
+          jobs: int | None, clean: bool, compiler_cache: str | None, toolkit_source: str | None, check_reproducible: bool,
+          ops_tool: bool, as_json: bool) -> None:
     """Build the recipe's bundle, or fetch and verify it when the store already has it."""
     from .. import keys, pipeline
 
@@ -74,7 +78,8 @@ def build(c: Ctx, recipe_path: Path, store_url: str | None, force: bool, publish
         from ..store.local import LocalStore
 
         publish = isinstance(store, LocalStore)
-    outcome = pipeline.build(keyed, settings=c.settings, store=store, log=c.log, env=c.env, force=force,
+    settings = dataclasses.replace(c.settings, compiler_cache=compiler_cache) if compiler_cache else c.settings
+    outcome = pipeline.build(keyed, settings=settings, store=store, log=c.log, env=c.env, force=force,
                              publish=publish, out=out, jobs=jobs, clean=clean,
                              toolkit_source=toolkit_source, check_reproducible=check_reproducible, ops_tool=ops_tool)
     c.actions_report(key=outcome.key, hit=outcome.hit, location=outcome.location, zip_path=outcome.zip_path)

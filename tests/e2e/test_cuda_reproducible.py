@@ -36,7 +36,7 @@ OBJECTS = tuple(f"ggml/src/ggml-cuda/CMakeFiles/ggml-cuda.dir/template-instances
 
 def _build(recipe_path: Path, src: Path, build: Path, fixed: Path, toolkit: Path, env: dict[str, str]) -> dict[str, str]:
     recipe = keys.load(recipe_path)
-    tools = dataclasses.replace(locate_tools(path=env.get("PATH")), ccache=None)  # compiled here, not taken from a cache
+    tools = dataclasses.replace(locate_tools(path=env.get("PATH")), compiler_cache=None)  # compiled here, not taken from a cache
     plan = plan_build(recipe, NO_HOST, source_dir=src, build_dir=build, tools=tools, jobs=2,
                       toolkit_roots={"cuda": toolkit}, env={}, fixed_root=fixed)
     assert len(plan.links) == 3 and plan.commands  # source, build, toolkit: fixed-length links; the pin compiled first

@@ -91,10 +91,10 @@ def test_the_toolkit_location_is_mapped_out_too() -> None:
 
 
 def test_ccache_is_used_when_present() -> None:
-    defs = _defs(_plan(LINUX, tools=BuildTools(cmake="c", ninja="n", ccache="/usr/bin/ccache")))
+    defs = _defs(_plan(LINUX, tools=BuildTools(cmake="c", ninja="n", compiler_cache="/usr/bin/ccache")))
     assert defs["CMAKE_C_COMPILER_LAUNCHER"] == defs["CMAKE_CXX_COMPILER_LAUNCHER"] == "/usr/bin/ccache"
     assert "CMAKE_CUDA_COMPILER_LAUNCHER" not in defs
-    wdefs = _defs(_plan(WINDOWS, tools=BuildTools(cmake="c", ninja="n", ccache="/usr/bin/ccache")))
+    wdefs = _defs(_plan(WINDOWS, tools=BuildTools(cmake="c", ninja="n", compiler_cache="/usr/bin/ccache")))
     assert wdefs["CMAKE_CUDA_COMPILER_LAUNCHER"] == "/usr/bin/ccache"
 
 

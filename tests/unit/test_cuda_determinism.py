@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CUDA = ROOT / "recipes" / "linux-x86_64-cuda13.0.yaml"
 WINDOWS_CUDA = ROOT / "recipes" / "windows-x86_64-cuda12.8.yaml"
 CPU = ROOT / "recipes" / "linux-x86_64-cpu.yaml"
-TOOLS = BuildTools(cmake="cmake", ninja="ninja", ccache="/usr/bin/ccache")
+TOOLS = BuildTools(cmake="cmake", ninja="ninja", compiler_cache="/usr/bin/ccache")
 needs_gcc = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc compiles the pin")
 
 

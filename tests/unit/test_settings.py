@@ -55,6 +55,7 @@ def _cases(tmp: Path) -> list[tuple[dict[str, str], str, Any]]:
         ({"LLAMABUNDLE_CONNECT_TIMEOUT": " 2.5 "}, "connect_timeout", 2.5),
         ({"LLAMABUNDLE_BUILD_TIMEOUT": "60"}, "build_timeout", 60.0),
         ({"LLAMABUNDLE_CACHE_MAX": "20G"}, "cache_max", 20 << 30),
+        ({"LLAMABUNDLE_COMPILER_CACHE": "SCCache"}, "compiler_cache", "sccache"),
         ({"SOURCE_DATE_EPOCH": "1700000000"}, "source_date_epoch", 1700000000),
         ({"GITHUB_ACTIONS": "true"}, "github_actions", True),
         ({"GITHUB_ACTIONS": "1"}, "github_actions", False),  # exactly "true", as the runner sets it

