@@ -9,11 +9,13 @@ root unless said:
 - fetch, cold: every file decompressed from its blob into the cache, then linked into --out;
 - fetch, warm: every blob already in the cache (a second fetch of the bundle, or one sharing its files):
   re-hashed, linked;
-- install, cold: the same as a fetch, into an install root, with install's own checks.
+- install, cold: the same as a fetch, into an install root, with install's own checks;
+- build, hit (with --recipe, the recipe the zip was built from): `build RECIPE --out DIR` in a fresh cache, the key
+  computed, looked up, the bundle fetched into --out and verified as a hit is.
 
 Every fetch verifies at `--level` (default static: every file's sha256 and the static checks of the binaries).
 
-Usage: python -m bench.hit_speed ZIP [--repeat N] [--level static|load] [--json] [--json-out FILE]
+Usage: python -m bench.hit_speed ZIP [--recipe RECIPE] [--repeat N] [--level static|load] [--json] [--json-out FILE]
 Prints the median seconds of each path and its ratio to plain."""
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("zip", type=Path)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--recipe", help="the recipe the zip was built from: adds the cache-hit build")
     ap.add_argument("--level", default="static", choices=["manifest", "static", "load"])
     add_json_args(ap)
     a = ap.parse_args()
@@ -63,7 +66,13 @@ def main() -> None:
         size = a.zip.stat().st_size
         unpacked = sum(f.size for f in m.files)
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        times: dict[str, list[float]] = {k: [] for k in ("plain", "fetch_zip", "fetch_cold", "fetch_warm", "install_cold")}
+        paths = ("plain", "fetch_zip", "fetch_cold", "fetch_warm", "install_cold", *(("build_hit",) if a.recipe else ()))
+        if a.recipe:
+            from llamabundle import keys
+
+            if keys.resolve(keys.load(a.recipe), env=env).key != key:
+                raise SystemExit(f"{a.recipe} does not give the zip's key {key[:12]}: pass the recipe it was built from")
+        times: dict[str, list[float]] = {k: [] for k in paths}
         for i in range(a.repeat):
             times["plain"].append(plain(a.zip, work / f"plain-{i}"))
             cache = {**env, "LLAMABUNDLE_CACHE_DIR": str(work / f"cache-zip-{i}")}
@@ -76,7 +85,12 @@ def main() -> None:
                                               "--level", a.level], cache))
             times["install_cold"].append(timed_run([*LB, "install", "--store", str(store), "--key", key, "--dest",
                                                 str(work / f"root-{i}")], cache))
-            for d in (f"plain-{i}", f"z-{i}", f"c-{i}", f"w-{i}", f"root-{i}", f"cache-zip-{i}", f"cache-{i}"):
+            if a.recipe:
+                cache = {**env, "LLAMABUNDLE_CACHE_DIR": str(work / f"cache-b-{i}")}
+                times["build_hit"].append(timed_run([*LB, "build", a.recipe, "--store", str(store), "--out",
+                                                     str(work / f"b-{i}")], cache))
+            for d in (f"plain-{i}", f"z-{i}", f"c-{i}", f"w-{i}", f"root-{i}", f"cache-zip-{i}", f"cache-{i}", f"b-{i}",
+                      f"cache-b-{i}"):
                 shutil.rmtree(work / d, ignore_errors=True)
         med = {k: statistics.median(v) for k, v in times.items()}
         base = med["plain"]

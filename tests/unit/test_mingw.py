@@ -187,6 +187,8 @@ def test_the_executor_writes_the_files_before_configure_and_keeps_unchanged_ones
     run_build(plan, log=Log(), env=dict(os.environ))  # same plan: no configure, files untouched
     assert not (bd / "seen-at-configure").exists()
     assert {p: Path(p).stat().st_mtime_ns for p, _ in plan.files} == mtimes
+    run_build(plan, log=Log(), env=dict(os.environ), clean=True)  # --clean of that up-to-date tree: configured again
+    assert set((bd / "seen-at-configure").read_text().split()) >= {MINGW_TOOLCHAIN, MINGW_COMPAT, PROJECT_INCLUDE}
 
 
 @needs_mingw
