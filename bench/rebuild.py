@@ -10,7 +10,10 @@ toolkits and web UI are ready after the first row; the build tree is what change
   miss (`--clean`, the cache filled), warm (`--clean` again: a clean build directory at the same path), and with
   --new-dir for ccache warm in a new directory (the same key through another path to ccache: another build tree's name, what a
   new runner or cache directory has);
-- touch: PATH (relative to the llama.cpp source tree) touched, then built with the tree kept (the last cache's).
+- touch: PATH (relative to the llama.cpp source tree) touched, then built with the tree kept (the last cache's). The
+  source is proven before every build (its files' sizes and mtimes against the record, source/proof.py): the touched
+  tree fails that and is unpacked again at the commit, so nothing recompiles. The row measures that: a change to
+  the pinned source never reaches a bundle (a new commit is a new recipe and key).
 
 Each row gives the seconds of the compile step (`build N targets (ninja)` in the tool's log) and of the whole
 command, their ratio to cold, the cache's hits and misses, and the zip's sha256 (all the same, or the run says so
@@ -102,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         commit = keys.load(a.recipe).llama_cpp.commit
         src = Settings.from_env(env).cache_dir / "src" / commit / a.touch
         os.utime(src)
-        row(f"touch {a.touch} ({last})", ["--compiler-cache", last], last_env if last != "none" else env)
+        row(f"touch {Path(a.touch).name} ({last})", ["--compiler-cache", last], last_env if last != "none" else env)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     same = len({r["sha256"] for r in rows}) == 1
