@@ -59,8 +59,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--touch", default="ggml/src/ggml.c", help="a source file to touch (relative to the llama.cpp tree)")
     ap.add_argument("--new-dir", action="store_true", help="also ccache warm in a new build directory")
     ap.add_argument("--json-out", type=Path)
-    ap.add_argument("build_args", nargs="*", help="more `build` arguments (after --)")
-    a = ap.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    cut = argv.index("--") if "--" in argv else len(argv)  # more `build` arguments after --
+    a = ap.parse_args(argv[:cut])
+    a.build_args = argv[cut + 1:]
     scratch = Path(tempfile.mkdtemp(prefix="bench-rebuild-"))
     env = dict(os.environ)
     rows: list[dict[str, Any]] = []
