@@ -237,11 +237,14 @@ def resolve_tools(*, path: str | None, compiler_cache: str | None = None) -> Bui
                       compiler_cache=compiler_cache)
 
 
-def locate_tools(*, path: str | None) -> BuildTools:
+def locate_tools(*, path: str | None, compiler_cache_choice: str = "auto") -> BuildTools:
     """The build tools a build would most likely use, found without running anything (for `show`):
-    the first candidate that exists, or the bare name."""
+    the first candidate that exists, or the bare name; the compiler cache `compiler_cache_choice` names (auto: the
+    first of compiler_cache.AUTO_ORDER found)."""
     found = {p: next((c for c in _candidates(p, path, p) if c and Path(c).is_file()), p) for p in ("cmake", "ninja")}
-    cache = next((p for kind in compiler_cache.AUTO_ORDER if (p := compiler_cache.find(kind, path=path))), None)
+    kinds = compiler_cache.AUTO_ORDER if compiler_cache_choice == "auto" else \
+        (compiler_cache_choice,) if compiler_cache_choice in compiler_cache.CHOICES and compiler_cache_choice != "none" else ()
+    cache = next((p for kind in kinds if (p := compiler_cache.find(kind, path=path))), None)
     return BuildTools(cmake=found["cmake"], ninja=found["ninja"], compiler_cache=cache)
 
 

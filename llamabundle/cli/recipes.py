@@ -117,7 +117,8 @@ def show(c: Ctx, recipe_path: Path, as_json: bool) -> None:
     except LlamaBundleError as e:  # shown, not fatal: show also runs where the recipe cannot be built
         toolchain, unavailable = HostToolchain(), f"{e.what}" + (f" ({e.why})" if e.why else "")
     # the tools the build would find: on the PATH the toolchain's environment sets (vcvars adds VS's cmake)
-    plan = pipeline.show_plan(keyed, c.settings, locate_tools(path={**c.env, **toolchain.env}.get("PATH")), toolchain)
+    plan = pipeline.show_plan(keyed, c.settings, locate_tools(path={**c.env, **toolchain.env}.get("PATH"),
+                                                                   compiler_cache_choice=c.settings.compiler_cache), toolchain)
     pin = pin_line(r, keyed.host)
     from ..platforms.load import planned_env
 

