@@ -156,6 +156,14 @@ def test_the_launcher_runs_the_compiler_with_the_seed_the_pin_no_randomisation_a
     assert out["FIXED"] == f"{src}:{build}:{tmp_path.parent}"  # the pin's fixed paths: source, build, nvcc's toolkit
     if determinism.randomisation_refused() is None:
         assert int(out["PERS"], 16) & nvcc_launch.ADDR_NO_RANDOMIZE
+    # A compiler cache after the launcher (ccache nvcc …): the toolkit is still nvcc's, not the cache's
+    fake_cache = tmp_path / "cachebin" / "bin" / "ccache"
+    fake_cache.parent.mkdir(parents=True)
+    fake_cache.write_text('#!/bin/sh\nexec "$@"\n')
+    fake_cache.chmod(0o755)
+    done = subprocess.run([*launcher.argv, str(fake_cache), str(fake_nvcc), "-c", f"{src}/ggml/f.cu"],
+                          cwd=build.resolve(), env=env, capture_output=True, text=True, check=True)
+    assert dict(line.split(" ", 1) for line in done.stdout.splitlines())["FIXED"] == f"{src}:{build}:{tmp_path.parent}"
     missing = subprocess.run([*launcher.argv[:-1], str(tmp_path / "gone.so"), str(fake_nvcc)], capture_output=True, text=True)
     assert missing.returncode == 2 and "gone.so is missing" in missing.stderr and "run the llamabundle build again" in missing.stderr
 

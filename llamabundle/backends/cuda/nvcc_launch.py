@@ -67,7 +67,9 @@ def main(argv: list[str]) -> int:
     no_address_randomisation()  # llamabundle warned before the build where this machine refuses it
     if os.path.isdir(build) and os.path.samefile(build, "."):
         os.environ["PWD"] = build
-    toolkit = os.path.dirname(os.path.dirname(command[0]))  # nvcc's toolkit, <toolkit>/bin/nvcc (its fixed link)
+    # nvcc's toolkit, <toolkit>/bin/nvcc (its fixed link): nvcc is the command, or follows a compiler cache (ccache nvcc …)
+    nvcc = next((c for c in command if os.path.basename(c) in ("nvcc", "nvcc.exe")), command[0])
+    toolkit = os.path.dirname(os.path.dirname(nvcc))
     fixed = [root, build, *([toolkit] if os.path.isabs(toolkit) else [])]
     os.environ["LLAMABUNDLE_FIXED_PATHS"] = ":".join(fixed)  # what the pin maps the real directories back to
     preload = os.environ.get("LD_PRELOAD")
