@@ -242,9 +242,8 @@ def locate_tools(*, path: str | None, compiler_cache_choice: str = "auto") -> Bu
     the first candidate that exists, or the bare name; the compiler cache `compiler_cache_choice` names (auto: the
     first of compiler_cache.AUTO_ORDER found)."""
     found = {p: next((c for c in _candidates(p, path, p) if c and Path(c).is_file()), p) for p in ("cmake", "ninja")}
-    kinds = compiler_cache.AUTO_ORDER if compiler_cache_choice == "auto" else \
-        (compiler_cache_choice,) if compiler_cache_choice in compiler_cache.CHOICES and compiler_cache_choice != "none" else ()
-    cache = next((p for kind in kinds if (p := compiler_cache.find(kind, path=path))), None)
+    cache = next((p for kind in compiler_cache.kinds(compiler_cache_choice) if (p := compiler_cache.find(kind, path=path))),
+                 None)
     return BuildTools(cmake=found["cmake"], ninja=found["ninja"], compiler_cache=cache)
 
 

