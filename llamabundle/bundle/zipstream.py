@@ -10,6 +10,8 @@ files only. The safety rules are archive.py's: no absolute paths, no `..`, no li
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import hashlib
 import os
 import queue
@@ -19,10 +21,11 @@ import struct
 import threading
 import zlib
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from io import BufferedWriter
 from pathlib import Path
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from hashlib import _Hash
@@ -46,6 +49,8 @@ LOCAL_FMT = struct.Struct("<4sHHHHHIIIHH")  # 30 bytes
 CENTRAL_FMT = struct.Struct("<4sHHHHHHIIIHHHHHII")  # 46 bytes
 END_FMT = struct.Struct("<4sHHHHIIH")  # 22 bytes
 OUT_CHUNK = 1 << 20
+MAX_DEFERRED = 64 << 20  # a larger member is inflated as it streams, never held whole
+MAX_INFLIGHT = 256 << 20  # compressed bytes held for the workers at most
 MAX_TAIL = 64 << 20  # the central directory of a bundle is a few KB
 
 
@@ -64,19 +69,78 @@ class Member:
     sha256: str
 
 
-class _Current(TypedDict):
-    """The member being streamed: its local header's fields, and how far its data has come."""
+class _Inflating:
+    """One member's data on its way to its file: inflated (or stored), its size bounded by its header, its CRC and
+    sha256 computed as it is written. `done` checks size and CRC against the header and closes the file."""
 
-    name: str
-    offset: int
-    crc: int
-    csize: int
-    usize: int
-    left: int  # compressed bytes still to come
-    written: int  # uncompressed bytes written so far
-    crc_now: int
-    sha: _Hash
-    z: zlib._Decompress | None  # None: a stored member
+    def __init__(self, label: str, *, name: str, offset: int, crc: int, csize: int, usize: int, deflated: bool,
+                 out: BufferedWriter | None, target: Path) -> None:
+        self.label, self.name, self.offset, self.crc, self.csize, self.usize = label, name, offset, crc, csize, usize
+        self.out, self.target = out, target
+        self.written = self.crc_now = 0
+        self.sha: _Hash = hashlib.sha256()
+        self.z = zlib.decompressobj(-15) if deflated else None
+
+    def feed(self, piece: bytes | memoryview, *, last: bool) -> None:
+        """The next compressed bytes of the member; `last`: nothing follows."""
+        z = self.z
+        try:
+            if z is None:
+                self._emit(piece)
+            else:
+                self._emit(z.decompress(piece, OUT_CHUNK))
+                while z.unconsumed_tail:
+                    self._emit(z.decompress(z.unconsumed_tail, OUT_CHUNK))
+                if last:
+                    self._emit(z.flush())
+                    if not z.eof:
+                        raise zlib.error("the deflate stream is truncated")
+        except zlib.error as e:
+            raise VerifyError(f"{self.label}: member '{self.name}' is damaged", why=str(e),
+                              fix="download it again") from None
+        except OSError as e:
+            if e.filename is None:
+                e.filename = str(self.target)
+            raise
+
+    def _emit(self, data: bytes | memoryview) -> None:
+        if not data:
+            return
+        self.written += len(data)
+        if self.written > self.usize:
+            raise UnsafeArchive(f"{self.label}: member '{self.name}' is larger than its header says",
+                                why="a zip bomb or a damaged archive", fix="do not use this archive")
+        self.crc_now = zlib.crc32(data, self.crc_now)
+        self.sha.update(data)
+        if self.out is not None:
+            self.out.write(data)
+
+    def done(self) -> Member:
+        if self.written != self.usize or self.crc_now != self.crc:
+            raise VerifyError(f"{self.label}: member '{self.name}' is damaged", why="its size or CRC does not match "
+                              "its header", fix="download it again")
+        self.close()
+        return Member(name=self.name, offset=self.offset, crc=self.crc, csize=self.csize, usize=self.usize,
+                      sha256=self.sha.hexdigest())
+
+    def close(self) -> None:
+        if self.out is not None:
+            out, self.out = self.out, None
+            try:
+                out.close()
+            except OSError as e:
+                if e.filename is None:
+                    e.filename = str(self.target)
+                raise
+
+    def whole(self, data: bytes) -> Member:
+        """All of the member's compressed bytes at once (a worker thread's job); the file is closed either way."""
+        try:
+            self.feed(data, last=True)
+            return self.done()
+        finally:
+            with contextlib.suppress(OSError):
+                self.close()
 
 
 class ZipStream:
@@ -84,24 +148,31 @@ class ZipStream:
     streamable: bool
     buf: bytearray
     pos: int
-    members: list[Member]
     names: set[str]
     layout: Layout
     total: int
-    cur: _Current | None
-    out: BufferedWriter | None
+    cur: _Inflating | None  # the member whose data is coming
+    left: int  # its compressed bytes still to come
+    deferred: bytearray | None  # its compressed bytes so far, when a worker inflates it once they are all here
+    done: list[Member | Future[Member]]  # every member so far, in order (a future: a worker's, maybe unfinished)
+    pool: ThreadPoolExecutor | None
+    jobs: dict[Future[Member], tuple[_Inflating, int]]  # handed to workers, not yet seen finished: compressed size
+    inflight: int  # compressed bytes handed to workers and not yet inflated
     tail: bytearray | None
     tail_at: int
 
     sizes: Mapping[str, int] | None  # every file's size, from the first member (sizes_from)
 
     def __init__(self, dest: Path, *, label: str, max_total: int = MAX_TOTAL_BYTES,
-                 sizes_from: tuple[str, Callable[[Path], Mapping[str, int]]] | None = None) -> None:
+                 sizes_from: tuple[str, Callable[[Path], Mapping[str, int]]] | None = None,
+                 workers: int | None = None) -> None:
         """`sizes_from`: (the name the first member must have, what reads every other member's size from it
         once written): a zip whose first member is another, or a later member not listed there with its size,
         is NotStreamable before that member's data is read (the caller then checks the whole zip from its
-        central directory, which also says what the member is)."""
+        central directory, which also says what the member is). `workers`: threads that inflate the members once
+        all their bytes are here, several at a time (default: the cores, at most 8; 1: each as it streams)."""
         self.dest, self.label, self.max_total, self.sizes_from = dest, label, max_total, sizes_from
+        self.workers = workers if workers is not None else min(os.cpu_count() or 1, 8)
         self._start()
 
     # ---------------------------------------------------------------------------------- feeding
@@ -118,7 +189,7 @@ class ZipStream:
                     self._to_tail(mv)
                     break
                 if self.cur is not None and not self.buf:  # member data: straight from the caller's buffer
-                    n = min(self.cur["left"], len(mv))
+                    n = min(self.left, len(mv))
                     self._data(mv[:n])
                     mv = mv[n:]
                     continue
@@ -131,7 +202,7 @@ class ZipStream:
             self.streamable = False
         except OSError as e:  # the destination's disk (full, read-only): name the file that could not be written
             if e.filename is None:
-                e.filename = str(self.dest / self.cur["name"]) if self.cur is not None else str(self.dest)
+                e.filename = str(self.cur.target) if self.cur is not None else str(self.dest)
             self.discard()
             raise from_os_error(e, doing="write") from None
         except BaseException:
@@ -143,10 +214,37 @@ class ZipStream:
         self._start()
 
     def discard(self) -> None:
-        if self.out is not None:
-            self.out.close()
-            self.out = None
+        self.stop_workers()
+        if self.cur is not None:
+            with contextlib.suppress(OSError):
+                self.cur.close()
+            self.cur = None
         shutil.rmtree(self.dest, ignore_errors=True)
+
+    def stop_workers(self) -> None:
+        """No worker writes after this: queued jobs are cancelled (their files closed), running ones waited for."""
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+            self.pool = None
+        for job, (cur, _size) in self.jobs.items():
+            if job.cancelled():  # never started: its file is still open
+                with contextlib.suppress(OSError):
+                    cur.close()
+        self.jobs.clear()
+        self.inflight = 0
+
+    def _members(self) -> list[Member]:
+        """Every member, the workers' waited for: the first error of one (in member order) is raised."""
+        out = []
+        for m in self.done:
+            if isinstance(m, Future):
+                try:
+                    m = m.result()
+                except OSError as e:
+                    raise from_os_error(e, doing="write") from None
+            out.append(m)
+        self.done = list(out)
+        return out
 
     def finish(self) -> list[Member]:
         """Check the central directory against the streamed members and apply their modes."""
@@ -156,17 +254,19 @@ class ZipStream:
             if self.cur is not None or self.tail is None:
                 raise VerifyError(f"{self.label} ends in the middle of a member", why="the download is incomplete",
                                   fix="download it again")
+            members = self._members()
+            self.stop_workers()
             try:
-                modes = self._central()
+                modes = self._central(members)
             except NotStreamable:
                 self.discard()
                 raise
-            for m, mode in zip(self.members, modes, strict=False):
+            for m, mode in zip(members, modes, strict=False):
                 if not m.name.endswith("/"):
                     os.chmod(self.dest / m.name, 0o755 if mode & 0o111 else 0o644)
             if not self.dest.exists():
                 self.dest.mkdir(parents=True)
-            return list(self.members)
+            return members
         except BaseException:
             self.discard()
             raise
@@ -177,12 +277,16 @@ class ZipStream:
         self.streamable = True
         self.buf = bytearray()
         self.pos = 0  # offset in the zip of buf[0]
-        self.members = []
+        self.done = []
         self.names = set()
         self.layout = Layout(Path(self.label))
         self.total = 0
         self.cur = None
-        self.out = None
+        self.left = 0
+        self.deferred = None
+        self.pool = None
+        self.jobs = {}
+        self.inflight = 0
         self.tail = None
         self.sizes = None
 
@@ -198,7 +302,7 @@ class ZipStream:
         if self.cur is not None:
             if not self.buf:
                 return False
-            n = min(self.cur["left"], len(self.buf))
+            n = min(self.left, len(self.buf))
             piece = bytes(self.buf[:n])
             del self.buf[:n]
             self._data(piece)
@@ -234,11 +338,11 @@ class ZipStream:
         self.layout.add(name, is_dir=name.endswith("/"))
         if self.sizes_from is not None:
             first, _ = self.sizes_from
-            if not self.members and name != first:
+            if not self.done and name != first:
                 raise NotStreamable(f"the first member is {name}, not {first}")
             if self.sizes is not None and not name.endswith("/") and self.sizes.get(name) != usize:
                 raise NotStreamable(f"{name} is not listed with {usize} bytes")  # refused from the central directory
-        if len(self.members) >= MAX_MEMBERS:
+        if len(self.done) >= MAX_MEMBERS:
             raise UnsafeArchive(f"{self.label}: more than {MAX_MEMBERS} members")
         if usize > RATIO_FLOOR and usize > MAX_RATIO * max(csize, 1):
             raise UnsafeArchive(f"{self.label}: member '{name}' expands {usize // max(csize, 1)}-fold",
@@ -248,16 +352,21 @@ class ZipStream:
             raise UnsafeArchive(f"{self.label}: expands to more than {self.max_total} bytes",
                                 why="a zip bomb or a damaged archive", fix="do not use this archive")
         self.names.add(name)
-        self.cur = {"name": name, "offset": self.pos, "crc": crc, "csize": csize, "usize": usize, "left": csize,
-                    "written": 0, "crc_now": 0, "sha": hashlib.sha256(),
-                    "z": zlib.decompressobj(-15) if method == 8 else None}
         self.dest.mkdir(parents=True, exist_ok=True)
         target = self.dest / path
+        out = None
         if name.endswith("/"):
             target.mkdir(parents=True, exist_ok=True)
         else:
             target.parent.mkdir(parents=True, exist_ok=True)
-            self.out = open(target, "xb")
+            out = open(target, "xb")
+        self.cur = _Inflating(self.label, name=name, offset=self.pos, crc=crc, csize=csize, usize=usize,
+                              deflated=method == 8, out=out, target=target)
+        self.left = csize
+        # A worker inflates it once all its bytes are here (zlib, hashlib and writes release the GIL): a deflated
+        # member of bounded size, never the first when the others' sizes are read from it.
+        self.deferred = (bytearray() if self.workers > 1 and method == 8 and csize <= MAX_DEFERRED
+                         and not (self.sizes_from is not None and not self.done) else None)
         self._consume(head)
         if not csize:
             self._data(b"")
@@ -272,52 +381,41 @@ class ZipStream:
         cur = self.cur
         assert cur is not None
         self.pos += len(piece)
-        cur["left"] -= len(piece)
-        z = cur["z"]
-        try:
-            if z is None:
-                self._emit(piece)
-            else:
-                data = z.decompress(piece, OUT_CHUNK)
-                self._emit(data)
-                while z.unconsumed_tail:
-                    self._emit(z.decompress(z.unconsumed_tail, OUT_CHUNK))
-                if not cur["left"]:
-                    self._emit(z.flush())
-                    if not z.eof:
-                        raise zlib.error("the deflate stream is truncated")
-        except zlib.error as e:
-            raise VerifyError(f"{self.label}: member '{cur['name']}' is damaged", why=str(e),
-                              fix="download it again") from None
-        if cur["left"]:
-            return
-        if cur["written"] != cur["usize"] or cur["crc_now"] != cur["crc"]:
-            raise VerifyError(f"{self.label}: member '{cur['name']}' is damaged", why="its size or CRC does not match "
-                              "its header", fix="download it again")
-        if self.out is not None:
-            self.out.close()
-            self.out = None
-        self.members.append(Member(name=cur["name"], offset=cur["offset"], crc=cur["crc"], csize=cur["csize"],
-                                   usize=cur["usize"], sha256=cur["sha"].hexdigest()))
+        self.left -= len(piece)
+        if self.deferred is not None:
+            self.deferred += piece
+            if self.left:
+                return
+            self._hand_over(cur, bytes(self.deferred))
+            self.deferred = None
+        else:
+            cur.feed(piece, last=not self.left)
+            if self.left:
+                return
+            self.done.append(cur.done())
         self.cur = None
-        if self.sizes_from is not None and len(self.members) == 1:
+        if self.sizes_from is not None and len(self.done) == 1:
             self.sizes = self.sizes_from[1](self.dest)
 
-    def _emit(self, data: bytes | memoryview) -> None:
-        if not data:
-            return
-        cur = self.cur
-        assert cur is not None
-        cur["written"] += len(data)
-        if cur["written"] > cur["usize"]:
-            raise UnsafeArchive(f"{self.label}: member '{cur['name']}' is larger than its header says",
-                                why="a zip bomb or a damaged archive", fix="do not use this archive")
-        cur["crc_now"] = zlib.crc32(data, cur["crc_now"])
-        cur["sha"].update(data)
-        if self.out is not None:
-            self.out.write(data)
+    def _hand_over(self, cur: _Inflating, data: bytes) -> None:
+        """A worker inflates the member. At most MAX_INFLIGHT compressed bytes wait for the workers (the oldest
+        job is waited for first); a worker's error stops the stream at the next member handed over."""
+        for job in [j for j in self.jobs if j.done()]:
+            self.inflight -= self.jobs.pop(job)[1]
+            if job.exception() is not None:
+                self._members()  # raises it (an earlier member's error first)
+        while self.jobs and self.inflight + len(data) > MAX_INFLIGHT:
+            oldest = next(iter(self.jobs))
+            concurrent.futures.wait([oldest])
+            self.inflight -= self.jobs.pop(oldest)[1]
+        if self.pool is None:
+            self.pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="zipstream")
+        job = self.pool.submit(cur.whole, data)
+        self.jobs[job] = (cur, len(data))
+        self.inflight += len(data)
+        self.done.append(job)
 
-    def _central(self) -> list[int]:
+    def _central(self, members: list[Member]) -> list[int]:
         """Parse the central directory; it must describe exactly the streamed members. Returns their modes."""
         assert self.tail is not None
         t = bytes(self.tail)
@@ -330,10 +428,10 @@ class ZipStream:
         (_s, _disk, _cd_disk, _n_here, count, cd_size, cd_offset, _clen) = END_FMT.unpack_from(t, end)
         if count == 0xFFFF or cd_offset == 0xFFFFFFFF:
             raise NotStreamable("zip64 central directory")
-        if cd_offset != self.tail_at or count != len(self.members) or cd_size > end:
+        if cd_offset != self.tail_at or count != len(members) or cd_size > end:
             raise bad
         modes, at = [], 0
-        for m in self.members:
+        for m in members:
             if t[at:at + 4] != CENTRAL or len(t) < at + CENTRAL_FMT.size:
                 raise bad
             f = CENTRAL_FMT.unpack_from(t, at)
@@ -387,19 +485,24 @@ class Pipelined:
             self.thread.start()
         self.q.put(bytes(data))
 
-    def close(self) -> None:
+    def _join(self) -> None:
         if self.thread is not None:
             self.q.put(None)
             self.thread.join()
             self.thread = None
 
+    def close(self) -> None:
+        """Nothing writes after this: neither the feeding thread nor the inner stream's workers."""
+        self._join()
+        self.inner.stop_workers()
+
     def reset(self) -> None:
-        self.close()
+        self._join()
         self.error = None
         self.inner.reset()
 
     def finish(self) -> list[Member]:
-        self.close()
+        self._join()
         try:
             self._check()
         except BaseException:

@@ -8,6 +8,7 @@ import os
 import random
 import stat
 import struct
+import threading
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -44,9 +45,9 @@ def make_zip(path: Path, files: dict[str, bytes] = FILES, *, modes: dict[str, in
     return path
 
 
-def feed(z: Path, dest: Path, sizes: list[int] | None = None) -> list[zipstream.Member]:
+def feed(z: Path, dest: Path, sizes: list[int] | None = None, *, workers: int | None = None) -> list[zipstream.Member]:
     data = z.read_bytes()
-    zs = zipstream.ZipStream(dest, label=z.name)
+    zs = zipstream.ZipStream(dest, label=z.name, workers=workers)
     at, i = 0, 0
     while at < len(data):
         n = sizes[i % len(sizes)] if sizes else len(data)
@@ -69,6 +70,60 @@ def test_any_chunking_gives_the_same_files_and_hashes(tmp_path: Path, sizes: lis
         assert m.sha256 == hashlib.sha256(expected[m.name]).hexdigest()
     assert stat.S_IMODE((dest / "llama-server").stat().st_mode) == 0o755
     assert stat.S_IMODE((dest / "LICENSE").stat().st_mode) == 0o644
+
+
+MANY = {f"lib{i:02d}.so": bytes(random.Random(i).choices(range(16), k=200_000 + 997 * i)) for i in range(24)}
+
+
+@pytest.mark.parametrize("workers", [1, 2, 4])
+def test_workers_inflate_whole_members_in_parallel_with_the_same_files_and_hashes(
+        tmp_path: Path, workers: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each deflated member goes to a worker once its bytes are all here (one worker: each inflates as it
+    streams); the files, hashes and order are the same, also when the in-flight bound makes the feeder wait."""
+    monkeypatch.setattr(zipstream, "MAX_INFLIGHT", 300_000)  # about two members at a time
+    threads: set[str] = set()
+    whole = zipstream._Inflating.whole
+
+    def spy(self: zipstream._Inflating, data: bytes) -> zipstream.Member:
+        threads.add(threading.current_thread().name)
+        return whole(self, data)
+
+    monkeypatch.setattr(zipstream._Inflating, "whole", spy)
+    z = make_zip(tmp_path / "many.zip", {"bundle.json": b"{}", **MANY})
+    members = feed(z, tmp_path / "out", [65536], workers=workers)
+    assert [m.name for m in members] == ["bundle.json", *MANY]
+    for m in members[1:]:
+        assert m.sha256 == hashlib.sha256(MANY[m.name]).hexdigest()
+        assert (tmp_path / "out" / m.name).read_bytes() == MANY[m.name]
+    assert (len(threads) > 0) == (workers > 1) and all(t.startswith("zipstream") for t in threads)
+    assert not [t for t in threading.enumerate() if t.name.startswith("zipstream")], "the workers are stopped"
+
+
+def test_a_damaged_member_inflated_by_a_worker_fails_the_stream_and_leaves_nothing(tmp_path: Path) -> None:
+    z = make_zip(tmp_path / "many.zip", {"bundle.json": b"{}", **MANY})
+    data = bytearray(z.read_bytes())
+    with zipfile.ZipFile(z) as zf:
+        info = zf.getinfo("lib05.so")
+    struct.pack_into("<I", data, info.header_offset + 14, info.CRC ^ 1)  # the local header's CRC
+    bad = tmp_path / "bad.zip"
+    bad.write_bytes(bytes(data))
+    with pytest.raises(VerifyError, match="'lib05.so' is damaged"):
+        feed(bad, tmp_path / "out", [65536], workers=4)
+    assert not (tmp_path / "out").exists()
+    assert not [t for t in threading.enumerate() if t.name.startswith("zipstream")]
+
+
+def test_closing_a_pipelined_stream_midway_stops_its_workers(tmp_path: Path) -> None:
+    """An interrupted fetch: close() before finish leaves no thread writing into what the caller removes."""
+    z = make_zip(tmp_path / "many.zip", {"bundle.json": b"{}", **MANY})
+    data = z.read_bytes()
+    stream = zipstream.Pipelined(zipstream.ZipStream(tmp_path / "out", label="many.zip", workers=4))
+    for at in range(0, len(data) * 2 // 3, 65536):
+        stream.update(data[at:at + 65536])
+    stream.close()
+    assert not [t for t in threading.enumerate() if t.name.startswith("zipstream")]
+    stream.inner.discard()
+    assert not (tmp_path / "out").exists()
 
 
 def test_reset_forgets_what_was_written(tmp_path: Path) -> None:
