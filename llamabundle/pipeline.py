@@ -11,38 +11,31 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import backends, cache, compiler_cache, keys, opscheck, platforms, scratch
 from . import bundle as bundle_mod
+from . import cache, platforms, scratch
 from .archive import tmp_beside
-from .backends import Prepared
-from .build import (
-    BuildPlan,
-    BuildResult,
-    BuildTools,
-    build_ops_tool,
-    plan_build,
-    resolve_tools,
-    run_build,
-)
 from .bundle import manifest as manifest_mod
 from .bundle import zipstream
 from .bundle.manifest import Expect, Manifest
 from .digest import sha256_file
 from .errors import LlamaBundleError, ToolchainError, UsageError, VerifyError
-from .keys import Keyed
 from .log import Log
 from .platforms import Collected
 from .platforms.base import HostToolchain
-from .recipe import Recipe
 from .settings import Settings
 from .store import blobcache
 from .store.base import BlobStore, Entry, Published, Store, blob_source
 from .verify import Level, Naming, VerifyReport, verify_bundle, verify_unpacked
 
-if TYPE_CHECKING:  # what only building needs (the web UI, packing, a second build) is imported when a build runs:
-    # a fetch or an install starts without it (requests and the packer are most of the tool's import time)
+if TYPE_CHECKING:  # what only building needs (the web UI, packing, a second build, the recipe and the key with
+    # every backend's rules) is imported when a build runs: a fetch or an install starts without it (requests, the
+    # packer, yaml and the backends are most of the tool's import time)
     from . import webui
+    from .backends import Prepared
+    from .build import BuildPlan, BuildResult, BuildTools
+    from .keys import Keyed
     from .package import Made
+    from .recipe import Recipe
     from .source import SourceTree
 
 
@@ -92,6 +85,8 @@ def expect_for(keyed: Keyed) -> Expect:
 def show_plan(keyed: Keyed, settings: Settings, tools: BuildTools, toolchain: HostToolchain) -> BuildPlan:
     """The build plan `show` prints (with the tools build.locate_tools finds without running anything, and
     the environment the platform set the compiler up in)."""
+    from .build import plan_build
+
     return plan_build(keyed.recipe, keyed.host, source_dir=cache.source_dir(settings.cache_dir, keyed.recipe.llama_cpp.commit),
                       build_dir=cache.build_dir(settings.cache_dir, keyed.key, tools.ids), tools=tools,
                       env=toolchain.env, fixed_root=cache.fixed_dir(settings.cache_dir))
@@ -174,6 +169,9 @@ def making(settings: Settings, key: str, log: Log) -> Iterator[None]:
 def _build_locked(keyed: Keyed, *, settings: Settings, store: Store, log: Log, env: Mapping[str, str],
                   publish: bool, out: Path | None, jobs: int | None, clean: bool,
                   toolkit_source: str | None, check_reproducible: bool = False, ops_tool: bool = False) -> BuildOutcome:
+    from . import backends, compiler_cache, keys
+    from .build import plan_build, resolve_tools
+
     keyed = keys.for_build(keyed, env=env)  # before anything starts: the tools the key names (pinned ones too)
     recipe, key, host = keyed.recipe, keyed.key, keyed.host
     platform = platforms.get(recipe.platform)
@@ -234,6 +232,9 @@ def _build_locked(keyed: Keyed, *, settings: Settings, store: Store, log: Log, e
 def _build_in(made: Made, plan: BuildPlan, keyed: Keyed, *, toolchain: HostToolchain, settings: Settings, store: Store,
               log: Log, env: Mapping[str, str], clean: bool, ops_tool: bool) -> BuildOutcome:
     """Compile the plan, then collect, pack and verify the zip in out/ (and the ops tool from the same tree)."""
+    from . import backends, opscheck
+    from .build import build_ops_tool, run_build
+
     recipe, key, host, ui, src = keyed.recipe, keyed.key, keyed.host, made.ui, made.src
     build_dir = plan.build_dir
     result = run_build(plan, log=log, env=env, clean=clean, timeout=settings.build_timeout, lay=lambda d: made.lay(d, log))

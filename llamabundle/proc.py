@@ -575,7 +575,7 @@ def run(
                     log.info(line.rstrip("\n"))
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             try:
-                rc = p.wait(timeout=left)
+                rc = wait_exit(p, left)
             except subprocess.TimeoutExpired:
                 kill_group(p)
                 raise error(f"{what}: timed out after {_elapsed(timeout or 0)}", fix=fix,
@@ -627,6 +627,23 @@ def start_daemon(argv: Sequence[str], *, env: Mapping[str, str], log_path: Path,
             raise Timeout(args, timeout) from None
 
 
+def wait_exit(p: subprocess.Popen[Any], timeout: float | None) -> int:
+    """p's exit code, as `p.wait(timeout)`, but woken the moment it exits: subprocess polls with sleeps that grow
+    to 50 ms, which a short query pays on every run (`llama-server --list-devices` in a cache hit's load check).
+    Linux's pidfd (5.3 and later) makes that a select; elsewhere, and where it is refused, p.wait as it is."""
+    if timeout is not None and p.returncode is None and hasattr(os, "pidfd_open"):
+        try:
+            fd = os.pidfd_open(p.pid)
+        except OSError:  # an older kernel, a seccomp filter; or gone and reaped already
+            return p.wait(timeout=timeout)
+        try:
+            if not select.select([fd], [], [], timeout)[0]:
+                raise subprocess.TimeoutExpired(p.args, timeout)
+        finally:
+            os.close(fd)
+    return p.wait(timeout=timeout)
+
+
 def capture(argv: Sequence[str], *, cwd: Path | None = None, env: Mapping[str, str] | None = None,
             timeout: float = 60) -> subprocess.CompletedProcess[str]:
     """Run a short query command (no echo) and return the completed process, whatever its exit code.
@@ -642,7 +659,7 @@ def capture(argv: Sequence[str], *, cwd: Path | None = None, env: Mapping[str, s
             r.start()
         deadline = time.monotonic() + timeout
         try:
-            p.wait(timeout=timeout)
+            wait_exit(p, timeout)
         except subprocess.TimeoutExpired:
             kill_group(p, grace=1.0)
             for r in readers:

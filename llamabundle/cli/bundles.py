@@ -106,11 +106,15 @@ def build(c: Ctx, recipe_path: Path, store_url: str | None, force: bool, publish
 def fetch(c: Ctx, what: str, store_url: str | None, out: Path, level: str, zip_: bool, as_json: bool) -> None:
     """Fetch a bundle from the store, verify it and unpack it: from a store that keeps files by content only the
     files the cache lacks (each checked as it is written); else the zip (download, sha256 and unpack in one pass)."""
-    from .. import keys, pipeline
+    from .. import pipeline
     from .. import verify as verify_mod
 
     is_key = re.fullmatch(r"[0-9a-f]{64}", what) is not None and not os.path.exists(what)
-    keyed = None if is_key else keys.resolve(keys.load(Path(what)), env=c.env)  # else a recipe path (exit 2 if not)
+    keyed = None
+    if not is_key:  # a recipe path (exit 2 if not); a key needs no recipe loader and no backend's rules
+        from .. import keys
+
+        keyed = keys.resolve(keys.load(Path(what)), env=c.env)
     key_ = what if keyed is None else keyed.key
     outcome = pipeline.fetch(key_, store=c.store(store_url, keyed), settings=c.settings, log=c.log, out=out,
                              level=verify_mod.Level(level), expect=pipeline.expect_for(keyed) if keyed else None, zip_=zip_)

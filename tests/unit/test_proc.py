@@ -157,3 +157,20 @@ def test_capture_timeout_keeps_what_was_printed(tmp_path: Path) -> None:
     with pytest.raises(subprocess.TimeoutExpired) as e:
         proc.capture(["sh", "-c", "echo partial; exec sleep 300"], timeout=1)
     assert e.value.output == "partial\n"
+
+
+def test_wait_exit_gives_the_exit_code_times_out_and_takes_a_reaped_process() -> None:
+    """proc.wait_exit: woken by the child's pidfd, the same answers as Popen.wait."""
+    quick = subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(7)"])
+    assert proc.wait_exit(quick, 30) == 7
+    assert proc.wait_exit(quick, 30) == 7  # reaped already: the code it had
+    slow = subprocess.Popen(["sleep", "30"])
+    try:
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.wait_exit(slow, 0.2)
+        assert slow.returncode is None
+    finally:
+        slow.kill()
+    assert proc.wait_exit(slow, 30) == -9
+    untimed = subprocess.Popen(["true"])
+    assert proc.wait_exit(untimed, None) == 0
