@@ -97,7 +97,7 @@ def fixed_path(real: Path, root: Path, tag: str) -> Path:
 
 def plan_build(recipe: Recipe, host: HostFacts, *, source_dir: Path, build_dir: Path, tools: BuildTools, jobs: int | None = None,
                toolkit_roots: Mapping[str, Path] | None = None, env: Mapping[str, str] | None = None,
-               fixed_root: Path | None = None) -> BuildPlan:
+               fixed_root: Path | None = None, compilers: tuple[str, str] | None = None) -> BuildPlan:
     """Pure: the exact commands that build this recipe, asked of its platform and backends. Shown by
     `llamabundle show`. `host`: what the key found on this machine (a backend's tool); `toolkit_roots`: backend name -> the root of the toolkit prepared for it; `env`: the
     variables the platform's toolchain set up (laid over the build's environment); `fixed_root`: where the
@@ -121,7 +121,7 @@ def plan_build(recipe: Recipe, host: HostFacts, *, source_dir: Path, build_dir: 
     real_source, real_build = source_dir, build_dir
     if links:  # the commands name the fixed-length paths; the plan's directories stay the real ones
         source_dir, build_dir = Path(links[0][0]), Path(links[1][0])
-    cc, cxx = EXECUTABLES[recipe.toolchain.compiler]
+    cc, cxx = compilers or EXECUTABLES[recipe.toolchain.compiler]  # the platform's choice (clang-19), else the family's
     defs: dict[str, str] = {
         "CMAKE_BUILD_TYPE": "Release",
         "CMAKE_C_COMPILER": cc,

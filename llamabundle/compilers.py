@@ -31,17 +31,29 @@ def cxx_program(compiler: str) -> str:
     return EXECUTABLES[compiler][1]
 
 
-def detect_version(compiler: str, *, env: Mapping[str, str] | None = None) -> str | None:
-    """The exact version of this family's C++ compiler first on env's PATH (else the system's default
-    search path), "12.2.0", or None when there is none. The compiler is asked with `env`. Asked once per
-    compiler and environment in a process (every recipe load needs it for an unpinned key)."""
-    return _detect(compiler, tuple(sorted((env or {}).items())))
+def versioned(programs: tuple[str, str], pin: str | None, *, path: str | None) -> tuple[str, str]:
+    """The (C, C++) programs to run: their versioned names (clang-19 and clang++-19, aarch64-linux-gnu-g++-12), as
+    Debian and Ubuntu install a compiler beside the default one, when `pin` names one major version (=19.1.7, 19,
+    19.1) and both are on PATH; else `programs` as they are."""
+    m = re.fullmatch(r"=?([0-9]+)(\.[0-9]+)*", pin or "")
+    if m is None:
+        return programs
+    named = (f"{programs[0]}-{m.group(1)}", f"{programs[1]}-{m.group(1)}")
+    search = path or os.defpath
+    return named if all(shutil.which(n, path=search) for n in named) else programs
+
+
+def detect_version(compiler: str, *, env: Mapping[str, str] | None = None, program: str | None = None) -> str | None:
+    """The exact version of this family's C++ compiler (`program`, default the family's) first on env's PATH (else
+    the system's default search path), "12.2.0", or None when there is none. The compiler is asked with `env`.
+    Asked once per compiler and environment in a process (every recipe load needs it for an unpinned key)."""
+    return _detect(compiler, program or cxx_program(compiler), tuple(sorted((env or {}).items())))
 
 
 @functools.lru_cache(maxsize=16)
-def _detect(compiler: str, env_items: tuple[tuple[str, str], ...]) -> str | None:
+def _detect(compiler: str, program: str, env_items: tuple[tuple[str, str], ...]) -> str | None:
     path = dict(env_items).get("PATH") or os.defpath
-    exe = shutil.which(cxx_program(compiler), path=path)
+    exe = shutil.which(program, path=path)
     if exe is None:
         return None
     env = {**dict(env_items), "LC_ALL": "C", "PATH": path}
@@ -103,13 +115,15 @@ def version_matches(spec: str, version: str) -> bool:
     return True
 
 
-def check_host(compiler: str, *, pin: str | None, keyed: str | None, env: Mapping[str, str]) -> str:
-    """Before a build: the compiler that will build is the one the key names. Returns its version.
+def check_host(compiler: str, *, pin: str | None, keyed: str | None, env: Mapping[str, str],
+               program: str | None = None) -> str:
+    """Before a build: the compiler that will build (`program`, default the family's C++ compiler) is the one the
+    key names. Returns its version.
 
     With a pin, the compiler found must satisfy it; without one, it must be exactly the version the
     key was computed with (`keyed`, found when the recipe was loaded)."""
-    exe = cxx_program(compiler)
-    found = detect_version(compiler, env=env)
+    exe = program or cxx_program(compiler)
+    found = detect_version(compiler, env=env, program=exe)
     if found is None:
         raise ToolchainError(f"cannot find the version of {exe}",
                              why=f"toolchain.compiler is {compiler}; {exe} is not on PATH or did not say its version",

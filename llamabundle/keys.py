@@ -25,6 +25,9 @@ DERIVATION = 10
 DERIVATION_DATA = ("build.json", "mingw.json", "msvc.json", "cuda_runtime.json")
 
 
+PLATFORM_TOOLCHAIN_FIELDS = ("build_host", "glibc")  # toolchain fields a platform takes only if it says so
+
+
 def derivation() -> dict[str, Any]:
     return {"version": DERIVATION, "data": sha256_json({name: data.load(name) for name in DERIVATION_DATA})[:16]}
 
@@ -36,10 +39,17 @@ def check(recipe: Recipe) -> Recipe:
     """The rules that need a platform or a backend (the model's own were checked when it was loaded): the
     compiler can target the platform, then each backend's (CUDA's toolkit, components and archs; the CPU
     variants left out; where Vulkan builds). Raises RecipeError at the line the problem is on."""
-    allowed = platforms.get(recipe.platform).compilers
+    platform = platforms.get(recipe.platform)
+    allowed = platform.compilers
     if recipe.toolchain.compiler not in allowed:
         raise recipe.error("toolchain.compiler", f"compiler '{recipe.toolchain.compiler}' cannot target {recipe.platform}",
                            fix="use one of: " + ", ".join(allowed))
+    for name in PLATFORM_TOOLCHAIN_FIELDS:
+        if getattr(recipe.toolchain, name) is not None and name not in platform.toolchain_fields:
+            takes = [p.name for p in platforms.REGISTRY.values() if name in p.toolchain_fields]
+            raise recipe.error(f"toolchain.{name}", f"{recipe.platform} recipes do not take toolchain.{name}",
+                               fix=f"remove it (only {', '.join(takes)} recipes take it)")
+    platform.check_recipe(recipe)
     for b in backends.of(recipe):
         b.check_recipe(recipe)
     return recipe
@@ -143,6 +153,7 @@ def key_inputs(recipe: Recipe, host: HostFacts) -> dict[str, Any]:
         # built: the commit pins its source (and its lockfile every package); pinned: the archive's bytes (not
         # where they are published)
         inputs["ui"] = recipe.ui if isinstance(recipe.ui, str) else {"archive_sha256": recipe.ui.sha256}
+    inputs.update(platforms.get(recipe.platform).key_inputs(recipe))  # nothing for most platforms
     for b in backends.REGISTRY.values():
         inputs.update(b.key_inputs(recipe, host))
     return inputs

@@ -102,6 +102,7 @@ def package(made: Made, plan: BuildPlan, result: BuildResult, out_zip: Path, *, 
             # a tool whose version is not known (`bundle` of a build made elsewhere: its ninja) is null, never ""
             "toolchain": {"cmake": made.tools.cmake_version or None, "ninja": made.tools.ninja_version or None,
                           "compiler": result.compiler or None,
+                          **toolchain.record,
                           **{k: v for p in made.prepared.values() for k, v in p.toolchain.items()},
                           **({"ui": made.ui.digest, "ui_source": made.ui.source} if made.ui else {})},
             "system_deps": collected.system_deps,

@@ -89,7 +89,7 @@ def show_plan(keyed: Keyed, settings: Settings, tools: BuildTools, toolchain: Ho
 
     return plan_build(keyed.recipe, keyed.host, source_dir=cache.source_dir(settings.cache_dir, keyed.recipe.llama_cpp.commit),
                       build_dir=cache.build_dir(settings.cache_dir, keyed.key, tools.ids), tools=tools,
-                      env=toolchain.env, fixed_root=cache.fixed_dir(settings.cache_dir))
+                      env=toolchain.env, fixed_root=cache.fixed_dir(settings.cache_dir), compilers=toolchain.compilers)
 
 
 def verify_level_for(platform: str) -> Level:
@@ -197,7 +197,8 @@ def _build_locked(keyed: Keyed, *, settings: Settings, store: Store, log: Log, e
     made = Made(keyed=keyed, src=src, tools=tools, prepared=prepared, sde=sde, ui=ui)
     build_dir = cache.build_dir(settings.cache_dir, key, tools.ids, made.toolkit_roots.values())
     plan = plan_build(recipe, host, source_dir=src.path, build_dir=build_dir, tools=tools, jobs=jobs,
-                      toolkit_roots=made.toolkit_roots, env=toolchain.env, fixed_root=cache.fixed_dir(settings.cache_dir))
+                      toolkit_roots=made.toolkit_roots, env=toolchain.env, fixed_root=cache.fixed_dir(settings.cache_dir),
+                      compilers=toolchain.compilers)
     one_server = (cache.waiting_lock(cache.compiler_cache_lock(settings.cache_dir, chosen.kind), log,
                                      f"another llamabundle build on this cache runs its {chosen.kind} server (one at a "
                                      "time: its local cache takes one); waiting for it")

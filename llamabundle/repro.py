@@ -32,7 +32,7 @@ def rebuild_elsewhere(made: Made, zip_a: Path, *, toolchain: HostToolchain, jobs
             plan_b = plan_build(made.recipe, made.keyed.host, source_dir=src_b, build_dir=work / "b" / "build",
                                 tools=replace(made.tools, compiler_cache=None),  # compiled again, not taken from a cache
                                 jobs=jobs, toolkit_roots=made.toolkit_roots, env=toolchain.env,
-                                fixed_root=cache.fixed_dir(cache_dir))
+                                fixed_root=cache.fixed_dir(cache_dir), compilers=toolchain.compilers)
             try:
                 result_b = run_build(plan_b, log=log, env=env, clean=True, timeout=build_timeout,
                                      lay=lambda d: made.lay(d, log))

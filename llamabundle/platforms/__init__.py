@@ -10,10 +10,11 @@ import platform as _host
 from ..errors import UsageError
 from .base import Collected, Platform, RuntimeSources
 from .linux import LINUX
+from .linux_aarch64 import LINUX_AARCH64
 from .load import Loaded
 from .windows import WINDOWS
 
-REGISTRY: dict[str, Platform] = {p.name: p for p in (LINUX, WINDOWS)}
+REGISTRY: dict[str, Platform] = {p.name: p for p in (LINUX, LINUX_AARCH64, WINDOWS)}
 NAMES: tuple[str, ...] = tuple(REGISTRY)
 
 __all__ = ["NAMES", "REGISTRY", "Collected", "Loaded", "Platform", "RuntimeSources", "get", "host_name"]
@@ -29,7 +30,9 @@ def get(name: str) -> Platform:
 
 
 def host_name() -> str:
-    """This machine as a platform name: `linux-x86_64`, `windows-x86_64` (others as Python names them)."""
+    """This machine as a platform name: `linux-x86_64`, `linux-aarch64`, `windows-x86_64` (others as Python names
+    them)."""
     system = {"Linux": "linux", "Windows": "windows"}.get(_host.system(), _host.system().lower())
-    machine = {"AMD64": "x86_64", "x86_64": "x86_64"}.get(_host.machine(), _host.machine())
+    machine = {"AMD64": "x86_64", "x86_64": "x86_64", "arm64": "aarch64", "ARM64": "aarch64",
+               "aarch64": "aarch64"}.get(_host.machine(), _host.machine())
     return f"{system}-{machine}"

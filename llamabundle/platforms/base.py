@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 from ..data import MEMORY_PROGRAM, PROBE_PROGRAM
 from ..errors import VerifyError
@@ -70,11 +70,14 @@ class HostToolchain:
     """What the platform set up for the recipe's compiler before a build (or, for `bundle`, what it was
     told): the compiler version found (checked against the key), the variables laid over the build's
     environment (MSVC: what vcvars64.bat sets), the toolchain's runtime directories with their origin,
-    and the lines `show` and the log print."""
+    the lines `show` and the log print, and what bundle.json's toolchain record adds (how it was built: a cross
+    build's host and target, the glibc it linked against)."""
     compiler: str | None = None
     env: Mapping[str, str] = field(default_factory=dict)
     runtime_dirs: tuple[tuple[Path, str], ...] = ()
     summary: tuple[str, ...] = ()
+    record: Mapping[str, str] = field(default_factory=dict)
+    compilers: tuple[str, str] | None = None  # the C and C++ programs CMake is told to use (None: the family's own)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -95,6 +98,16 @@ class Platform(Protocol):
     name: str  # linux-x86_64, windows-x86_64: as recipes and bundle.json name it
     system: str  # linux, windows: the OS half of the name
     compilers: tuple[str, ...]  # the toolchain.compiler values a recipe for this platform may pick
+    toolchain_fields: tuple[str, ...]  # the toolchain fields only some platforms take that it takes (build_host, glibc)
+
+    def check_recipe(self, recipe: Recipe) -> None:
+        """The recipe's rules this platform knows (its backends, its toolchain fields): raises recipe.error(…)."""
+        ...
+
+    def key_inputs(self, recipe: Recipe) -> dict[str, Any]:
+        """The entries it adds to the key inputs (none for most: the keys of their recipes stay as they were);
+        raises ToolchainError when the key needs something of this machine it lacks."""
+        ...
 
     def program_file(self, target: str) -> str:
         """The file a CMake executable target becomes (llama-server, llama-server.exe)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..errors import VerifyError
 from . import base, load
@@ -14,6 +14,7 @@ from .load import Loaded
 
 if TYPE_CHECKING:
     from ..bundle.manifest import Manifest
+    from ..deps.policy import Policy
     from ..log import Log
     from ..recipe import HostFacts, Recipe
 
@@ -22,6 +23,20 @@ class Linux:
     name = "linux-x86_64"
     system = "linux"
     compilers: tuple[str, ...] = ("gcc", "clang")
+    elf_machine = "EM_X86_64"  # every ELF file of its bundles is for this machine
+    toolchain_fields: tuple[str, ...] = ()  # the toolchain: fields only some platforms take (build_host, glibc)
+
+    def check_recipe(self, recipe: Recipe) -> None:
+        return None
+
+    def key_inputs(self, recipe: Recipe) -> dict[str, Any]:
+        return {}
+
+    def library_dirs(self, policy: Policy) -> list[Path]:
+        """Where the closure looks for the system libraries the build's files need: this machine's loader paths."""
+        from ..deps import elf
+
+        return elf.system_library_dirs(policy, ldconfig_output=elf.ldconfig_cache())
 
     def program_file(self, target: str) -> str:
         return target
@@ -48,7 +63,7 @@ class Linux:
 
         policy = linux_policy()
         roots = [plan.output_dir / n for n in plan.programs + plan.backends]
-        lib_dirs = [*sources.dirs, *elf.system_library_dirs(policy, ldconfig_output=elf.ldconfig_cache())]
+        lib_dirs = [*sources.dirs, *self.library_dirs(policy)]
         # with the libraries loaded at run time without a DT_NEEDED entry (cuBLASLt's NVRTC, NVRTC's builtins)
         closure, extras = base.closure_with_extras(
             lambda files: elf.resolve_closure(files, products=[plan.output_dir], policy=policy, system_dirs=lib_dirs),
@@ -82,6 +97,10 @@ class Linux:
             if not elf.is_elf(f):
                 continue
             info = elf.read_elf(f)
+            if info.machine != self.elf_machine:
+                raise VerifyError(f"{entry.path} is built for {info.machine}, not {self.elf_machine}",
+                                  why=f"a {self.name} bundle holds {self.elf_machine} binaries only",
+                                  fix="rebuild the bundle")
             for dep in info.needed:
                 if dep in present or policy.classify(dep) is not LibClass.OTHER:
                     continue

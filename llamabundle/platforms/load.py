@@ -111,27 +111,32 @@ def windows_env(bundle: str, tmp: str, system_root: str, keep: Mapping[str, str]
             "PATH": f"{bundle};{system_root}\\System32;{system_root}", "TEMP": tmp, "TMP": tmp}
 
 
-def run_list_devices(root: Path, *, exe_name: str, keep: Mapping[str, str] | None = None) -> Loaded:
+def run_list_devices(root: Path, *, exe_name: str, keep: Mapping[str, str] | None = None,
+                     runner: Sequence[str] = ()) -> Loaded:
     """The bundle at `root` run natively in a clean environment (nothing of the caller's: no LD_LIBRARY_PATH, no
     PATH to other libraries; only `keep`, the variables a backend's driver lookup reads), each program in its own
     process group (a hang ends with all it started): its llamabundle-probe where it has one, then llama-server
-    once; else llama-server's lines alone (list_devices_only)."""
+    once; else llama-server's lines alone (list_devices_only). `runner`: what each program runs under (an
+    emulator: qemu-aarch64 -cpu max -L SYSROOT), nothing when native."""
     env = clean_env(root, keep)
     exe = root / exe_name
     if not exe.is_file():
         raise VerifyError(f"the bundle has no {exe_name}", fix="include llama-server in the recipe's targets")
     probe = root / (PROBE_PROGRAM + exe.suffix)
     if not probe.is_file():
-        return list_devices_only(root, exe_name=exe_name, env=env)
-    said = read_probe(_native(probe, [], root=root, env=env, what=probe.name).stdout, root=root, exe=probe.name)
-    out = _native(exe, ["--verbose", "--list-devices"], root=root, env=env, what=f"{exe_name} --list-devices")
+        return list_devices_only(root, exe_name=exe_name, env=env, runner=runner)
+    said = read_probe(_native(probe, [], root=root, env=env, what=probe.name, runner=runner).stdout, root=root,
+                      exe=probe.name)
+    out = _native(exe, ["--verbose", "--list-devices"], root=root, env=env, what=f"{exe_name} --list-devices",
+                  runner=runner)
     loaded = Loaded(level="passed", env=env, source=PROBE_PROGRAM)
     from_probe(said, root=root, loaded=loaded, server=(out.stderr + out.stdout).splitlines(), exe=exe_name)
     return loaded
 
 
-def _native(exe: Path, args: list[str], *, root: Path, env: Mapping[str, str], what: str) -> subprocess.CompletedProcess[str]:
-    return checked_run([str(exe), *args], cwd=root.parent, env=env, timeout=LOAD_TIMEOUT, what=what,
+def _native(exe: Path, args: list[str], *, root: Path, env: Mapping[str, str], what: str,
+            runner: Sequence[str] = ()) -> subprocess.CompletedProcess[str]:
+    return checked_run([*runner, str(exe), *args], cwd=root.parent, env=env, timeout=LOAD_TIMEOUT, what=what,
                        failed="the bundle does not load in a clean environment")
 
 
@@ -225,6 +230,13 @@ def from_probe(said: Mapping[str, Any], *, root: Path, loaded: Loaded, server: S
         raise VerifyError(f"{exe} did not load a CPU backend",
                           why="loaded one by one: " + "; ".join(f"{f}: {why}" for f, why in cpu.items()) if cpu
                           else "the bundle has no CPU backend module", details=log)
+    broken = {m["file"]: m["error"] or m["outcome"] for m in said["modules"]
+              if re.match(r"(lib)?ggml-cpu", m["file"]) and m["outcome"] == "not_opened"}
+    if broken:  # a CPU variant the loader could not even open is damaged, whichever variant loaded instead: this
+        # CPU may be one it would have been chosen on (a variant this CPU lacks the features of still opens)
+        first = next(iter(broken))
+        raise VerifyError(f"the CPU backend {first} of the bundle does not load", why=broken[first],
+                          fix="rebuild the bundle", details=log)
     if directory.resolve() != root.resolve():
         raise VerifyError(f"{PROBE_PROGRAM} looked in {directory}, not the bundle {root}", details=log)
     listed = listed_devices(server)
@@ -235,7 +247,7 @@ def from_probe(said: Mapping[str, Any], *, root: Path, loaded: Loaded, server: S
                           details="\n".join(list(server)[-20:]))
 
 
-def list_devices_only(root: Path, *, exe_name: str, env: Mapping[str, str]) -> Loaded:
+def list_devices_only(root: Path, *, exe_name: str, env: Mapping[str, str], runner: Sequence[str] = ()) -> Loaded:
     """A bundle without the probe: `<exe> --verbose --list-devices` read alone.
 
     llama.cpp's log is written by a thread of its own, and --list-devices exits without waiting for it (the
@@ -246,7 +258,8 @@ def list_devices_only(root: Path, *, exe_name: str, env: Mapping[str, str]) -> L
     exe = root / exe_name
 
     def run() -> list[str]:
-        out = _native(exe, ["--verbose", "--list-devices"], root=root, env=env, what=f"{exe_name} --list-devices")
+        out = _native(exe, ["--verbose", "--list-devices"], root=root, env=env, what=f"{exe_name} --list-devices",
+                      runner=runner)
         return (out.stderr + out.stdout).splitlines()
 
     lines = until_complete(run)
@@ -254,7 +267,7 @@ def list_devices_only(root: Path, *, exe_name: str, env: Mapping[str, str]) -> L
     try:
         read_list_devices(lines, root=root, loaded=loaded, exe=exe_name)
     except VerifyError as e:
-        if "CPU" not in loaded.backends and (why := cpu_load_diagnosis(root, env)):
+        if "CPU" not in loaded.backends and not runner and (why := cpu_load_diagnosis(root, env)):
             e.why = f"{e.why}; {why}"
         raise
     return loaded

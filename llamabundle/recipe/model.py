@@ -16,7 +16,7 @@ from ..errors import RecipeError
 SCHEMA_VERSION = 1
 BUNDLE_FORMAT = 1
 
-Platform = Literal["linux-x86_64", "windows-x86_64"]  # each one a module in platforms/ (a test checks they agree)
+Platform = Literal["linux-x86_64", "linux-aarch64", "windows-x86_64"]  # each one a module in platforms/ (a test checks they agree)
 Backend = Literal["cpu", "cuda", "vulkan"]  # each one a module in backends/
 Compiler = Literal["gcc", "clang", "msvc", "mingw"]
 CudaSourceKind = Literal["redist", "installer", "pypi", "system"]
@@ -94,6 +94,13 @@ class Toolchain:
     toolset: str | None = _f("the exact MSVC toolset (msvc only), e.g. \"14.44.35207\": selected with vcvars64.bat "
                              "-vcvars_ver and in the cache key. Without it any toolset of a Visual Studio in "
                              "msvc_version builds, under one key", default=None, pattern=r"^14\.[0-9]+\.[0-9]+$")
+    build_host: str | None = _f("linux-aarch64: the machine the build runs on, linux-x86_64 (cross-built with the "
+                                "distribution's cross compiler and sysroot) or linux-aarch64 (native): in the cache "
+                                "key. Without it the key holds this machine's", default=None,
+                                pattern=r"^linux-(x86_64|aarch64)$")
+    glibc: str | None = _f("the glibc the build links against (linux-aarch64: the cross toolchain's sysroot, or the "
+                           "arm64 machine's own), e.g. \"2.36\": checked before the build and in the cache key. Without "
+                           "it the key holds the version found here", default=None, pattern=r"^[0-9]+\.[0-9]+$")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -237,7 +244,10 @@ class Recipe:
         return bool(t.version or (t.compiler == "msvc" and (t.toolset or t.msvc_version)))
 
     def all_cpu_variants(self) -> tuple[str, ...]:
-        """The CPU variants ggml builds with GGML_CPU_ALL_VARIANTS for this compiler (data/build.json)."""
+        """The CPU variants ggml builds with GGML_CPU_ALL_VARIANTS for this platform and compiler (data/build.json;
+        Arm Linux: data/linux_aarch64.json)."""
+        if self.platform == "linux-aarch64":
+            return tuple(data.load("linux_aarch64.json")["cpu_variants"])
         table = data.build_knowledge()["cpu_variants"]
         return tuple(table["x86_64-msvc" if self.toolchain.compiler == "msvc" else "x86_64"])
 

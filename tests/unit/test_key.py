@@ -285,9 +285,9 @@ def test_tag_uses_the_key() -> None:
 def test_an_unpinned_compiler_keys_the_exact_version_found(monkeypatch: pytest.MonkeyPatch) -> None:
     import llamabundle.compilers as compilers
 
-    monkeypatch.setattr(compilers, "detect_version", lambda compiler, env=None: "12.2.0")
+    monkeypatch.setattr(compilers, "detect_version", lambda compiler, env=None, program=None: "12.2.0")
     a = keys.resolve(load("L", UNPINNED))
-    monkeypatch.setattr(compilers, "detect_version", lambda compiler, env=None: "12.3.0")
+    monkeypatch.setattr(compilers, "detect_version", lambda compiler, env=None, program=None: "12.3.0")
     b = keys.resolve(load("L", UNPINNED))
     assert a.inputs["toolchain"] == {"compiler": "gcc", "version": "=12.2.0"}
     assert a.key != b.key  # another gcc makes other bytes: another key
@@ -302,7 +302,7 @@ def test_an_exact_pin_needs_that_compiler_to_build(monkeypatch: pytest.MonkeyPat
     assert not version_matches("=12.2.0", "12.2") and version_matches("12.2", "12.2.1")
     import llamabundle.compilers as compilers
 
-    monkeypatch.setattr(compilers, "detect_version", lambda compiler, env=None: "13.3.0")
+    monkeypatch.setattr(compilers, "detect_version", lambda compiler, env=None, program=None: "13.3.0")
     with pytest.raises(ToolchainError, match=r"g\+\+ 13.3.0 is outside the recipe's toolchain.version =12.2.0") as e:
         check_host("gcc", pin="=12.2.0", keyed=None, env={})
     assert e.value.exit_code == 3
@@ -314,7 +314,7 @@ def test_a_pinned_compiler_keys_the_pin_whatever_is_installed(monkeypatch: pytes
     pinned = (L_TOOLCHAIN, 'toolchain: {compiler: gcc, version: "12.2"}')
     seen = set()
     for found in ("12.2.0", None):
-        monkeypatch.setattr(compilers, "detect_version", lambda compiler, env=None, v=found: v)
+        monkeypatch.setattr(compilers, "detect_version", lambda compiler, env=None, program=None, v=found: v)
         seen.add(keys.resolve(load("L", pinned)).key)
     assert len(seen) == 1 and keys.resolve(load("L", pinned)).inputs["toolchain"] == {"compiler": "gcc", "version": "12.2"}
 
@@ -322,7 +322,7 @@ def test_a_pinned_compiler_keys_the_pin_whatever_is_installed(monkeypatch: pytes
 def test_an_unpinned_recipe_without_its_compiler_cannot_be_keyed(monkeypatch: pytest.MonkeyPatch) -> None:
     import llamabundle.compilers as compilers
 
-    monkeypatch.setattr(compilers, "detect_version", lambda compiler, env=None: None)
+    monkeypatch.setattr(compilers, "detect_version", lambda compiler, env=None, program=None: None)
     r = load("W", (W_TOOLCHAIN, "toolchain: {compiler: mingw}"))
     with pytest.raises(ToolchainError) as e:
         keys.resolve(r)

@@ -65,6 +65,21 @@ def test_a_module_that_did_not_open_keeps_the_loaders_words(tmp_path: Path) -> N
     assert set(got.backends) == {"CPU"} and got.devices == []
 
 
+def test_a_cpu_variant_that_does_not_open_fails_the_check_though_another_loaded(tmp_path: Path) -> None:
+    """A damaged best variant must not pass because a lesser one loaded instead (a variant whose features this CPU
+    lacks still opens: not_opened is damage, not this CPU)."""
+    said = recorded()
+    said["modules"].append({**next(m for m in said["modules"] if m["file"] == "libggml-cpu.so"),
+                            "file": "libggml-cpu-armv9.2_2.so", "opened": False, "loaded": False, "chosen": False,
+                            "registered": None, "score": None, "outcome": "not_opened",
+                            "error": "libggml-cpu-armv9.2_2.so: file too short"})
+    root = bundle(tmp_path, said)
+    with pytest.raises(VerifyError) as e:
+        load.run_list_devices(root, exe_name="llama-server")
+    assert e.value.what == "the CPU backend libggml-cpu-armv9.2_2.so of the bundle does not load"
+    assert e.value.why == "libggml-cpu-armv9.2_2.so: file too short"
+
+
 def test_llama_server_must_list_the_devices_the_probe_found(tmp_path: Path) -> None:
     root = bundle(tmp_path, recorded(), devices=())
     with pytest.raises(VerifyError) as e:

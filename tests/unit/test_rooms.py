@@ -100,7 +100,7 @@ llama_cpp:
   commit: 0c1e57098bba43ac29e6e3b677cdceebdd22334f
   sources: [{{github: ggml-org/llama.cpp}}]
 backends: [cpu]
-toolchain: {{compiler: {compiler}}}
+toolchain: {{compiler: {compiler}, version: "=12.2.0"}}
 cmake: {{GGML_BACKEND_DL: "ON", GGML_CPU_ALL_VARIANTS: "OFF", GGML_NATIVE: "OFF"}}
 targets: [llama-server]
 publish: {{tag: "{{name}}-{{key12}}"}}

@@ -293,7 +293,7 @@ def test_each_leg_runs_on_an_image_with_the_tools_its_recipe_pins() -> None:
     """Debian 12 has g++ 12.2.0, a mingw-w64 g++ whose macros say 12.0.0 and glslc 2023.2-1; windows-2022 has
     MSVC 14.44.35207: each leg's recipe pins exactly what its image has (else `build` would stop at exit 3).
     Where this machine is that Debian (README's, CI's), its tools are checked to be the pinned ones."""
-    images = {DEBIAN: {"gcc": "=12.2.0", "mingw": "=12.0.0",
+    images = {DEBIAN: {"gcc": "=12.2.0", "mingw": "=12.0.0", "clang": "=19.1.7", "glibc": "2.36",
                        "glslc": {"shaderc": "2023.2-1", "spirv_tools": "2022.4+1.3.236.0-1", "glslang": "11.13.0-1",
                                  "features": []}},
               "windows-2022": {"msvc": "14.44.35207"}}
@@ -304,6 +304,8 @@ def test_each_leg_runs_on_an_image_with_the_tools_its_recipe_pins() -> None:
         assert (t.get("toolset") if t["compiler"] == "msvc" else t.get("version")) == has[t["compiler"]], row["recipe"]
         if "vulkan" in recipe:
             assert recipe["vulkan"]["glslc"] == has["glslc"], row["recipe"]
+        if "glibc" in t:  # a cross build's sysroot (Debian 12's libc6-dev-arm64-cross), on the image it is pinned for
+            assert (t["glibc"], t.get("build_host")) == (has["glibc"], "linux-x86_64"), row["recipe"]
     try:
         debian12 = Path("/etc/debian_version").read_text().startswith("12.")
     except OSError:
@@ -312,8 +314,8 @@ def test_each_leg_runs_on_an_image_with_the_tools_its_recipe_pins() -> None:
         from llamabundle.backends import vulkan
         from llamabundle.compilers import detect_version
 
-        for compiler in ("gcc", "mingw"):
-            found = detect_version(compiler)
+        for compiler, program in (("gcc", None), ("mingw", None), ("clang", "clang++-19")):
+            found = detect_version(compiler, program=program)
             assert found is None or "=" + found == images[DEBIAN][compiler], (compiler, found)
         glslc = vulkan.detect_glslc()
         if glslc is not None:

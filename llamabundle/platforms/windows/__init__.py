@@ -7,7 +7,7 @@ from __future__ import annotations
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ...errors import UsageError, VerifyError
 from .. import base, load
@@ -25,6 +25,13 @@ class Windows:
     name = "windows-x86_64"
     system = "windows"
     compilers: tuple[str, ...] = ("msvc", "clang", "mingw")
+    toolchain_fields: tuple[str, ...] = ()
+
+    def check_recipe(self, recipe: Recipe) -> None:
+        return None
+
+    def key_inputs(self, recipe: Recipe) -> dict[str, Any]:
+        return {}
 
     def program_file(self, target: str) -> str:
         return f"{target}.exe"
