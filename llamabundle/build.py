@@ -147,7 +147,8 @@ def plan_build(recipe: Recipe, host: HostFacts, *, source_dir: Path, build_dir: 
     configure = (tools.cmake, "-S", str(source_dir), "-B", str(build_dir), "-G", "Ninja",
                  f"-DCMAKE_MAKE_PROGRAM={tools.ninja}", *(f"-D{k}={v}" for k, v in defs.items()))
     modules = backend_targets(recipe)
-    programs = tuple(dict.fromkeys((*recipe.targets, *(p for p, _, _ in OWN_PROGRAMS))))
+    programs = tuple(dict.fromkeys((*recipe.targets, *(p for b in have for p in b.programs(recipe)),
+                                    *(p for p, _, _ in OWN_PROGRAMS))))
     targets = programs + modules
     build = (tools.cmake, "--build", str(build_dir), "--target", *targets)
     if jobs:

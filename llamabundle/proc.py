@@ -627,6 +627,22 @@ def start_daemon(argv: Sequence[str], *, env: Mapping[str, str], log_path: Path,
             raise Timeout(args, timeout) from None
 
 
+@contextmanager
+def serving(argv: Sequence[str], *, cwd: Path, env: Mapping[str, str], log_path: Path) -> Iterator[subprocess.Popen[str]]:
+    """A server for the length of the block (a bundle's ggml-rpc-server in the load check): started in a process
+    group of its own (stdin closed, as every child), its output in `log_path`; its whole group killed and reaped when the block
+    ends, however it ends. OSError when it cannot be started, as subprocess raises it."""
+    args = [str(a) for a in argv]
+    with open(log_path, "w", encoding="utf-8") as out:
+        p = _popen(args, cwd=cwd, env=dict(env), stdout=out, stderr=subprocess.STDOUT)
+    try:
+        yield p
+    finally:
+        if p.poll() is None:
+            kill_group(p, grace=1.0)
+        _reap_group(p)
+
+
 def wait_exit(p: subprocess.Popen[Any], timeout: float | None) -> int:
     """p's exit code, as `p.wait(timeout)`, but woken the moment it exits: subprocess polls with sleeps that grow
     to 50 ms, which a short query pays on every run (`llama-server --list-devices` in a cache hit's load check).

@@ -248,6 +248,13 @@ def check_load(root: Path, manifest: Manifest, report: VerifyReport, *, wine_pre
     report.modules.update(loaded.modules)
     report.device_ids.update(loaded.device_ids)
     report.levels["load"] = loaded.level
+    if loaded.level.startswith("skipped"):
+        return
+    platform = platforms.get(manifest.platform)
+    runner = platform.runner(platforms.host_name())
+    env = dict(loaded.env) or clean_env(root, backends.run_keep(manifest))
+    for backend in backends.of(manifest.backends):  # what a backend runs of the bundle itself (RPC's server)
+        report.levels.update(backend.check_loaded(root, manifest, platform=platform, runner=runner, env=env))
 
 
 def check_gpu(manifest: Manifest, report: VerifyReport, *, require_gpu: bool) -> None:

@@ -11,13 +11,14 @@ from .. import proc
 from .base import Backend, NoExtras, Prepared
 from .cpu import CPU
 from .cuda import CUDA
+from .rpc import RPC
 from .vulkan import VULKAN
 
 if TYPE_CHECKING:
     from ..bundle.manifest import Manifest
     from ..recipe import Recipe
 
-REGISTRY: dict[str, Backend] = {b.name: b for b in (CPU, CUDA, VULKAN)}  # in build order: cpu first
+REGISTRY: dict[str, Backend] = {b.name: b for b in (CPU, CUDA, VULKAN, RPC)}  # in build order: cpu first
 NAMES: tuple[str, ...] = tuple(REGISTRY)
 
 __all__ = ["NAMES", "REGISTRY", "Backend", "NoExtras", "Prepared", "bundle_schema", "get", "of", "read_sections"]

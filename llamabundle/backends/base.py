@@ -91,6 +91,10 @@ class Backend(Protocol):
         """The CMake targets of its backend modules (loaded at run time, not linked)."""
         ...
 
+    def programs(self, recipe: Recipe) -> tuple[str, ...]:
+        """The CMake targets of programs it adds to the bundle (RPC's ggml-rpc-server), beside the recipe's."""
+        ...
+
     def prepare(self, recipe: Recipe, host: HostFacts, *, settings: Settings, log: Log, env: Mapping[str, str],
                 source: str | None) -> Prepared | None:
         """Before the build: find or install the toolkit the backend needs and check it (None: it needs none)."""
@@ -156,6 +160,13 @@ class Backend(Protocol):
 
     def check(self, root: Path, manifest: Manifest, *, platform: Platform) -> dict[str, str]:
         """Its static checks of an unpacked bundle that has it: level name -> "passed (…)"; raises VerifyError."""
+        ...
+
+    def check_loaded(self, root: Path, manifest: Manifest, *, platform: Platform, runner: Sequence[str] | None,
+                     env: Mapping[str, str]) -> dict[str, str]:
+        """At the load level, after the platform's check passed: what it runs of the bundle itself (RPC: its server,
+        and llama-server using it), `runner` how this machine runs the bundle's programs (None: it cannot), `env`
+        the clean environment; level name -> "passed (…)" or "skipped: why"; raises VerifyError."""
         ...
 
     def device_present(self) -> bool:
@@ -245,6 +256,13 @@ class NoExtras:
         return None
 
     def check(self, root: Path, manifest: Manifest, *, platform: Platform) -> dict[str, str]:
+        return {}
+
+    def programs(self, recipe: Recipe) -> tuple[str, ...]:
+        return ()
+
+    def check_loaded(self, root: Path, manifest: Manifest, *, platform: Platform, runner: Sequence[str] | None,
+                     env: Mapping[str, str]) -> dict[str, str]:
         return {}
 
     def device_present(self) -> bool:

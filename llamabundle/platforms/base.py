@@ -151,6 +151,11 @@ class Platform(Protocol):
         driver set; raises VerifyError naming the first that does not. Returns the system imports."""
         ...
 
+    def runner(self, host: str) -> list[str] | None:
+        """How `host` runs this platform's programs as plain processes: [] natively, an emulator's argv prefix
+        (qemu-aarch64 …), or None where it cannot (what a backend's own load check asks: RPC's server)."""
+        ...
+
     def check_load(self, root: Path, manifest: Manifest, *, host: str, wine_prefix: Path | None,
                    keep: Mapping[str, str]) -> Loaded:
         """Run the bundle's llama-server --verbose --list-devices from `root` (a copy) on this host, in a clean

@@ -113,6 +113,9 @@ class Linux:
                                   why="only $ORIGIN keeps a bundle relocatable", fix="rebuild the bundle")
         return list(manifest.system_deps)
 
+    def runner(self, host: str) -> list[str] | None:
+        return [] if host == self.name else None
+
     def check_load(self, root: Path, manifest: Manifest, *, host: str, wine_prefix: Path | None,
                    keep: Mapping[str, str]) -> Loaded:
         if host != self.name:

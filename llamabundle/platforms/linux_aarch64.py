@@ -56,7 +56,7 @@ class LinuxAarch64(Linux):
     name = "linux-aarch64"
     elf_machine = "EM_AARCH64"
     toolchain_fields = ("build_host", "glibc")
-    backends: tuple[str, ...] = ("cpu",)
+    backends: tuple[str, ...] = ("cpu", "rpc")
 
     # ---------------------------------------------------------------------------------- the recipe and the key
 
@@ -227,6 +227,11 @@ class LinuxAarch64(Linux):
         if not (Path(sysroot) / "lib" / "libc.so.6").is_file():
             return None, f"the {self.name} libc is not in {sysroot} ({k['cross']['install']})"
         return [qemu, "-cpu", cpu or k["qemu"]["cpu"], "-L", sysroot], ""
+
+    def runner(self, host: str) -> list[str] | None:
+        if host == self.name:
+            return []
+        return self.emulator()[0] if host in knowledge()["cross"]["build_hosts"] else None
 
     def check_load(self, root: Path, manifest: Manifest, *, host: str, wine_prefix: Path | None,
                    keep: Mapping[str, str]) -> Loaded:

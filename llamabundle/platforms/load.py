@@ -66,6 +66,11 @@ def read_list_devices(lines: Sequence[str], *, root: Path, loaded: Loaded, exe: 
                                   "bundled one", details=tail)
 
 
+def device_lines(lines: Sequence[str]) -> list[str]:
+    """The devices llama-server lists after 'Available devices', each as it says it ("RPC0: 127.0.0.1:50052 (…)")."""
+    return [f"{d.group(1)}: {d.group(2)}" for d in _listing(lines)[1]]
+
+
 def listed_devices(lines: Sequence[str]) -> list[str]:
     """The device names llama-server lists after 'Available devices' (CUDA0, Vulkan0)."""
     return [d.group(1) for d in _listing(lines)[1]]

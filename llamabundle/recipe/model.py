@@ -17,7 +17,7 @@ SCHEMA_VERSION = 1
 BUNDLE_FORMAT = 1
 
 Platform = Literal["linux-x86_64", "linux-aarch64", "windows-x86_64"]  # each one a module in platforms/ (a test checks they agree)
-Backend = Literal["cpu", "cuda", "vulkan"]  # each one a module in backends/
+Backend = Literal["cpu", "cuda", "vulkan", "rpc"]  # each one a module in backends/
 Compiler = Literal["gcc", "clang", "msvc", "mingw"]
 CudaSourceKind = Literal["redist", "installer", "pypi", "system"]
 OpenMP = Literal["auto", "vcomp", "libomp", "none"]

@@ -1,6 +1,7 @@
 """A real Arm Linux bundle (issue 35): recipes/linux-aarch64-cpu.yaml cross-built here by `llamabundle build`
-(Debian 12's clang 19 and aarch64 sysroot, all 8 CPU variants), its files all aarch64 ELF whose closure stays in
-the bundle and the sysroot's glibc, `verify --level load` run under qemu-aarch64, and the CPU variant dispatch:
+(Debian 12's clang 19 and aarch64 sysroot, all 8 CPU variants and RPC), its files all aarch64 ELF whose closure
+stays in the bundle and the sysroot's glibc, `verify --level load` run under qemu-aarch64 (its RPC server too),
+and the CPU variant dispatch:
 under QEMU CPU models of growing features the variant that loads is the expected one each time, and a damaged
 variant fails the check."""
 
@@ -72,7 +73,8 @@ def test_the_bundle_is_aarch64_with_8_variants_and_says_how_it_was_built(unpacke
     assert manifest["toolchain"]["compiler"] == "Clang 19.1.7"
     roles = {f["path"]: f["role"] for f in manifest["files"]}
     assert sorted(p for p, r in roles.items() if r == "backend") == [
-        f"libggml-cpu-{v}.so" for v in linux_aarch64.knowledge()["cpu_variants"]]
+        *(f"libggml-cpu-{v}.so" for v in linux_aarch64.knowledge()["cpu_variants"]), "libggml-rpc.so"]
+    assert roles["ggml-rpc-server"] == "exe"
     binaries = [unpacked_arm / p for p in roles if elf.is_elf(unpacked_arm / p)]
     assert len(binaries) >= 14
     assert {elf.read_elf(b).machine for b in binaries} == {"EM_AARCH64"}
@@ -90,6 +92,9 @@ def test_verify_load_runs_it_under_qemu_and_says_so(arm_build: dict[str, Any], e
     assert report["load_source"] == "llamabundle-probe"
     assert report["backends_loaded"]["CPU"].endswith(":libggml-cpu-armv9.2_2.so")  # <zip>:<member>
     assert report["modules"]["libggml-cpu-armv9.2_2.so"] == "loaded"
+    # the bundle's aarch64 ggml-rpc-server under QEMU on loopback, serving the CPU to its aarch64 llama-server
+    assert report["levels"]["rpc"].startswith("passed (ggml-rpc-server on 127.0.0.1:")
+    assert "llama-server --rpc listed RPC0: 127.0.0.1:" in report["levels"]["rpc"]
 
 
 def test_each_qemu_cpu_model_loads_its_expected_variant(unpacked_arm: Path) -> None:

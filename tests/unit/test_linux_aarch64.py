@@ -96,7 +96,7 @@ def test_only_the_cpu_backend_is_built_for_arm_linux() -> None:
     with pytest.raises(RecipeError) as e:
         LINUX_AARCH64.check_recipe(r)
     assert "backends[1]: the vulkan backend is not built for linux-aarch64" in e.value.what
-    assert e.value.fix == "backends: [cpu]"
+    assert e.value.fix == "backends: [cpu, rpc]"
 
 
 def test_build_host_and_glibc_belong_to_linux_aarch64_recipes_only() -> None:

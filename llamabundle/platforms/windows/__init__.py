@@ -149,6 +149,11 @@ class Windows:
                               fix="rebuild the bundle so that it collects every runtime DLL")
         return closure.system_deps
 
+    def runner(self, host: str) -> list[str] | None:
+        """Natively only: under Wine a program runs through a launcher and a prefix (wine.py), not as a process
+        of its own."""
+        return [] if host == self.name else None
+
     def check_load(self, root: Path, manifest: Manifest, *, host: str, wine_prefix: Path | None,
                    keep: Mapping[str, str]) -> Loaded:
         from . import wine
