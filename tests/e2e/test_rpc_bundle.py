@@ -1,0 +1,118 @@
+"""The RPC backend in a real x86-64 CPU bundle (issue 35): the shipped CPU recipe with `rpc` added, built after the
+shared build (its compiles are then compiler-cache hits, ggml-rpc's aside). The build's own load check starts the
+bundle's ggml-rpc-server on loopback and has its llama-server list the device; the server listens on 127.0.0.1
+unless told otherwise; and a model is served through it: llama-server with --rpc and -dev RPC0 offloads every
+layer to the bundle's server and completes a prompt there."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from llamabundle import proc
+from tests.e2e.conftest import BUILD_TIMEOUT, RECIPE, run_cli
+from tests.e2e.tinymodel import write_tiny_qwen2
+
+COMMIT = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"
+ENV = {"PATH": "/usr/bin:/bin"}
+
+
+@pytest.fixture(scope="module")
+def rpc_bundle(first_build: dict[str, Any], e2e_env: dict[str, str], store: Path,
+               tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path]:
+    tmp = tmp_path_factory.mktemp("rpc")
+    text = RECIPE.read_text(encoding="utf-8")
+    assert text.count("backends: [cpu]\n") == 1 and text.count("name: linux-x86_64-cpu\n") == 1
+    recipe = tmp / "linux-x86_64-cpu-rpc.yaml"
+    recipe.write_text(text.replace("backends: [cpu]\n", "backends: [cpu, rpc]\n")
+                      .replace("name: linux-x86_64-cpu\n", "name: linux-x86_64-cpu-rpc\n"), encoding="utf-8")
+    out = tmp / "bundle"
+    started = time.monotonic()
+    res = run_cli("build", recipe, "--store", store, "--out", out, "--json", env=e2e_env, timeout=BUILD_TIMEOUT)
+    if res.returncode != 0:
+        pytest.fail(f"llamabundle build of the CPU recipe with rpc failed ({res.returncode}):\n{res.stderr[-6000:]}")
+    print(f"\nCPU+RPC bundle: built in {time.monotonic() - started:.0f} s after the shared build")
+    return json.loads(res.stdout), out
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _listening(port: int, timeout: float = 30) -> list[str]:
+    """The local addresses of the TCP sockets listening on `port` (/proc/net/tcp and tcp6, as the kernel shows
+    them: 0100007F is 127.0.0.1), once there is one."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = []
+        for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+            for line in Path(table).read_text().splitlines()[1:]:
+                local, state = line.split()[1], line.split()[3]
+                if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:
+                    found.append(local.rsplit(":", 1)[0])
+        if found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.1)
+
+
+def test_the_build_checks_its_own_rpc_server_and_the_bundle_holds_it(rpc_bundle: tuple[dict[str, Any], Path]) -> None:
+    result, out = rpc_bundle
+    rpc = result["verify"]["levels"]["rpc"]
+    assert re.fullmatch(r"passed \(ggml-rpc-server on 127\.0\.0\.1:\d+; llama-server --rpc listed "
+                        r"RPC0: 127\.0\.0\.1:\d+ \(\d+ MiB, \d+ MiB free\)\)", rpc), rpc
+    manifest = json.loads((out / "bundle.json").read_text())
+    roles = {f["path"]: f["role"] for f in manifest["files"]}
+    assert manifest["backends"] == ["cpu", "rpc"]
+    assert (roles["ggml-rpc-server"], roles["libggml-rpc.so"]) == ("exe", "backend")
+
+
+def test_the_server_listens_on_loopback_unless_told_otherwise(rpc_bundle: tuple[dict[str, Any], Path],
+                                                               tmp_path: Path) -> None:
+    _, out = rpc_bundle
+    port = _port()
+    with proc.serving([out / "ggml-rpc-server", "-p", str(port)], cwd=tmp_path, env=ENV,
+                      log_path=tmp_path / "server.log"):
+        assert _listening(port) == ["0100007F"]  # 127.0.0.1, and nothing else
+
+
+def test_a_model_is_served_through_the_bundles_rpc_server(rpc_bundle: tuple[dict[str, Any], Path],
+                                                          e2e_env: dict[str, str], tmp_path: Path) -> None:
+    _, out = rpc_bundle
+    model = write_tiny_qwen2(Path(e2e_env["LLAMABUNDLE_CACHE_DIR"]) / "src" / COMMIT, tmp_path / "tiny.gguf")
+    rpc_port, http_port = _port(), _port()
+    log = tmp_path / "llama-server.log"
+    with proc.serving([out / "ggml-rpc-server", "-p", str(rpc_port)], cwd=tmp_path, env=ENV,
+                      log_path=tmp_path / "rpc.log"):
+        assert _listening(rpc_port)
+        with proc.serving([out / "llama-server", "-m", model, "--rpc", f"127.0.0.1:{rpc_port}", "-dev", "RPC0",
+                           "-ngl", "99", "--host", "127.0.0.1", "--port", str(http_port), "-c", "256", "-t", "2",
+                           "-lv", "4"], cwd=tmp_path, env={**ENV, "HOME": str(tmp_path)}, log_path=log) as server:
+            deadline = time.monotonic() + 120
+            while True:
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/health", timeout=5) as r:
+                        if json.load(r).get("status") == "ok":
+                            break
+                except OSError:
+                    pass
+                assert server.poll() is None, log.read_text()[-3000:]
+                assert time.monotonic() < deadline, "llama-server did not become healthy in 120 s"
+                time.sleep(0.5)
+            req = urllib.request.Request(f"http://127.0.0.1:{http_port}/completion", method="POST",
+                                         data=json.dumps({"prompt": "Hello", "n_predict": 4}).encode(),
+                                         headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=120) as r:
+                body = json.load(r)
+    said = log.read_text(errors="replace")
+    assert body["tokens_predicted"] == 4
+    assert re.search(r"load_tensors: offloaded (\d+)/\1 layers to GPU", said), said[-3000:]
+    assert re.search(rf"RPC0\[127\.0\.0\.1:{rpc_port}\] model buffer size", said)
