@@ -44,6 +44,17 @@ LATENT_NVRTC = "loaded by libcublasLt.so.13 at run time (latent companion)"
 REQUIRED_BUILTINS = "loaded by libnvrtc.so.13 at run time (required companion)"
 
 
+def _without_rpc(work: Path) -> Path:
+    """The CUDA recipe without its rpc backend: `bundle` reads the shared CPU build's tree, which has no ggml-rpc
+    (tests/e2e/test_rpc_bundle.py builds RPC for real)."""
+    text = CUDA_RECIPE.read_text()
+    changed, n = re.subn(r"^backends: \[cpu, cuda, rpc\]", "backends: [cpu, cuda]", text, count=1, flags=re.M)
+    assert n == 1, "the CUDA recipe carries rpc"
+    recipe = work / CUDA_RECIPE.name
+    recipe.write_text(changed)
+    return recipe
+
+
 def _files(manifest: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {f["path"]: f for f in manifest["files"]}
 
@@ -100,7 +111,8 @@ def cuda_bundle(build_dir: Path, toolkit: Toolkit, e2e_env: dict[str, str],
                 tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """`llamabundle bundle RECIPE BUILD_DIR --out DIR --toolkit-root ROOT --json`, as a user runs it."""
     out = tmp_path_factory.mktemp("cudabundle") / "bundle"
-    res = run_cli("bundle", CUDA_RECIPE, build_dir, "--out", out, "--toolkit-root", toolkit.root, "--json",
+    recipe = _without_rpc(out.parent)
+    res = run_cli("bundle", recipe, build_dir, "--out", out, "--toolkit-root", toolkit.root, "--json",
                   env=e2e_env, timeout=BUNDLE_TIMEOUT)
     assert res.returncode == 0, f"bundle exited {res.returncode}:\n{res.stderr[-6000:]}"
     result = json.loads(res.stdout)
@@ -118,7 +130,7 @@ def omitted(build_dir: Path, toolkit: Toolkit, e2e_env: dict[str, str],
             tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The same build bundled (into a zip) with a copy of the recipe that sets cuda.latent_companions: omit."""
     work = tmp_path_factory.mktemp("omit")
-    text = CUDA_RECIPE.read_text()
+    text = _without_rpc(work).read_text()
     assert "latent_companions" not in text
     changed, n = re.subn(r"^cuda:\n", "cuda:\n  latent_companions: omit\n", text, count=1, flags=re.M)
     assert n == 1
