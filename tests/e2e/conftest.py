@@ -11,6 +11,9 @@ import json
 import os
 import subprocess
 import sys
+import time
+import urllib.request
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +34,45 @@ BUILD_TIMEOUT = 75 * 60
 def run_cli(*args: object, env: dict[str, str], timeout: float = 600) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "llamabundle", *map(str, args)], env=env, capture_output=True,
                           text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def build_recipe(recipe: Path, *, store: Path, env: dict[str, str], what: str, more: tuple[object, ...] = ()) -> dict[str, Any]:
+    """`llamabundle build RECIPE --store STORE --json` (and `more`) as a user runs it: its JSON, or the test fails with
+    the tail of what it said; prints how long it took and the zip's size."""
+    started = time.monotonic()
+    res = run_cli("build", recipe, "--store", store, "--json", *more, env=env, timeout=BUILD_TIMEOUT)
+    if res.returncode != 0:
+        pytest.fail(f"llamabundle build of {what} failed ({res.returncode}):\n{res.stderr[-6000:]}")
+    out: dict[str, Any] = json.loads(res.stdout)
+    print(f"\n{what}: built in {time.monotonic() - started:.0f} s, {Path(out['location']).stat().st_size / 1e6:.1f} MB zip")
+    return out
+
+
+def unzip(zip_path: str | Path, out: Path, *, executable: bool = False) -> Path:
+    """A bundle zip extracted with Python's zipfile, which keeps no modes (`executable`: every file 0755, for a
+    bundle whose programs are run from there)."""
+    with zipfile.ZipFile(zip_path) as zf:
+        zf.extractall(out)
+    if executable:
+        for f in out.iterdir():
+            f.chmod(0o755)
+    return out
+
+
+def wait_healthy(port: int, server: subprocess.Popen[Any] | Any, *, said: Any, timeout: float = 120) -> None:
+    """Until llama-server on 127.0.0.1:port answers /health with ok; fails with `said()` (what it printed) when it
+    exits first or `timeout` seconds pass."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
+                if json.load(r).get("status") == "ok":
+                    return
+        except OSError:
+            pass
+        assert server.poll() is None, said()
+        assert time.monotonic() < deadline, f"llama-server did not become healthy in {timeout:.0f} s"
+        time.sleep(0.5)
 
 
 @pytest.fixture(scope="session")

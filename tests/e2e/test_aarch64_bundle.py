@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import time
-import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +18,7 @@ from llamabundle.deps import elf
 from llamabundle.errors import VerifyError
 from llamabundle.platforms import linux_aarch64
 from llamabundle.platforms.linux_aarch64 import LINUX_AARCH64
-from tests.e2e.conftest import BUILD_TIMEOUT, REPO, run_cli
+from tests.e2e.conftest import REPO, build_recipe, run_cli, unzip
 
 RECIPE = REPO / "recipes" / "linux-aarch64-cpu.yaml"
 SYSROOT = Path(linux_aarch64.knowledge()["cross"]["sysroot"])
@@ -44,24 +42,12 @@ VARIANT_OF = {
 
 @pytest.fixture(scope="module")
 def arm_build(e2e_env: dict[str, str], store: Path) -> dict[str, Any]:
-    started = time.monotonic()
-    res = run_cli("build", RECIPE, "--store", store, "--json", env=e2e_env, timeout=BUILD_TIMEOUT)
-    if res.returncode != 0:
-        pytest.fail(f"llamabundle build of the aarch64 recipe failed ({res.returncode}):\n{res.stderr[-6000:]}")
-    out: dict[str, Any] = json.loads(res.stdout)
-    print(f"\naarch64 bundle: built in {time.monotonic() - started:.0f} s, "
-          f"{Path(out['location']).stat().st_size / 1e6:.1f} MB zip")
-    return out
+    return build_recipe(RECIPE, store=store, env=e2e_env, what="the aarch64 bundle")
 
 
 @pytest.fixture(scope="module")
 def unpacked_arm(arm_build: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("aarch64") / "bundle"
-    with zipfile.ZipFile(arm_build["location"]) as zf:
-        zf.extractall(out)
-    for f in out.iterdir():  # zipfile keeps no modes
-        f.chmod(0o755)
-    return out
+    return unzip(arm_build["location"], tmp_path_factory.mktemp("aarch64") / "bundle", executable=True)
 
 
 def test_the_bundle_is_aarch64_with_8_variants_and_says_how_it_was_built(unpacked_arm: Path) -> None:

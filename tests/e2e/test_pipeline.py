@@ -9,7 +9,6 @@ import json
 import shutil
 import socket
 import subprocess
-import time
 import urllib.request
 import zipfile
 from importlib import resources
@@ -18,7 +17,7 @@ from typing import Any
 
 from llamabundle import webui
 from llamabundle.log import Log
-from tests.e2e.conftest import RECIPE, run_cli
+from tests.e2e.conftest import RECIPE, run_cli, wait_healthy
 from tests.e2e.probeprogram import ABSENT, add_unloadable_module, module, run_probe
 from tests.e2e.tinymodel import write_tiny_qwen2
 from tests.loopback import Loopback, static
@@ -163,17 +162,7 @@ def test_llama_server_from_the_bundle_serves_a_model(unpacked: Path, e2e_env: di
                                "-c", "256", "-t", "2"], env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
-                    if json.load(r).get("status") == "ok":
-                        break
-            except OSError:
-                pass
-            assert server.poll() is None, server.stderr.read() if server.stderr else ""
-            assert time.monotonic() < deadline, "llama-server did not become healthy in 120 s"
-            time.sleep(0.5)
+        wait_healthy(port, server, said=lambda: server.stderr.read() if server.stderr else "")
         # the web UI (ui: build): llama-server serves the kept npm build it embedded, gzip as llama.cpp stores it
         ui = urllib.request.Request(f"http://127.0.0.1:{port}/", headers={"Accept-Encoding": "gzip"})
         with urllib.request.urlopen(ui, timeout=30) as r:

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from llamabundle import proc
-from tests.e2e.conftest import BUILD_TIMEOUT, RECIPE, run_cli
+from tests.e2e.conftest import RECIPE, build_recipe, wait_healthy
 from tests.e2e.tinymodel import write_tiny_qwen2
 
 COMMIT = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"
@@ -34,12 +34,7 @@ def rpc_bundle(first_build: dict[str, Any], e2e_env: dict[str, str], store: Path
     recipe.write_text(text.replace("backends: [cpu]\n", "backends: [cpu, rpc]\n")
                       .replace("name: linux-x86_64-cpu\n", "name: linux-x86_64-cpu-rpc\n"), encoding="utf-8")
     out = tmp / "bundle"
-    started = time.monotonic()
-    res = run_cli("build", recipe, "--store", store, "--out", out, "--json", env=e2e_env, timeout=BUILD_TIMEOUT)
-    if res.returncode != 0:
-        pytest.fail(f"llamabundle build of the CPU recipe with rpc failed ({res.returncode}):\n{res.stderr[-6000:]}")
-    print(f"\nCPU+RPC bundle: built in {time.monotonic() - started:.0f} s after the shared build")
-    return json.loads(res.stdout), out
+    return build_recipe(recipe, store=store, env=e2e_env, what="the CPU+RPC bundle", more=("--out", out)), out
 
 
 def _port() -> int:
@@ -96,17 +91,7 @@ def test_a_model_is_served_through_the_bundles_rpc_server(rpc_bundle: tuple[dict
         with proc.serving([out / "llama-server", "-m", model, "--rpc", f"127.0.0.1:{rpc_port}", "-dev", "RPC0",
                            "-ngl", "99", "--host", "127.0.0.1", "--port", str(http_port), "-c", "256", "-t", "2",
                            "-lv", "4"], cwd=tmp_path, env={**ENV, "HOME": str(tmp_path)}, log_path=log) as server:
-            deadline = time.monotonic() + 120
-            while True:
-                try:
-                    with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/health", timeout=5) as r:
-                        if json.load(r).get("status") == "ok":
-                            break
-                except OSError:
-                    pass
-                assert server.poll() is None, log.read_text()[-3000:]
-                assert time.monotonic() < deadline, "llama-server did not become healthy in 120 s"
-                time.sleep(0.5)
+            wait_healthy(http_port, server, said=lambda: log.read_text(errors="replace")[-3000:])
             req = urllib.request.Request(f"http://127.0.0.1:{http_port}/completion", method="POST",
                                          data=json.dumps({"prompt": "Hello", "n_predict": 4}).encode(),
                                          headers={"Content-Type": "application/json"})

@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import json
 import shutil
-import time
-import zipfile
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from llamabundle import cache
-from tests.e2e.conftest import BUILD_TIMEOUT, REPO, run_cli
+from tests.e2e.conftest import REPO, build_recipe, run_cli, unzip
 from tests.e2e.probeprogram import ABSENT, add_unloadable_module, module, run_probe
 
 RECIPE = REPO / "recipes" / "windows-x86_64-cpu-mingw.yaml"
@@ -26,22 +24,12 @@ pytestmark = [pytest.mark.e2e,
 
 @pytest.fixture(scope="module")
 def mingw_build(e2e_env: dict[str, str], store: Path) -> dict[str, Any]:
-    started = time.monotonic()
-    res = run_cli("build", RECIPE, "--store", store, "--json", env=e2e_env, timeout=BUILD_TIMEOUT)
-    if res.returncode != 0:
-        pytest.fail(f"llamabundle build of the mingw recipe failed ({res.returncode}):\n{res.stderr[-6000:]}")
-    out = json.loads(res.stdout)
-    print(f"\nmingw bundle: built in {time.monotonic() - started:.0f} s, "
-          f"{Path(out['location']).stat().st_size / 1e6:.1f} MB zip")
-    return out
+    return build_recipe(RECIPE, store=store, env=e2e_env, what="the mingw bundle")
 
 
 @pytest.fixture(scope="module")
 def unpacked_mingw(mingw_build: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("mingw") / "bundle"
-    with zipfile.ZipFile(mingw_build["location"]) as zf:
-        zf.extractall(out)
-    return out
+    return unzip(mingw_build["location"], tmp_path_factory.mktemp("mingw") / "bundle")
 
 
 def test_the_bundle_holds_the_programs_13_variants_and_the_mingw_runtime(unpacked_mingw: Path, e2e_env: dict[str, str]) -> None:
