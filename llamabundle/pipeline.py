@@ -93,7 +93,11 @@ def show_plan(keyed: Keyed, settings: Settings, tools: BuildTools, toolchain: Ho
 
 
 def verify_level_for(platform: str) -> Level:
-    return Level.LOAD if platform == platforms.host_name() else Level.STATIC
+    """What a build (or a hit) verifies its bundle at: load where this machine runs the platform's programs, natively
+    or under an emulator (an Arm bundle under qemu-aarch64 on x86-64), else static (a Windows bundle on Linux: Wine
+    runs it only when asked, `verify --level load`)."""
+    host = platforms.host_name()
+    return Level.LOAD if platform == host or platforms.get(platform).runner(host) is not None else Level.STATIC
 
 
 def bound_cache(settings: Settings, log: Log, *, keep: str) -> None:

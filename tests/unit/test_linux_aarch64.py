@@ -237,3 +237,19 @@ def test_a_cross_built_program_runs_under_the_platforms_emulator(tmp_path: Path)
         assert runner is not None, why
         out = proc.capture([*runner, str(exe)], env={"PATH": "/usr/bin:/bin"}, timeout=60)
         assert (out.returncode, out.stdout.strip()) == (0, f"sve={sve}"), out.stderr
+
+
+def test_a_build_verifies_at_the_load_level_where_this_machine_runs_the_bundle(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under qemu on x86-64 (when qemu and the sysroot's libc are there), natively on arm64; a Windows bundle on
+    Linux stays at static (Wine runs it only when asked)."""
+    from llamabundle.pipeline import verify_level_for
+    from llamabundle.verify import Level
+
+    monkeypatch.setattr(platforms, "host_name", lambda: "linux-x86_64")
+    monkeypatch.setattr(type(LINUX_AARCH64), "emulator", lambda self, cpu=None: (["qemu-aarch64"], ""))
+    assert verify_level_for("linux-aarch64") is Level.LOAD
+    assert verify_level_for("windows-x86_64") is Level.STATIC and verify_level_for("linux-x86_64") is Level.LOAD
+    monkeypatch.setattr(type(LINUX_AARCH64), "emulator", lambda self, cpu=None: (None, "qemu-aarch64 is not installed"))
+    assert verify_level_for("linux-aarch64") is Level.STATIC
+    monkeypatch.setattr(platforms, "host_name", lambda: "linux-aarch64")
+    assert verify_level_for("linux-aarch64") is Level.LOAD and verify_level_for("linux-x86_64") is Level.STATIC
