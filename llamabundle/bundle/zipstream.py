@@ -49,6 +49,7 @@ LOCAL_FMT = struct.Struct("<4sHHHHHIIIHH")  # 30 bytes
 CENTRAL_FMT = struct.Struct("<4sHHHHHHIIIHHHHHII")  # 46 bytes
 END_FMT = struct.Struct("<4sHHHHIIH")  # 22 bytes
 OUT_CHUNK = 1 << 20
+IN_CHUNK = 1 << 18  # compressed bytes a worker inflates at a time
 MAX_DEFERRED = 64 << 20  # a larger member is inflated as it streams, never held whole
 MAX_INFLIGHT = 256 << 20  # compressed bytes held for the workers at most
 MAX_TAIL = 64 << 20  # the central directory of a bundle is a few KB
@@ -133,10 +134,14 @@ class _Inflating:
                     e.filename = str(self.target)
                 raise
 
-    def whole(self, data: bytes) -> Member:
-        """All of the member's compressed bytes at once (a worker thread's job); the file is closed either way."""
+    def whole(self, data: bytes | bytearray) -> Member:
+        """All of the member's compressed bytes at once (a worker thread's job), fed in pieces of IN_CHUNK: zlib
+        hands back what it has not consumed as a new copy (unconsumed_tail) after each OUT_CHUNK of output, which
+        on a whole member of tens of MB would copy its bytes over and over. The file is closed either way."""
         try:
-            self.feed(data, last=True)
+            view = memoryview(data)
+            for at in range(0, max(len(view), 1), IN_CHUNK):
+                self.feed(view[at:at + IN_CHUNK], last=at + IN_CHUNK >= len(view))
             return self.done()
         finally:
             with contextlib.suppress(OSError):
@@ -386,7 +391,7 @@ class ZipStream:
             self.deferred += piece
             if self.left:
                 return
-            self._hand_over(cur, bytes(self.deferred))
+            self._hand_over(cur, self.deferred)  # the worker owns it now: never written to again here
             self.deferred = None
         else:
             cur.feed(piece, last=not self.left)
@@ -397,7 +402,7 @@ class ZipStream:
         if self.sizes_from is not None and len(self.done) == 1:
             self.sizes = self.sizes_from[1](self.dest)
 
-    def _hand_over(self, cur: _Inflating, data: bytes) -> None:
+    def _hand_over(self, cur: _Inflating, data: bytearray) -> None:
         """A worker inflates the member. At most MAX_INFLIGHT compressed bytes wait for the workers (the oldest
         job is waited for first); a worker's error stops the stream at the next member handed over."""
         for job in [j for j in self.jobs if j.done()]:

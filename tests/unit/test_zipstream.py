@@ -99,6 +99,26 @@ def test_workers_inflate_whole_members_in_parallel_with_the_same_files_and_hashe
     assert not [t for t in threading.enumerate() if t.name.startswith("zipstream")], "the workers are stopped"
 
 
+def test_a_worker_inflates_a_large_member_in_pieces(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A whole member handed to a worker is fed to zlib IN_CHUNK at a time: fed at once, zlib's unconsumed_tail
+    copied the rest of it after every OUT_CHUNK of output (the CUDA bundle unpacked slower with workers than
+    without)."""
+    big = os.urandom(1 << 19) * 6  # 3 MiB that deflate to more than IN_CHUNK
+    sizes: list[int] = []
+    original = zipstream._Inflating.feed
+
+    def spy(self: zipstream._Inflating, piece: bytes | memoryview, *, last: bool) -> None:
+        if self.name == "libbig.so":
+            sizes.append(len(piece))
+        original(self, piece, last=last)
+
+    monkeypatch.setattr(zipstream._Inflating, "feed", spy)
+    z = make_zip(tmp_path / "big.zip", {"bundle.json": b"{}", "libbig.so": big})
+    [_, member] = feed(z, tmp_path / "out", [1 << 20], workers=2)
+    assert member.sha256 == hashlib.sha256(big).hexdigest() and (tmp_path / "out" / "libbig.so").read_bytes() == big
+    assert max(sizes) == zipstream.IN_CHUNK and len(sizes) >= 8, sizes
+
+
 def test_a_damaged_member_inflated_by_a_worker_fails_the_stream_and_leaves_nothing(tmp_path: Path) -> None:
     z = make_zip(tmp_path / "many.zip", {"bundle.json": b"{}", **MANY})
     data = bytearray(z.read_bytes())
