@@ -596,3 +596,13 @@ def test_ci_runs_the_ci_script() -> None:
     assert job["steps"][-1]["run"] == "bash .ci/run"
     # no cache of llamabundle's trees: .ci/run starts from empty caches
     assert not [s for s in job["steps"] if str(s.get("uses", "")).startswith("actions/cache@")]
+
+
+def test_the_arm_leg_installs_its_cross_toolchain_and_qemu() -> None:
+    """The linux-aarch64 recipe is cross-built in Debian 12 (its toolchain.build_host) with clang 19 and the aarch64
+    sysroot, and its build verifies it under qemu-aarch64: the leg's Debian step installs all three for it."""
+    [row] = [r for r in release_matrix() if recipe_of(r)["platform"] == "linux-aarch64"]
+    assert row["container"] == DEBIAN and recipe_of(row)["toolchain"]["build_host"] == "linux-x86_64"
+    run = step_running(release_steps(), "g++-aarch64-linux-gnu")["run"]
+    line = next(ln for ln in run.splitlines() if "g++-aarch64-linux-gnu" in ln)
+    assert {"clang-19", "qemu-user"} <= set(line.split()) and "platform: linux-aarch64" in run
