@@ -238,8 +238,8 @@ def check_static(root: Path, manifest: Manifest) -> list[str]:
 def check_load(root: Path, manifest: Manifest, report: VerifyReport, *, wine_prefix: Path | None = None) -> None:
     """llama-server --verbose --list-devices from `root` on this host (under Wine for a Windows bundle on
     Linux): the CPU backend, and every backend that loads, must come from inside `root`."""
-    loaded = platforms.get(manifest.platform).check_load(root, manifest, host=platforms.host_name(),
-                                                         wine_prefix=wine_prefix, keep=backends.run_keep(manifest))
+    platform, host = platforms.get(manifest.platform), platforms.host_name()
+    loaded = platform.check_load(root, manifest, host=host, wine_prefix=wine_prefix, keep=backends.run_keep(manifest))
     report.backends_loaded.update(loaded.backends)
     report.devices.extend(loaded.devices)
     report.compute_caps.update(loaded.compute_caps)
@@ -250,8 +250,7 @@ def check_load(root: Path, manifest: Manifest, report: VerifyReport, *, wine_pre
     report.levels["load"] = loaded.level
     if loaded.level.startswith("skipped"):
         return
-    platform = platforms.get(manifest.platform)
-    runner = platform.runner(platforms.host_name())
+    runner = platform.runner(host)
     env = dict(loaded.env) or clean_env(root, backends.run_keep(manifest))
     for backend in backends.of(manifest.backends):  # what a backend runs of the bundle itself (RPC's server)
         report.levels.update(backend.check_loaded(root, manifest, platform=platform, runner=runner, env=env))

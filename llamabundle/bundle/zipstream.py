@@ -162,7 +162,6 @@ class ZipStream:
     done: list[Member | Future[Member]]  # every member so far, in order (a future: a worker's, maybe unfinished)
     pool: ThreadPoolExecutor | None
     jobs: dict[Future[Member], tuple[_Inflating, int]]  # handed to workers, not yet seen finished: compressed size
-    inflight: int  # compressed bytes handed to workers and not yet inflated
     tail: bytearray | None
     tail_at: int
 
@@ -236,7 +235,6 @@ class ZipStream:
                 with contextlib.suppress(OSError):
                     cur.close()
         self.jobs.clear()
-        self.inflight = 0
 
     def _members(self) -> list[Member]:
         """Every member, the workers' waited for: the first error of one (in member order) is raised."""
@@ -291,7 +289,6 @@ class ZipStream:
         self.deferred = None
         self.pool = None
         self.jobs = {}
-        self.inflight = 0
         self.tail = None
         self.sizes = None
 
@@ -406,18 +403,17 @@ class ZipStream:
         """A worker inflates the member. At most MAX_INFLIGHT compressed bytes wait for the workers (the oldest
         job is waited for first); a worker's error stops the stream at the next member handed over."""
         for job in [j for j in self.jobs if j.done()]:
-            self.inflight -= self.jobs.pop(job)[1]
+            del self.jobs[job]
             if job.exception() is not None:
                 self._members()  # raises it (an earlier member's error first)
-        while self.jobs and self.inflight + len(data) > MAX_INFLIGHT:
+        while self.jobs and sum(size for _, size in self.jobs.values()) + len(data) > MAX_INFLIGHT:
             oldest = next(iter(self.jobs))
             concurrent.futures.wait([oldest])
-            self.inflight -= self.jobs.pop(oldest)[1]
+            del self.jobs[oldest]
         if self.pool is None:
             self.pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="zipstream")
         job = self.pool.submit(cur.whole, data)
         self.jobs[job] = (cur, len(data))
-        self.inflight += len(data)
         self.done.append(job)
 
     def _central(self, members: list[Member]) -> list[int]:

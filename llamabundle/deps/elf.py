@@ -58,6 +58,7 @@ class _Reader:
 
     def __init__(self, f: Any, size: int) -> None:
         self.f, self.size = f, size
+        self.linked: dict[int, bytes] = {}  # section index -> its bytes: .dynamic and .gnu.version_r share .dynstr
         ident = self.read(0, 16)
         if ident[:4] != ELF_MAGIC or ident[4] not in (1, 2) or ident[5] not in (1, 2):
             raise _Malformed("no ELF header (magic, class or byte order)")
@@ -95,9 +96,12 @@ class _Reader:
         return struct.unpack(fmt, self.read(offset, struct.calcsize(fmt)))
 
     def content(self, index: int) -> bytes:
+        """The section a header links to (its string table), read once."""
         if not 0 <= index < len(self.sections):
             raise _Malformed(f"a link to section {index} of {len(self.sections)}")
-        return self.content_of(self.sections[index])
+        if index not in self.linked:
+            self.linked[index] = self.content_of(self.sections[index])
+        return self.linked[index]
 
     def content_of(self, sh: tuple[int, ...]) -> bytes:
         return self.read(sh[4], sh[5])

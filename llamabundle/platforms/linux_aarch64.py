@@ -61,8 +61,8 @@ class LinuxAarch64(Linux):
     # ---------------------------------------------------------------------------------- the recipe and the key
 
     def check_recipe(self, recipe: Recipe) -> None:
-        """cpu alone (no Arm toolkit of another backend is known here), and a pinned compiler: every variant's
-        -march must be known to it, which the key cannot tell of an unpinned one."""
+        """The backends built for it (cpu and rpc: no Arm toolkit of another backend is known here), and a pinned
+        compiler: every variant's -march must be known to it, which the key cannot tell of an unpinned one."""
         for i, b in enumerate(recipe.backends):
             if b not in self.backends:
                 raise recipe.error(f"backends[{i}]", f"the {b} backend is not built for {self.name} by this version",

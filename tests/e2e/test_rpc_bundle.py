@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 import time
 import urllib.request
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any
 import pytest
 
 from llamabundle import proc
+from llamabundle.backends.rpc import free_port
 from tests.e2e.conftest import RECIPE, build_recipe, wait_healthy
 from tests.e2e.tinymodel import write_tiny_qwen2
 
@@ -35,12 +35,6 @@ def rpc_bundle(first_build: dict[str, Any], e2e_env: dict[str, str], store: Path
                       .replace("name: linux-x86_64-cpu\n", "name: linux-x86_64-cpu-rpc\n"), encoding="utf-8")
     out = tmp / "bundle"
     return build_recipe(recipe, store=store, env=e2e_env, what="the CPU+RPC bundle", more=("--out", out)), out
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _listening(port: int, timeout: float = 30) -> list[str]:
@@ -73,7 +67,7 @@ def test_the_build_checks_its_own_rpc_server_and_the_bundle_holds_it(rpc_bundle:
 def test_the_server_listens_on_loopback_unless_told_otherwise(rpc_bundle: tuple[dict[str, Any], Path],
                                                                tmp_path: Path) -> None:
     _, out = rpc_bundle
-    port = _port()
+    port = free_port()
     with proc.serving([out / "ggml-rpc-server", "-p", str(port)], cwd=tmp_path, env=ENV,
                       log_path=tmp_path / "server.log"):
         assert _listening(port) == ["0100007F"]  # 127.0.0.1, and nothing else
@@ -83,7 +77,7 @@ def test_a_model_is_served_through_the_bundles_rpc_server(rpc_bundle: tuple[dict
                                                           e2e_env: dict[str, str], tmp_path: Path) -> None:
     _, out = rpc_bundle
     model = write_tiny_qwen2(Path(e2e_env["LLAMABUNDLE_CACHE_DIR"]) / "src" / COMMIT, tmp_path / "tiny.gguf")
-    rpc_port, http_port = _port(), _port()
+    rpc_port, http_port = free_port(), free_port()
     log = tmp_path / "llama-server.log"
     with proc.serving([out / "ggml-rpc-server", "-p", str(rpc_port)], cwd=tmp_path, env=ENV,
                       log_path=tmp_path / "rpc.log"):
