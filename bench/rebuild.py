@@ -49,14 +49,18 @@ def run(recipe: str, args: list[str], env: dict[str, str], store: Path) -> dict[
     from llamabundle.digest import sha256_file
 
     return {"seconds": round(took, 1), "compile_seconds": float(m.group(1)) if m else None, "compiled": out["compiled"],
-            "cache": out.get("compiler_cache"), "sha256": sha256_file(Path(out["zip"]))}
+            "cache": out.get("compiler_cache"), "sha256": sha256_file(Path(out["zip"])), "zip": out["zip"]}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("recipe")
     ap.add_argument("--caches", default="ccache,sccache")
-    ap.add_argument("--touch", default="ggml/src/ggml.c", help="a source file to touch (relative to the llama.cpp tree)")
+    ap.add_argument("--touch", default="ggml/src/ggml.c",
+                    help="a source file to touch (relative to the llama.cpp tree); '' leaves the touch row out")
+    ap.add_argument("--after-cold", metavar="CMD",
+                    help="a shell command run after the cold row, untimed, with ZIP set to its zip (work that needs a "
+                         "bundle of the recipe and must not run beside a timed row)")
     ap.add_argument("--new-dir", action="store_true", help="also ccache warm in a new build directory")
     ap.add_argument("--json-out", type=Path)
     argv = sys.argv[1:] if argv is None else argv
@@ -81,7 +85,9 @@ def main(argv: list[str] | None = None) -> int:
         return r
 
     try:
-        row("cold (no cache)", ["--clean", "--compiler-cache", "none"])
+        cold_row = row("cold (no cache)", ["--clean", "--compiler-cache", "none"])
+        if a.after_cold:
+            subprocess.run(a.after_cold, shell=True, env={**env, "ZIP": cold_row["zip"]}, check=False)
         last = "none"
         for cache in [c for c in a.caches.split(",") if c]:
             e = {**env, "CCACHE_DIR": str(scratch / "ccache"), "SCCACHE_DIR": str(scratch / "sccache"),
@@ -101,13 +107,14 @@ def main(argv: list[str] | None = None) -> int:
                 row("ccache warm, new directory", ["--clean", "--compiler-cache", cache],
                     {**e, "PATH": f"{b}{os.pathsep}{env.get('PATH', '')}"})
             last, last_env = cache, e
-        from llamabundle import keys
-        from llamabundle.settings import Settings
+        if a.touch:
+            from llamabundle import keys
+            from llamabundle.settings import Settings
 
-        commit = keys.load(a.recipe).llama_cpp.commit
-        src = Settings.from_env(env).cache_dir / "src" / commit / a.touch
-        os.utime(src)
-        row(f"touch {Path(a.touch).name} ({last})", ["--compiler-cache", last], last_env if last != "none" else env)
+            commit = keys.load(a.recipe).llama_cpp.commit
+            src = Settings.from_env(env).cache_dir / "src" / commit / a.touch
+            os.utime(src)
+            row(f"touch {Path(a.touch).name} ({last})", ["--compiler-cache", last], last_env if last != "none" else env)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     same = len({r["sha256"] for r in rows}) == 1

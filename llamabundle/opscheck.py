@@ -9,11 +9,14 @@ from __future__ import annotations
 import re
 import shutil
 import time
+from collections.abc import Mapping
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from . import proc
+from .backends.base import RunEnv
 from .errors import UsageError, VerifyError
 
 TOOL = "test-backend-ops"
@@ -69,10 +72,11 @@ def read_cases(text: str, into: DeviceOps) -> None:
 
 
 def run_ops(root: Path, tool: Path, devices: list[str], *, env: dict[str, str], budget: float = DEFAULT_BUDGET,
-            ops: tuple[str, ...] = OPS) -> list[DeviceOps]:
+            ops: tuple[str, ...] = OPS, device_runs: Mapping[str, RunEnv] | None = None) -> list[DeviceOps]:
     """Run the tool from inside `root` against each device, op by op, within the budget (shared evenly among
-    the devices, and within a device among the ops still to run, so that a slow op cannot starve the others).
-    The tool is removed from `root` afterwards."""
+    the devices, and within a device among the ops still to run, so that a slow op cannot starve the others),
+    in `env` and what the device's own `device_runs` gives each run (an RPC device: the preload, and a server for
+    the run). The tool is removed from `root` afterwards."""
     if not tool.is_file():
         raise UsageError(f"no {TOOL} at {tool}", why="the ops level runs llama.cpp's test-backend-ops from the same build",
                          fix="build with `llamabundle build RECIPE --ops-tool` (it writes <zip>.test-backend-ops beside "
@@ -93,7 +97,9 @@ def run_ops(root: Path, tool: Path, devices: list[str], *, env: dict[str, str], 
                     break
                 slot = device_left / (len(ops) - i)  # a fair share of what is left: every op is reached
                 try:
-                    out = proc.capture([str(inside), "test", "-b", dev, "-o", op], cwd=root, env=env, timeout=slot)
+                    with (device_runs or {}).get(dev, _nothing)() as extra:
+                        out = proc.capture([str(inside), "test", "-b", dev, "-o", op], cwd=root, env={**env, **extra},
+                                           timeout=slot)
                     text = out.stdout + out.stderr
                     if out.returncode not in (0, 1):
                         raise VerifyError(f"{TOOL} -b {dev} -o {op} exited with {out.returncode}",
@@ -109,6 +115,10 @@ def run_ops(root: Path, tool: Path, devices: list[str], *, env: dict[str, str], 
     finally:
         inside.unlink(missing_ok=True)
     return results
+
+
+def _nothing() -> AbstractContextManager[Mapping[str, str]]:
+    return nullcontext({})
 
 
 def _text(b: bytes | str | None) -> str:

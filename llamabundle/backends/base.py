@@ -4,7 +4,8 @@ checks, and how the loader and `--list-devices` name it (what verify's gpu level
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -48,6 +49,18 @@ class Launcher:
     files: tuple[tuple[str, str], ...] = ()  # (path, text)
     commands: tuple[tuple[str, ...], ...] = ()
     why: str = ""
+
+
+RunEnv = Callable[[], AbstractContextManager[Mapping[str, str]]]  # for one run: the variables it needs, while it lasts
+
+
+@dataclass(frozen=True)
+class OpsDevices:
+    """What a backend adds to the ops level: device name -> what each test-backend-ops run against it needs (the
+    variables, and anything that must live as long as the run: RPC's server), or why it adds none here (`skipped`)."""
+
+    devices: Mapping[str, RunEnv] = field(default_factory=dict)
+    skipped: str | None = None
 
 
 @runtime_checkable
@@ -169,6 +182,20 @@ class Backend(Protocol):
         the clean environment; level name -> "passed (…)" or "skipped: why"; raises VerifyError."""
         ...
 
+    def after_ops_tool(self, tool: Path, *, build_dir: Path, platform: Platform, log: Log,
+                       env: Mapping[str, str]) -> None:
+        """After `build --ops-tool` wrote test-backend-ops to `tool` from the bundle's build tree: what the
+        backend's part of the ops level needs beside it (RPC: its preload library)."""
+        ...
+
+    adds_ops_devices: bool
+
+    def ops_devices(self, root: Path, manifest: Manifest, *, platform: Platform, runner: Sequence[str] | None,
+                    env: Mapping[str, str], tool: Path) -> OpsDevices:
+        """At the ops level (where `adds_ops_devices`): the devices the backend adds to test-backend-ops' runs from
+        `root` (RPC: the device of the bundle's own server, a fresh one for each run)."""
+        ...
+
     def device_present(self) -> bool:
         """A GPU backend: this machine has the device driver (so its backend should have loaded)."""
         ...
@@ -196,6 +223,7 @@ class NoExtras:
     works: Reason | None = None
     device_fact = "device"
     hide_env: str | None = None
+    adds_ops_devices = False  # ops_devices may add devices to the ops level (RPC)
 
     def check_recipe(self, recipe: Recipe) -> None:
         return None
@@ -264,6 +292,14 @@ class NoExtras:
     def check_loaded(self, root: Path, manifest: Manifest, *, platform: Platform, runner: Sequence[str] | None,
                      env: Mapping[str, str]) -> dict[str, str]:
         return {}
+
+    def after_ops_tool(self, tool: Path, *, build_dir: Path, platform: Platform, log: Log,
+                       env: Mapping[str, str]) -> None:
+        return None
+
+    def ops_devices(self, root: Path, manifest: Manifest, *, platform: Platform, runner: Sequence[str] | None,
+                    env: Mapping[str, str], tool: Path) -> OpsDevices:
+        return OpsDevices()
 
     def device_present(self) -> bool:
         return False

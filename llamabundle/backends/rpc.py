@@ -4,29 +4,36 @@ CPU, CUDA, …). Its protocol has no authentication and no encryption: the serve
 otherwise (`-H`), and should be reached only over a private network or a tunnel (docs/rpc.md).
 
 The load check runs both from inside the bundle: the bundle's ggml-rpc-server on 127.0.0.1 on a free port, then
-the bundle's llama-server with `--rpc` to it, which must list the device it serves (RPC0)."""
+the bundle's llama-server with `--rpc` to it, which must list the device it serves (RPC0). The ops level runs
+test-backend-ops against that device (RPC0, compared with the local CPU backend) through a preload library built
+beside the tool by `build --ops-tool`: test-backend-ops has no option naming an RPC server."""
 
 from __future__ import annotations
 
+import re
 import socket
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .. import proc
-from ..errors import VerifyError
+from .. import data, proc
+from ..errors import BuildError, VerifyError
 from ..platforms import load
-from .base import NoExtras
+from .base import NoExtras, OpsDevices
 
 if TYPE_CHECKING:
     from ..bundle.manifest import Manifest
+    from ..log import Log
     from ..platforms.base import Platform
     from ..recipe import HostFacts, Recipe
 
 SERVER = "ggml-rpc-server"
 LISTEN_TIMEOUT = 60.0  # seconds the server may take to listen (under an emulator too)
 LOOPBACK = "127.0.0.1"
+PRELOAD_SOURCE = "rpc_preload.c"  # in data/: adds the RPC servers of SERVERS_ENV to test-backend-ops
+SERVERS_ENV = "LLAMABUNDLE_RPC_SERVERS"
 
 
 def free_port() -> int:
@@ -55,6 +62,42 @@ def wait_listening(port: int, exited: Callable[[], int | None], *, log_path: Pat
             time.sleep(0.05)
 
 
+@contextmanager
+def served(root: Path, *, platform: Platform, runner: Sequence[str], env: Mapping[str, str]) -> Iterator[tuple[str, Path]]:
+    """The bundle's ggml-rpc-server listening on 127.0.0.1 and a free port for the context: (HOST:PORT, its log);
+    stopped after, whatever happened. VerifyError when it cannot start or does not listen."""
+    port = free_port()
+    endpoint = f"{LOOPBACK}:{port}"
+    log_path = root.parent / f".{SERVER}-{port}.log"
+    try:
+        with proc.serving([*runner, str(root / platform.program_file(SERVER)), "-H", LOOPBACK, "-p", str(port)],
+                          cwd=root.parent, env=env, log_path=log_path) as p:
+            wait_listening(port, p.poll, log_path=log_path, timeout=LISTEN_TIMEOUT)
+            try:
+                yield endpoint, log_path
+            except VerifyError as e:  # what the server said belongs with what its client said
+                e.details = "\n".join(x for x in (e.details, f"--- {SERVER} ---", _tail(log_path)) if x)
+                raise
+    except OSError as e:
+        raise VerifyError(f"{SERVER} could not be started", why=str(e)) from None
+    finally:
+        log_path.unlink(missing_ok=True)
+
+
+def preload_of(tool: Path) -> Path:
+    """Where `build --ops-tool` puts the RPC preload of a test-backend-ops: beside it."""
+    return tool.with_name(tool.name + ".rpc-preload.so")
+
+
+def read_cmake_cache(build_dir: Path) -> dict[str, str]:
+    """NAME -> value of a build tree's CMakeCache.txt ({} where there is none)."""
+    try:
+        text = (build_dir / "CMakeCache.txt").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return {}
+    return {m.group(1): m.group(2) for m in re.finditer(r"^([A-Za-z_][A-Za-z0-9_]*):[A-Z]+=(.*)$", text, re.M)}
+
+
 def _tail(log_path: Path) -> str:
     try:
         return "\n".join(log_path.read_text(encoding="utf-8", errors="replace").splitlines()[-20:])
@@ -66,6 +109,7 @@ class Rpc(NoExtras):
     name = "rpc"
     loader_name = "RPC"
     gpu = False
+    adds_ops_devices = True
     # cmake_switch stays None: GGML_RPC=OFF is ggml's default, so only a recipe with rpc names the switch (ON), and
     # the plans of every other recipe stay as they were
 
@@ -92,28 +136,67 @@ class Rpc(NoExtras):
         device it serves through `--rpc`; the server is stopped after, whatever happened."""
         if runner is None:
             return {"rpc": f"skipped: this machine does not run {manifest.platform} programs as plain processes"}
-        server, llama = root / platform.program_file(SERVER), root / platform.program_file("llama-server")
-        port = free_port()
-        endpoint = f"{LOOPBACK}:{port}"
-        log_path = root.parent / f".{SERVER}-{port}.log"
-        try:
-            with proc.serving([*runner, str(server), "-H", LOOPBACK, "-p", str(port)], cwd=root.parent, env=env,
-                              log_path=log_path) as p:
-                wait_listening(port, p.poll, log_path=log_path, timeout=LISTEN_TIMEOUT)
-                out = load.checked_run([*runner, str(llama), "--rpc", endpoint, "--list-devices"], cwd=root.parent,
-                                       env=env, timeout=load.LOAD_TIMEOUT, what=f"llama-server --rpc {endpoint}",
-                                       failed="llama-server could not use the bundle's own RPC server")
+        llama = root / platform.program_file("llama-server")
+        with served(root, platform=platform, runner=runner, env=env) as (endpoint, log_path):
+            out = load.checked_run([*runner, str(llama), "--rpc", endpoint, "--list-devices"], cwd=root.parent,
+                                   env=env, timeout=load.LOAD_TIMEOUT, what=f"llama-server --rpc {endpoint}",
+                                   failed="llama-server could not use the bundle's own RPC server")
             lines = (out.stderr + out.stdout).splitlines()
-            served = [line.strip() for line in load.device_lines(lines) if line.strip().startswith("RPC")]
-            if not served:
+            listed = [line.strip() for line in load.device_lines(lines) if line.strip().startswith("RPC")]
+            if not listed:
                 raise VerifyError(f"llama-server --rpc {endpoint} listed no RPC device",
                                   why=f"the bundle's {SERVER} served nothing it could use",
                                   details="\n".join([*lines[-10:], "--- server ---", _tail(log_path)]))
-            return {"rpc": f"passed ({SERVER} on {endpoint}; llama-server --rpc listed {served[0]})"}
-        except OSError as e:
-            raise VerifyError(f"{SERVER} could not be started", why=str(e)) from None
-        finally:
-            log_path.unlink(missing_ok=True)
+        return {"rpc": f"passed ({SERVER} on {endpoint}; llama-server --rpc listed {listed[0]})"}
 
+    def after_ops_tool(self, tool: Path, *, build_dir: Path, platform: Platform, log: Log,
+                       env: Mapping[str, str]) -> None:
+        """The preload that gives test-backend-ops the RPC device (data/rpc_preload.c), built with the C compiler
+        CMake used for the bundle (its target and sysroot too) and written beside the tool; none for a platform
+        whose programs cannot preload a library (Windows): its ops level says so."""
+        if not hasattr(platform, "elf_machine"):
+            return
+        dest = preload_of(tool)
+        cache = read_cmake_cache(build_dir)
+        cc = cache.get("CMAKE_C_COMPILER")
+        if not cc:
+            raise BuildError(f"cannot build {dest.name}: CMake recorded no C compiler in {build_dir}",
+                             fix="rebuild with --clean")
+        args = [cc, *([f"--target={cache['CMAKE_C_COMPILER_TARGET']}"] if cache.get("CMAKE_C_COMPILER_TARGET") else []),
+                *([f"--sysroot={cache['CMAKE_SYSROOT']}"] if cache.get("CMAKE_SYSROOT") else [])]
+        tmp = dest.with_name(dest.name + ".partial")
+        source = tmp.with_name(tmp.name + ".c")
+        source.write_text(data.text(PRELOAD_SOURCE), encoding="utf-8")
+        try:
+            with log.step(f"{dest.name} (test-backend-ops' RPC device; not in the bundle)"):
+                proc.run([*args, "-shared", "-fPIC", "-O2", "-o", str(tmp), str(source), "-ldl"], log=log,
+                         error=BuildError, what=f"compiling {PRELOAD_SOURCE} failed", label="cc", env=env,
+                         fix="check the C compiler CMake used for the bundle")
+            tmp.replace(dest)
+        finally:
+            source.unlink(missing_ok=True)
+            tmp.unlink(missing_ok=True)
+
+    def ops_devices(self, root: Path, manifest: Manifest, *, platform: Platform, runner: Sequence[str] | None,
+                    env: Mapping[str, str], tool: Path) -> OpsDevices:
+        """RPC0, the device of the bundle's own server on 127.0.0.1, given to test-backend-ops by the preload beside
+        the tool (LD_PRELOAD; SERVERS_ENV names the server). Each run gets a server of its own: a run stopped at
+        its time share leaves a server that may still be busy with it."""
+        preload = preload_of(tool)
+        if not hasattr(platform, "elf_machine"):
+            return OpsDevices(skipped=f"test-backend-ops cannot be given an RPC server on {manifest.platform} "
+                                      "(no LD_PRELOAD there)")
+        if runner is None or list(runner):
+            return OpsDevices(skipped=f"this machine does not run {manifest.platform} programs natively")
+        if not preload.is_file():
+            return OpsDevices(skipped=f"no {preload.name} beside {tool.name}: rebuild with --ops-tool, which builds "
+                                      "it for a bundle with rpc")
+
+        @contextmanager
+        def one_run() -> Iterator[Mapping[str, str]]:
+            with served(root, platform=platform, runner=runner, env=env) as (endpoint, _):
+                yield {"LD_PRELOAD": str(preload.resolve()), SERVERS_ENV: endpoint}
+
+        return OpsDevices(devices={"RPC0": one_run})
 
 RPC = Rpc()

@@ -17,7 +17,7 @@ import pytest
 
 from llamabundle import proc
 from llamabundle.backends.rpc import free_port
-from tests.e2e.conftest import RECIPE, build_recipe, wait_healthy
+from tests.e2e.conftest import RECIPE, build_recipe, run_cli, wait_healthy
 from tests.e2e.tinymodel import write_tiny_qwen2
 
 COMMIT = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"
@@ -34,7 +34,8 @@ def rpc_bundle(first_build: dict[str, Any], e2e_env: dict[str, str], store: Path
     recipe.write_text(text.replace("backends: [cpu]\n", "backends: [cpu, rpc]\n")
                       .replace("name: linux-x86_64-cpu\n", "name: linux-x86_64-cpu-rpc\n"), encoding="utf-8")
     out = tmp / "bundle"
-    return build_recipe(recipe, store=store, env=e2e_env, what="the CPU+RPC bundle", more=("--out", out)), out
+    return build_recipe(recipe, store=store, env=e2e_env, what="the CPU+RPC bundle",
+                        more=("--out", out, "--ops-tool")), out
 
 
 def _listening(port: int, timeout: float = 30) -> list[str]:
@@ -95,3 +96,17 @@ def test_a_model_is_served_through_the_bundles_rpc_server(rpc_bundle: tuple[dict
     assert body["tokens_predicted"] == 4
     assert re.search(r"load_tensors: offloaded (\d+)/\1 layers to GPU", said), said[-3000:]
     assert re.search(rf"RPC0\[127\.0\.0\.1:{rpc_port}\] model buffer size", said)
+
+
+def test_ops_through_the_bundles_rpc_server_agree_with_its_cpu_backend(rpc_bundle: tuple[dict[str, Any], Path],
+                                                                       e2e_env: dict[str, str]) -> None:
+    """verify --level ops of a CPU bundle with rpc: test-backend-ops (built beside the zip by --ops-tool, with its
+    RPC preload) against RPC0, the bundle's own ggml-rpc-server on 127.0.0.1, compared with the local CPU backend."""
+    result, _ = rpc_bundle
+    tool = Path(result["ops_tool"])
+    assert (tool.parent / (tool.name + ".rpc-preload.so")).is_file()
+    res = run_cli("verify", result["zip"], "--level", "ops", "--ops-budget", "40", "--json", env=e2e_env, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    report = json.loads(res.stdout)
+    assert re.match(r"passed \(RPC0: [1-9]\d* passed, 0 failed", report["levels"]["ops"]), report["levels"]["ops"]
+    assert [d["device"] for d in report["ops"]] == ["RPC0"]
