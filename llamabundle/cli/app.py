@@ -31,6 +31,8 @@ def _print_probe(r: probe_mod.ProbeResult) -> None:
     click.echo(f"fix      {r.fix}")
     for gpu in r.facts.get("gpu_devices") or []:
         click.echo(f"gpu      {gpu['name']}: {', '.join(gpu['devices'])}")
+    for server in r.facts.get("rpc_servers") or []:
+        click.echo(f"rpc      {server['reason']}: {server['sentence']}" + ("" if server["reason"] == "rpc_ok" else f" (fix: {server['fix']})"))
     if r.facts.get("server_args"):
         env = " ".join(f"{k}={v!r}" if v == "" else f"{k}={v}" for k, v in (r.facts.get("server_env") or {}).items())
         click.echo(f"run      {env + ' ' if env else ''}llama-server {' '.join(r.facts['server_args'])} …")
@@ -46,9 +48,12 @@ def _print_probe(r: probe_mod.ProbeResult) -> None:
               help="Reuse a cached result younger than this many seconds (0: probe now).")
 @click.option("--prefer", type=click.Choice(["cuda", "vulkan", "cpu"]),
               help="Use this backend when it works here (default: CUDA on NVIDIA when its checks pass, else Vulkan, else CPU).")
+@click.option("--rpc", "rpc", metavar="HOST:PORT[,...]",
+              help="RPC servers the app will give llama-server: each is checked now (rpc_ok, rpc_unreachable, …); "
+                   "those that answer join the run flags (--rpc, and their devices in --device).")
 @pass_ctx
 def probe_cmd(c: Ctx, as_json: bool, bundle: Path | None, dest: Path | None, nvidia_smi: str | None, ngl: int | None,
-              max_age: float, prefer: str | None) -> None:
+              max_age: float, prefer: str | None, rpc: str | None) -> None:
     """Which backend will run (cuda, vulkan or cpu) and why: one reason code with a sentence and a fix, the
     GPUs the bundle sees (one physical GPU once) and the llama-server flags that select the backend."""
     from ..runtime import install as install_mod
@@ -56,6 +61,7 @@ def probe_cmd(c: Ctx, as_json: bool, bundle: Path | None, dest: Path | None, nvi
 
     r = probe_mod.with_gpu_layers(probe_mod.probe(root=install_mod.data_root(c.settings, dest), env=c.env, cache_dir=c.runtime_cache, max_age=max_age,
                               bundle=bundle, nvidia_smi=nvidia_smi, prefer=prefer), ngl)
+    r = probe_mod.with_rpc(r, [e for e in (rpc or "").split(",") if e.strip()])
     emit(r.to_json()) if as_json else _print_probe(r)
 
 

@@ -110,3 +110,25 @@ def test_ops_through_the_bundles_rpc_server_agree_with_its_cpu_backend(rpc_bundl
     report = json.loads(res.stdout)
     assert re.match(r"passed \(RPC0: [1-9]\d* passed, 0 failed", report["levels"]["ops"]), report["levels"]["ops"]
     assert [d["device"] for d in report["ops"]] == ["RPC0"]
+
+
+def test_probe_reports_the_servers_the_app_configured(rpc_bundle: tuple[dict[str, Any], Path],
+                                                      e2e_env: dict[str, str], tmp_path: Path) -> None:
+    """probe --rpc: the bundle's own ggml-rpc-server is rpc_ok with its protocol and device, a closed port is
+    rpc_unreachable, and only the usable one joins the run flags; llama-server started with those flags lists it."""
+    _, out = rpc_bundle
+    port, closed = free_port(), free_port()
+    with proc.serving([out / "ggml-rpc-server", "-p", str(port)], cwd=tmp_path, env=ENV,
+                      log_path=tmp_path / "rpc.log"):
+        assert _listening(port)
+        res = run_cli("probe", "--bundle", out, "--rpc", f"127.0.0.1:{port},127.0.0.1:{closed}", "--max-age", "0",
+                      "--json", env=e2e_env, timeout=120)
+        assert res.returncode == 0, res.stderr[-3000:]
+        facts = json.loads(res.stdout)["facts"]
+        args = facts["server_args"]
+        listed = proc.capture([out / "llama-server", *args, "--list-devices"], cwd=tmp_path, env=ENV, timeout=60)
+    servers = [(s["endpoint"], s["reason"], s["version"], s["device_names"]) for s in facts["rpc_servers"]]
+    assert servers == [(f"127.0.0.1:{port}", "rpc_ok", "7.0.0", ["RPC0"]),
+                       (f"127.0.0.1:{closed}", "rpc_unreachable", None, [])]
+    assert args == ["--rpc", f"127.0.0.1:{port}", "--device", "RPC0"]
+    assert f"RPC0: 127.0.0.1:{port}" in listed.stdout + listed.stderr
