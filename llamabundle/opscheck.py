@@ -97,13 +97,14 @@ def run_ops(root: Path, tool: Path, devices: list[str], *, env: dict[str, str], 
                     break
                 slot = device_left / (len(ops) - i)  # a fair share of what is left: every op is reached
                 try:
-                    with (device_runs or {}).get(dev, _nothing)() as extra:
+                    with (device_runs or {}).get(dev, _nothing)() as extra:  # a failure is raised inside: what
+                        # lives for the run (RPC's server) adds its words to it
                         out = proc.capture([str(inside), "test", "-b", dev, "-o", op], cwd=root, env={**env, **extra},
                                            timeout=slot)
-                    text = out.stdout + out.stderr
-                    if out.returncode not in (0, 1):
-                        raise VerifyError(f"{TOOL} -b {dev} -o {op} exited with {out.returncode}",
-                                          details="\n".join(text.strip().splitlines()[-15:]))
+                        text = out.stdout + out.stderr
+                        if out.returncode not in (0, 1):
+                            raise VerifyError(f"{TOOL} -b {dev} -o {op} exited with {out.returncode}",
+                                              details="\n".join(text.strip().splitlines()[-15:]))
                 except proc.Timeout as t:  # its share ran out: what it did counts, the next op goes on
                     read_cases(_text(t.output) + _text(t.stderr), r)
                     r.ops_run.append(op + " (partly)")

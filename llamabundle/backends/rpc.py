@@ -34,6 +34,7 @@ LISTEN_TIMEOUT = 60.0  # seconds the server may take to listen (under an emulato
 LOOPBACK = "127.0.0.1"
 PRELOAD_SOURCE = "rpc_preload.c"  # in data/: adds the RPC servers of SERVERS_ENV to test-backend-ops
 SERVERS_ENV = "LLAMABUNDLE_RPC_SERVERS"
+OPS_SERVED = ("CPU",)  # what the server serves at the ops level (Rpc.ops_devices says why)
 
 
 def free_port() -> int:
@@ -63,14 +64,17 @@ def wait_listening(port: int, exited: Callable[[], int | None], *, log_path: Pat
 
 
 @contextmanager
-def served(root: Path, *, platform: Platform, runner: Sequence[str], env: Mapping[str, str]) -> Iterator[tuple[str, Path]]:
-    """The bundle's ggml-rpc-server listening on 127.0.0.1 and a free port for the context: (HOST:PORT, its log);
-    stopped after, whatever happened. VerifyError when it cannot start or does not listen."""
+def served(root: Path, *, platform: Platform, runner: Sequence[str], env: Mapping[str, str],
+           devices: Sequence[str] = ()) -> Iterator[tuple[str, Path]]:
+    """The bundle's ggml-rpc-server listening on 127.0.0.1 and a free port for the context (serving `devices`, or
+    its own choice: every GPU, else the CPU): (HOST:PORT, its log); stopped after, whatever happened. VerifyError
+    when it cannot start or does not listen."""
     port = free_port()
     endpoint = f"{LOOPBACK}:{port}"
     log_path = root.parent / f".{SERVER}-{port}.log"
     try:
-        with proc.serving([*runner, str(root / platform.program_file(SERVER)), "-H", LOOPBACK, "-p", str(port)],
+        with proc.serving([*runner, str(root / platform.program_file(SERVER)), "-H", LOOPBACK, "-p", str(port),
+                           *(["-d", ",".join(devices)] if devices else [])],
                           cwd=root.parent, env=env, log_path=log_path) as p:
             wait_listening(port, p.poll, log_path=log_path, timeout=LISTEN_TIMEOUT)
             try:
@@ -179,9 +183,15 @@ class Rpc(NoExtras):
 
     def ops_devices(self, root: Path, manifest: Manifest, *, platform: Platform, runner: Sequence[str] | None,
                     env: Mapping[str, str], tool: Path) -> OpsDevices:
-        """RPC0, the device of the bundle's own server on 127.0.0.1, given to test-backend-ops by the preload beside
-        the tool (LD_PRELOAD; SERVERS_ENV names the server). Each run gets a server of its own: a run stopped at
-        its time share leaves a server that may still be busy with it."""
+        """RPC0, the bundle's CPU backend served by its own server on 127.0.0.1, given to test-backend-ops by the
+        preload beside the tool (LD_PRELOAD; SERVERS_ENV names the server). Each run gets a server of its own: a run
+        stopped at its time share leaves a server that may still be busy with it.
+
+        The server serves the CPU (`-d CPU`), not the GPU it would choose: at the pinned commit ggml's RPC client
+        says every op is supported (ggml_backend_rpc_device_supports_op returns true), so test-backend-ops sends
+        the remote backend every case, and a CUDA server aborts on the first one CUDA lacks (seen on an H100: a
+        MUL_MAT case). The CPU backend runs every case the tests make; the GPU itself is tested directly, as a
+        device of the bundle."""
         preload = preload_of(tool)
         if not hasattr(platform, "elf_machine"):
             return OpsDevices(skipped=f"test-backend-ops cannot be given an RPC server on {manifest.platform} "
@@ -194,7 +204,7 @@ class Rpc(NoExtras):
 
         @contextmanager
         def one_run() -> Iterator[Mapping[str, str]]:
-            with served(root, platform=platform, runner=runner, env=env) as (endpoint, _):
+            with served(root, platform=platform, runner=runner, env=env, devices=OPS_SERVED) as (endpoint, _):
                 yield {"LD_PRELOAD": str(preload.resolve()), SERVERS_ENV: endpoint}
 
         return OpsDevices(devices={"RPC0": one_run})

@@ -155,9 +155,15 @@ def windows_tree(wheels: Path, tmp_path_factory: pytest.TempPathFactory) -> dict
     assert recipe.cuda is not None
     (src / "cuda.c").write_text((src / "cuda.c").read_text() + fatbin_section(list(recipe.cuda.archs)))
     plan = plan_build(recipe, NO_HOST, source_dir=src, build_dir=build, tools=BuildTools(cmake="cmake", ninja="ninja"))
+    (src / "rpc.c").write_text("#include <winsock2.h>\nint ggml_base(void);\n"
+                               "__declspec(dllexport) int rpc(void) { WSADATA d; return ggml_base() + WSAStartup(0x202, &d); }\n")
+    (src / "rpc-server.c").write_text("int ggml(void);\nint main(void) { return ggml(); }\n")
+    _run(CC, "-o", out / "ggml-rpc-server.exe", "rpc-server.c", "-L.", "-lggml", "-lggml-base", *crt, cwd=src)
     for backend in plan.backends:
         if backend.startswith("ggml-cpu"):
             _run(CC, "-shared", "-o", out / backend, "cpu.c", "-L.", "-lggml-base", "-lvcomp140", *crt, cwd=src)
+        elif backend == "ggml-rpc.dll":
+            _run(CC, "-shared", "-o", out / backend, "rpc.c", "-L.", "-lggml-base", "-lws2_32", *crt, cwd=src)
         else:
             _run(CC, "-shared", "-o", out / backend, "cuda.c", "-L.", "-lggml-base", "-lcudart64_12", "-lcublas64_12",
                  "-lnvcuda", "-lvcruntime140", cwd=src)
@@ -192,7 +198,7 @@ def test_the_bundle_holds_exactly_the_dlls_a_clean_windows_needs(made: dict[str,
     files = made["files"]
     runtime = {n for n, f in files.items() if f["role"] == "runtime"}
     assert runtime == {"llama.dll", "ggml.dll", "ggml-base.dll"} | MSVC_DLLS | set(CUDA_DLLS)
-    assert {n for n, f in files.items() if f["role"] == "exe"} == {"llama-server.exe"}
+    assert {n for n, f in files.items() if f["role"] == "exe"} == {"llama-server.exe", "ggml-rpc-server.exe"}
     assert "ggml-cuda.dll" in files and sum(n.startswith("ggml-cpu-") for n in files) == 9
     assert "nvcuda.dll" in made["manifest"]["system_deps"] and not any(n.lower() == "nvcuda.dll" for n in files)
     assert "nvrtc64_120_0.alt.dll" not in files and "nvblas64_12.dll" not in files  # in the toolkit, named by nothing

@@ -38,8 +38,10 @@ def test_the_bundle_holds_the_programs_13_variants_and_the_mingw_runtime(unpacke
     assert manifest["toolchain"]["compiler"].startswith("GNU ")
     roles = {f["path"]: f["role"] for f in manifest["files"]}
     assert {p for p, r in roles.items() if r == "exe"} == {"llama-server.exe", "llama-cli.exe", "llama-bench.exe",
-                                                            "llamabundle-memory.exe", "llamabundle-probe.exe"}
+                                                            "ggml-rpc-server.exe", "llamabundle-memory.exe",
+                                                            "llamabundle-probe.exe"}
     backends = sorted(p for p, r in roles.items() if r == "backend")
+    assert backends.pop(backends.index("ggml-rpc.dll")) and manifest["backends"] == ["cpu", "rpc"]
     assert len(backends) == 13 and all(p.startswith("ggml-cpu-") and p.endswith(".dll") for p in backends)
     assert "ggml-cpu-sapphirerapids.dll" not in roles
     assert RUNTIME <= {p for p, r in roles.items() if r == "runtime"}
@@ -65,7 +67,9 @@ def test_llama_server_exe_loads_its_backend_from_the_bundle_under_wine(mingw_bui
     assert res.returncode == 0, res.stderr
     report = json.loads(res.stdout)
     assert report["levels"]["load"].startswith("passed (under Wine; llamabundle-probe.exe, then llama-server.exe")
-    assert report["load_source"] == "llamabundle-probe" and sorted(report["modules"].values()).count("loaded") == 1
+    assert report["load_source"] == "llamabundle-probe" and sorted(report["modules"].values()).count("loaded") == 2
+    assert report["backends_loaded"]["RPC"] == f"{mingw_build['location']}:ggml-rpc.dll"
+    assert report["levels"]["rpc"].startswith("skipped: "), "under Wine a program runs through a launcher"
     cpu = report["backends_loaded"]["CPU"]
     # it ran from a temporary copy; the report names the member of the user's zip
     assert cpu.startswith(f"{mingw_build['location']}:ggml-cpu-") and "llamabundle-verify-" not in cpu

@@ -60,9 +60,9 @@ def test_windows_cuda_plan_is_made_on_linux() -> None:
     # MSVC builds 9 of the 14 x86 variants (no F16C-only, BF16 or AMX variants).
     assert backend_targets(WINDOWS) == (*(f"ggml-cpu-{v}" for v in
                                           ["x64", "sse42", "sandybridge", "haswell", "skylakex", "cannonlake",
-                                           "cascadelake", "icelake", "alderlake"]), "ggml-cuda")
-    assert plan.programs == ("llama-server.exe", f"{MEMORY_PROGRAM}.exe", f"{PROBE_PROGRAM}.exe")
-    assert plan.backends[-1] == "ggml-cuda.dll" and all(b.endswith(".dll") for b in plan.backends)
+                                           "cascadelake", "icelake", "alderlake"]), "ggml-cuda", "ggml-rpc")
+    assert plan.programs == ("llama-server.exe", "ggml-rpc-server.exe", f"{MEMORY_PROGRAM}.exe", f"{PROBE_PROGRAM}.exe")
+    assert plan.backends[-2:] == ("ggml-cuda.dll", "ggml-rpc.dll") and all(b.endswith(".dll") for b in plan.backends)
     assert plan.build[-2:] == ("--parallel", "8")
     assert defs["GGML_CUDA_COMPRESSION_MODE"] == "size"
     assert "GGML_CUDA_COMPRESSION_MODE" not in _defs(_plan(LINUX))

@@ -121,7 +121,7 @@ def test_recipe_list(capsys: pytest.CaptureFixture[str]) -> None:
     names = [r["name"] for r in rows]
     assert "linux-x86_64-cpu" in names and "windows-x86_64-cuda12.8" in names
     cuda = next(r for r in rows if r["name"] == "windows-x86_64-cuda12.8")
-    assert cuda["cuda"] == "12.8.1" and cuda["backends"] == ["cpu", "cuda"] and cuda["compiler"] == "msvc"
+    assert cuda["cuda"] == "12.8.1" and cuda["backends"] == ["cpu", "cuda", "rpc"] and cuda["compiler"] == "msvc"
     code, out, _ = run(capsys, "recipe", "list")
     assert code == 0 and any(line.startswith("linux-x86_64-cpu ") for line in out.splitlines())
     code, out, _ = run(capsys, "key", "linux-x86_64-cpu")  # a shipped recipe by name

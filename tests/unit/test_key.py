@@ -92,7 +92,7 @@ def test_key_inputs_are_exactly_design_4() -> None:
 def test_key_inputs_windows_values() -> None:
     inputs = keys.resolve(keys.load(WINDOWS_PATH)).inputs
     assert inputs["platform"] == "windows-x86_64"
-    assert inputs["backends"] == ["cpu", "cuda"]
+    assert inputs["backends"] == ["cpu", "cuda", "rpc"]
     assert inputs["toolchain"] == {"compiler": "msvc", "msvc_version": "[17.0,18.0)", "toolset": "14.44.35207"}
     cuda = inputs["cuda"]
     assert {"toolkit", "components", "archs", "driver_floor"} <= set(cuda)
@@ -121,7 +121,7 @@ TWO_TARGETS = ("targets: [llama-server]", "targets: [llama-server, llama-cli]")
 
 
 @pytest.mark.parametrize(("base", "setup", "reordered"), [
-    ("W", (), (("backends: [cpu, cuda]", "backends: [cuda, cpu]"),)),
+    ("W", (), (("backends: [cpu, cuda, rpc]", "backends: [rpc, cuda, cpu]"),)),
     ("W", (TWO_TARGETS,), (("targets: [llama-server, llama-cli]", "targets: [llama-cli, llama-server]"),)),
     ("W", (), ((W_CMAKE, "cmake: {LLAMA_USE_PREBUILT_UI: OFF, GGML_NATIVE: OFF, GGML_CPU_ALL_VARIANTS: ON, GGML_BACKEND_DL: ON}"),)),
     ("W", (), ((W_COMPONENTS, "components: [cuda_cccl, libnvfatbin, cuda_nvrtc, libnvjitlink, libcublas, cuda_cudart, cuda_nvcc]"),)),

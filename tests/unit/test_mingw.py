@@ -135,8 +135,8 @@ def test_the_mingw_plan_cross_compiles_and_leaves_the_variant_out(tmp_path: Path
     assert "foreach(_dep ggml-cpu-sapphirerapids)" in include and "_add_dependencies(" in include
     assert "#ifndef THREAD_POWER_THROTTLING_CURRENT_VERSION" in files[str(bd / MINGW_COMPAT)]
     assert "ggml-cpu-sapphirerapids" not in plan.build and "ggml-cpu-zen4" in plan.build
-    assert len(plan.backends) == 13 and all(b.endswith(".dll") for b in plan.backends)
-    assert plan.programs == ("llama-server.exe", "llama-cli.exe", "llama-bench.exe", f"{MEMORY_PROGRAM}.exe",
+    assert len(plan.backends) == 14 and plan.backends[-1] == "ggml-rpc.dll" and all(b.endswith(".dll") for b in plan.backends)
+    assert plan.programs == ("llama-server.exe", "llama-cli.exe", "llama-bench.exe", "ggml-rpc-server.exe", f"{MEMORY_PROGRAM}.exe",
                              f"{PROBE_PROGRAM}.exe")
     shown = plan.to_json()
     assert shown["files"] == files and json.dumps(shown)  # what `llamabundle show --json` prints
@@ -166,7 +166,7 @@ def test_the_executor_writes_the_files_before_configure_and_keeps_unchanged_ones
     fake.write_text(textwrap.dedent("""\
         #!/bin/sh
         if [ "$1" = "--build" ]; then
-          mkdir -p "$2/bin"; for n in llama-server.exe llama-cli.exe llama-bench.exe llamabundle-memory.exe llamabundle-probe.exe; do : > "$2/bin/$n"; done
+          mkdir -p "$2/bin"; for n in llama-server.exe llama-cli.exe llama-bench.exe ggml-rpc-server.exe llamabundle-memory.exe llamabundle-probe.exe ggml-rpc.dll; do : > "$2/bin/$n"; done
           for v in x64 sse42 sandybridge ivybridge piledriver haswell skylakex cannonlake cascadelake icelake \\
                    cooperlake zen4 alderlake; do : > "$2/bin/ggml-cpu-$v.dll"; done
           exit 0

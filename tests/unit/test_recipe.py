@@ -74,7 +74,7 @@ def test_windows_recipe_fields() -> None:
     assert r.platform == "windows-x86_64"
     assert r.llama_cpp.commit == COMMIT
     assert [s.kind for s in r.llama_cpp.sources] == ["github", "pypi"]
-    assert r.backends == ("cpu", "cuda")
+    assert r.backends == ("cpu", "cuda", "rpc")
     assert r.toolchain.compiler == "msvc" and r.toolchain.msvc_version == "[17.0,18.0)"
     assert r.cuda is not None
     assert r.cuda.toolkit == "12.8.1"
@@ -204,10 +204,10 @@ BROKEN = [
     ("cmake-float", "L", "  GGML_NATIVE: OFF", "  GGML_NATIVE: 1.5", "GGML_NATIVE", "cmake.GGML_NATIVE", "expected ON/OFF or a string, got 1.5", ""),
     ("cmake-null", "L", "  GGML_NATIVE: OFF", "  GGML_NATIVE:", "GGML_NATIVE", "cmake.GGML_NATIVE", "expected ON/OFF or a string, got None", ""),
     ("cuda-backend-no-section", "L", "backends: [cpu]", "backends: [cpu, cuda]", "backends:", "backends", "no cuda: section", "add cuda:"),
-    ("cuda-section-no-backend", "W", "backends: [cpu, cuda]", "backends: [cpu]", "cuda:", "cuda", "a cuda: section without the cuda backend", "add cuda to backends"),
-    ("cpu-missing", "W", "backends: [cpu, cuda]", "backends: [cuda]", "backends:", "backends", "'cpu' is required", "add cpu"),
+    ("cuda-section-no-backend", "W", "backends: [cpu, cuda, rpc]", "backends: [cpu, rpc]", "cuda:", "cuda", "a cuda: section without the cuda backend", "add cuda to backends"),
+    ("cpu-missing", "W", "backends: [cpu, cuda, rpc]", "backends: [cuda, rpc]", "backends:", "backends", "'cpu' is required", "add cpu"),
     ("backend-twice", "L", "backends: [cpu]", "backends: [cpu, cpu]", "backends:", "backends", "a backend is listed twice", ""),
-    ("backend-typo", "W", "backends: [cpu, cuda]", "backends: [cpu, cudaa]", "backends:", "backends[1]", "'cudaa' is not one of cpu, cuda", "did you mean 'cuda'?"),
+    ("backend-typo", "W", "backends: [cpu, cuda, rpc]", "backends: [cpu, cudaa, rpc]", "backends:", "backends[1]", "'cudaa' is not one of cpu, cuda", "did you mean 'cuda'?"),
     ("compiler-msvc-on-linux", "L", 'compiler: gcc, version: "=12.2.0"', "compiler: msvc", "toolchain:", "toolchain.compiler", "compiler 'msvc' cannot target linux-x86_64", "use one of: gcc, clang"),
     ("compiler-gcc-on-windows", "W", "compiler: msvc, msvc_version: \"[17.0,18.0)\", toolset: \"14.44.35207\"", "compiler: gcc", "toolchain:", "toolchain.compiler",
      "compiler 'gcc' cannot target windows-x86_64", "use one of: msvc, clang, mingw"),

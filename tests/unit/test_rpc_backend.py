@@ -47,7 +47,7 @@ if os.environ.get("FAKE_SERVER_FAILS"):
     print("bind: address in use", flush=True)
     sys.exit(1)
 s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind((host, port)); s.listen()
-print(f"listening on {{host}}:{{port}}", flush=True)
+print(f"listening on {{host}}:{{port}}, serving {{args[args.index('-d') + 1] if '-d' in args else 'its choice'}}", flush=True)
 while True:
     c, _ = s.accept(); c.close()
 """

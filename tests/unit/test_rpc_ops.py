@@ -141,6 +141,7 @@ def test_what_the_server_said_goes_with_a_failed_run(tmp_path: Path, built: Path
     with pytest.raises(VerifyError) as e, got.devices["RPC0"]():
         raise VerifyError("test-backend-ops -b RPC0 -o ADD exited with -6", details="client words")
     assert e.value.details.startswith("client words\n--- ggml-rpc-server ---\nlistening on 127.0.0.1:")
+    assert e.value.details.endswith(", serving CPU"), "the ops level serves the CPU backend (Rpc.ops_devices says why)"
 
 
 def test_no_preload_or_no_native_run_adds_no_device_and_says_why(tmp_path: Path, built: Path) -> None:
