@@ -15,7 +15,7 @@ import sys
 import sysconfig
 import tempfile
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +50,18 @@ class CompilerCache:
     @property
     def name(self) -> str:
         return f"{self.kind} {self.version}".strip()
+
+
+def not_byte_identical(cache: CompilerCache, backends: Sequence[str]) -> str | None:
+    """Why `cache` makes bundles of these backends whose bytes differ from a build without it (None: it does not).
+    Measured (bench/results/rebuild/, the CUDA 13.0 recipe on an H100): sccache 0.16 compiles nvcc's device code
+    itself (its PTX and CUBIN steps, outside the tool's nvcc launcher and its pinned cicc), and its zip differed
+    from the cold build's, miss and hit alike; ccache's equalled it."""
+    if cache.kind == "sccache" and "cuda" in backends:
+        return (f"{cache.name} compiles CUDA device code itself, outside the tool's nvcc launcher: this CUDA bundle's "
+                "bytes will differ from a build without it (measured on an H100); --compiler-cache ccache keeps them "
+                "identical")
+    return None
 
 
 def choose(choice: str, *, path: str | None) -> CompilerCache | None:

@@ -184,6 +184,8 @@ def _build_locked(keyed: Keyed, *, settings: Settings, store: Store, log: Log, e
     with log.step(f"source llama.cpp {recipe.llama_cpp.commit[:12]}"):
         src = _fetch_source(recipe, settings, log, env=env)
     chosen = compiler_cache.choose(settings.compiler_cache, path=env.get("PATH"))
+    if chosen is not None and (why := compiler_cache.not_byte_identical(chosen, recipe.backends)):
+        log.warn(why)
     tools = resolve_tools(path=env.get("PATH"), compiler_cache=chosen.program if chosen else None)
     prepared: dict[str, Prepared] = {}
     for backend in backends.of(recipe):  # each backend's toolkit (CUDA's), found or installed and checked

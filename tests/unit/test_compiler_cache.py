@@ -223,3 +223,13 @@ def test_show_plans_the_cache_the_setting_names(tmp_path: Path, beside_python: P
     assert locate_tools(path=str(b)).compiler_cache == ccache
     assert locate_tools(path=str(b), compiler_cache_choice="sccache").compiler_cache == sccache
     assert locate_tools(path=str(b), compiler_cache_choice="none").compiler_cache is None
+
+
+def test_sccache_on_a_cuda_recipe_is_said_to_change_the_bytes_and_ccache_is_not() -> None:
+    """Measured on an H100 (bench/results/rebuild/): sccache's CUDA zip differed from the cold build's, ccache's did not."""
+    sccache = compiler_cache.CompilerCache(kind="sccache", program="/x/sccache", version="0.16.0")
+    ccache = compiler_cache.CompilerCache(kind="ccache", program="/x/ccache", version="4.7.5")
+    said = compiler_cache.not_byte_identical(sccache, ("cpu", "cuda", "rpc"))
+    assert said is not None and "sccache 0.16.0" in said and "--compiler-cache ccache" in said
+    assert compiler_cache.not_byte_identical(sccache, ("cpu", "rpc")) is None  # C and C++ alone: the same zip (CPU rows)
+    assert compiler_cache.not_byte_identical(ccache, ("cpu", "cuda")) is None
