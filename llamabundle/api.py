@@ -10,7 +10,7 @@ default store (`$LLAMABUNDLE_STORE`) and the GitHub token."""
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -84,12 +84,15 @@ class ProbeReport:
 
 def probe(*, root: str | os.PathLike[str] | None = None, bundle: str | os.PathLike[str] | None = None,
           ngl: int | None = None, prefer: Prefer | None = None, max_age: float = 0.0,
-          nvidia_smi: str | None = None, env: Mapping[str, str] | None = None) -> ProbeReport:
+          nvidia_smi: str | None = None, env: Mapping[str, str] | None = None,
+          rpc: Sequence[str] = ()) -> ProbeReport:
     """Probe as `llamabundle probe` does: the installed bundle under `root` (default: $LLAMABUNDLE_DATA_DIR, else
     the user data directory), or the unpacked bundle directory `bundle`. `ngl`: the planned -ngl (0 turns ok into
     cuda_gpu_layers_zero); `prefer`: a backend to use where it works; `max_age`: reuse a cached result younger
-    than this many seconds (0: probe now). The result is cached where the CLI caches it, so that `llamabundle
-    doctor` shows it."""
+    than this many seconds (0: probe now); `rpc`: the RPC servers (HOST:PORT) the app will give llama-server, each
+    checked now and reported in facts["rpc_servers"] with its own code, the usable ones added to server_args (as
+    `probe --rpc`). The result is cached where the CLI caches it (the RPC servers' part is never cached), so that
+    `llamabundle doctor` shows it."""
     from .gpus import PROC_VERSION
     from .runtime import probe as probe_mod
     from .runtime.results import utc_timestamp
@@ -102,7 +105,7 @@ def probe(*, root: str | os.PathLike[str] | None = None, bundle: str | os.PathLi
     result = probe_mod.probe(root=_root(settings, root), env=environ, cache_dir=Path(settings.cache_dir) / "runtime",
                              max_age=max_age, bundle=Path(bundle) if bundle is not None else None,
                              nvidia_smi=nvidia_smi, proc_version=PROC_VERSION, prefer=prefer)
-    result = probe_mod.with_gpu_layers(result, ngl)
+    result = probe_mod.with_rpc(probe_mod.with_gpu_layers(result, ngl), [str(e) for e in rpc])
     facts = result.facts
     return ProbeReport(backend=result.backend.value, reason=result.reason.value, sentence=result.sentence,
                        fix=result.fix, server_args=tuple(str(a) for a in facts.get("server_args") or ()),

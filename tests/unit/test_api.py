@@ -190,6 +190,17 @@ def test_probe_without_a_gpu_bundle(tmp_path: Path) -> None:
         seen.facts["gpus"] = ()  # type: ignore[index]  # read-only
 
 
+def test_probe_checks_the_rpc_servers_the_app_names_and_a_bundle_without_rpc_can_use_none(tmp_path: Path) -> None:
+    from tests.unit.test_rpc_servers import server
+
+    store, root = tmp_path / "store", tmp_path / "root"
+    api.install(store=store, key=publish(tmp_path, store, "cpu")["key"], root=root)
+    with server("silent") as ep:
+        got = api.probe(root=root, env={"PATH": str(smi(tmp_path / "no-gpu"))}, rpc=[ep])
+    assert [(s["endpoint"], s["reason"]) for s in got.facts["rpc_servers"]] == [(ep, "rpc_backend_missing")]
+    assert got.server_args == ("--device", "none") and got.reason == "gpu_missing"
+
+
 def test_probe_a_cuda_bundle_gives_the_flags_and_the_plan_can_keep_it_on_the_cpu(tmp_path: Path) -> None:
     store, root = tmp_path / "store", tmp_path / "root"
     m = publish(tmp_path, store, "cuda", cuda=True)

@@ -12,6 +12,7 @@ import struct
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from importlib import resources
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from llamabundle.reasons import Chosen, Reason
 from llamabundle.runtime import probe as probe_mod
 from llamabundle.runtime import rpc_servers
 from llamabundle.runtime.rpc_servers import RpcReason, check, check_all, split_endpoint
+from tests.unit.test_probe_causes import valid_json
 from tests.unit.test_rpc_backend import bundle
 
 
@@ -145,7 +147,7 @@ def test_the_usable_servers_join_the_run_flags_and_the_local_decision_stays(tmp_
     assert got.facts["server_args"] == ["--rpc", ok, "--device", want]
     assert [s["reason"] for s in got.facts["rpc_servers"]] == ["rpc_ok", "rpc_not_rpc"]
     assert (got.reason, got.backend) == (Reason.GPU_MISSING, Chosen.CPU)
-    json.dumps(got.to_json())
+    valid_json(got)  # what probe --json prints, against the committed schema
 
 
 def test_no_usable_server_leaves_the_flags_as_they_were(tmp_path: Path) -> None:
@@ -156,7 +158,13 @@ def test_no_usable_server_leaves_the_flags_as_they_were(tmp_path: Path) -> None:
     assert probe_mod.with_rpc(got, []) is got
 
 
-def test_every_code_has_its_words() -> None:
+def test_every_code_has_its_words_and_the_schema_lists_every_code() -> None:
     table = rpc_servers._table()
     assert set(table) == {r.value for r in RpcReason}
     assert all(v["sentence"] and v["fix"] for v in table.values())
+    schema = json.loads((resources.files("llamabundle.data") / "schemas" / "cli-probe.schema.json").read_text(encoding="utf-8"))
+    item = schema["properties"]["facts"]["properties"]["rpc_servers"]["items"]
+    assert item["properties"]["reason"]["enum"] == [r.value for r in RpcReason]
+    with server(devices=1) as ok:
+        said = check_all([ok, "nonsense"], bundle_has_rpc=True)
+    assert [set(s.to_json()) for s in said] == [set(item["required"])] * 2
