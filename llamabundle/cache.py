@@ -129,10 +129,16 @@ def blob_dir(cache_dir: Path) -> Path:
     return cache_dir / "blobs"
 
 
+def deflated_dir(cache_dir: Path) -> Path:
+    """The deflate streams of large bundle members, by content (bundle.deflate): a build's pack copies the stream
+    of a library it packed before (the CUDA toolkit's) instead of deflating it again."""
+    return cache_dir / "deflated"
+
+
 # ------------------------------------------------------------------------------------------ the bound
 
-PRUNABLE = ("fetched", "out", "build", "downloads", "src", "toolkits", "ui")  # what a prune may remove
-SHARED = ("downloads", "src", "toolkits", "ui")  # what any build may use: removed only while no run holds `in_use`
+PRUNABLE = ("fetched", "out", "build", "downloads", "src", "toolkits", "ui", "deflated")  # what a prune may remove
+SHARED = ("downloads", "src", "toolkits", "ui", "deflated")  # what any build may use: removed only while no run holds `in_use`
 FRESH = 120.0  # seconds: an entry used this recently may belong to a run going on now, and is kept
 IN_USE = "in-use.lock"
 
@@ -220,8 +226,10 @@ def entries(cache_dir: Path) -> list[Entry]:
         for p in items:
             if area == "out" and p.suffix != ".zip" or p.name.endswith(".second.zip"):
                 continue  # a zip's siblings go with it
-            with_it = tuple(q for q in (p.with_name(p.name + ".test-backend-ops"),
-                                        p.with_name(p.name.removesuffix(".zip") + ".second.zip")) if q.exists())
+            base = p.name.removesuffix(".zip")  # opscheck.sibling_tool, its RPC preload, the reproducibility check's
+            with_it = tuple(q for q in (p.with_name(base + ".test-backend-ops"),
+                                        p.with_name(base + ".test-backend-ops.rpc-preload.so"),
+                                        p.with_name(base + ".second.zip")) if q.exists())
             try:
                 used = p.stat().st_mtime
             except OSError:

@@ -118,7 +118,8 @@ def package(made: Made, plan: BuildPlan, result: BuildResult, out_zip: Path, *, 
                                                             prepared=made.prepared.get(b.name)) if b in have else None
         manifest = write_manifest(stage, fields)
         with log.step("pack"):
-            pack(stage, out_zip, source_date_epoch=when)  # every entry dated built_at
+            pack(stage, out_zip, source_date_epoch=when,  # every entry dated built_at
+                 cache=cache.deflated_dir(cache_dir))  # large members' streams kept for the next build
             log.info(f"    {out_zip} ({out_zip.stat().st_size / 1e6:.1f} MB, {len(manifest.files)} files)")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -18,8 +18,8 @@ from ..archive import UnsafeArchive, check_zip, extract_zip, tmp_beside
 from ..digest import sha256_file, walk
 from ..errors import VerifyError
 from ..settings import ZIP_EPOCH_FIRST, ZIP_EPOCH_LAST
+from . import deflate, zipstream
 from . import manifest as manifest_mod
-from . import zipstream
 from .manifest import (
     ANYTHING,
     FORMAT,
@@ -83,10 +83,26 @@ def read_manifest(root: Path) -> Manifest:
     return manifest_mod.read(root)
 
 
-def pack(root: Path, zip_path: Path, *, source_date_epoch: int | None = None) -> Path:
+class _Given:
+    """zipfile's compressor for a member whose deflate stream is made already (bundle.deflate): it keeps nothing of
+    what zipfile feeds it (zipfile still counts the size and the CRC-32 of it) and gives the stream when flushed."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def compress(self, data: bytes) -> bytes:
+        return b""
+
+    def flush(self) -> bytes:
+        data, self.data = self.data, b""
+        return data
+
+
+def pack(root: Path, zip_path: Path, *, source_date_epoch: int | None = None, cache: Path | None = None) -> Path:
     """Deterministic zip of root: sorted entries, fixed timestamps (`source_date_epoch` held to what a zip can
     date, as bundle_time() holds it: a packaged bundle passes its bundle_time(), so that every entry is dated
-    its built_at; None: 1980-01-01), normalised modes, bundle.json first."""
+    its built_at; None: 1980-01-01), normalised modes, bundle.json first. The members are deflated ahead in worker
+    threads, the large ones from `cache` where it holds them (bundle.deflate): the bytes are zipfile's."""
     when = ZIP_EPOCH_DEFAULT
     if source_date_epoch is not None:
         t = dt.datetime.fromtimestamp(bundle_time(source_date_epoch), dt.UTC)
@@ -97,14 +113,16 @@ def pack(root: Path, zip_path: Path, *, source_date_epoch: int | None = None) ->
     scratch.sweep(zip_path.parent, [part])
     tmp = scratch.owned(zip_path.parent, part)
     try:
-        with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=6) as zf:
-            for name in names:
+        with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=deflate.LEVEL) as zf:
+            for name, stream in deflate.streams(root, names, cache=cache):
                 info = zipfile.ZipInfo(name, date_time=when)
                 info.create_system = 3
                 executable = os.access(root / name, os.X_OK)
                 info.external_attr = (0o100755 if executable else 0o100644) << 16
                 info.compress_type = zipfile.ZIP_DEFLATED
                 with open(root / name, "rb") as src, zf.open(info, "w") as dst:
+                    if hasattr(dst, "_compressor"):  # CPython's writer (3.8 and later): else it deflates it again
+                        dst._compressor = _Given(stream.data)
                     shutil.copyfileobj(src, dst, 1 << 20)
         os.replace(tmp, zip_path)
     except BaseException:

@@ -43,23 +43,26 @@ def test_prune_removes_the_least_recently_used_first_and_spares_what_is_in_use(t
     source = _fill(c, "src/" + "f" * 40 + "/", 5000, 30)  # sources, toolkits, downloads: while no build uses them
     oldest = _fill(c, "fetched/" + "a" * 64 + "/", 1000, 9)
     zip_ = _fill(c, "out/linux-x86_64-cpu-bbbbbbbbbbbb.zip", 1000, 8)
-    ops = _fill(c, "out/linux-x86_64-cpu-bbbbbbbbbbbb.zip.test-backend-ops", 500, 8)
+    ops = _fill(c, "out/linux-x86_64-cpu-bbbbbbbbbbbb.test-backend-ops", 400, 8)  # opscheck.sibling_tool's name
+    preload = _fill(c, "out/linux-x86_64-cpu-bbbbbbbbbbbb.test-backend-ops.rpc-preload.so", 100, 8)
     toolkit = _fill(c, "toolkits/cuda-13.0.2-linux-x86_64-pypi-0123456789abcdef/", 2000, 7.5)
     busy = _fill(c, "build/" + "c" * 16 + "-12345678/", 1000, 7)
     kept = _fill(c, "fetched/" + "d" * 64 + "/", 1000, 6)  # this run's key
     download = _fill(c, "downloads/cuda_nvcc.tar.xz", 1000, 5)
+    stream = _fill(c, "deflated/" + "9" * 64 + ".z6-1.2.13", 1000, 4)  # a large member's deflate stream (pack)
     fresh = _fill(c, "fetched/" + "e" * 64 + "/", 1000, 0)  # used a moment ago: perhaps by a run going on now
-    assert [e.path for e in cache.entries(c)] == [source, oldest, zip_, toolkit, busy, kept, download, fresh]
+    assert [e.path for e in cache.entries(c)] == [source, oldest, zip_, toolkit, busy, kept, download, stream, fresh]
     (c / "locks").mkdir()
     with FileLock(str(cache.build_lock(c, "c" * 64))), cache.in_use(c):  # another run builds in that tree
         removed = cache.prune(c, limit=0, keep=["d" * 64])
     assert [e.path for e in removed] == [oldest, zip_]
-    assert removed[1].size == 1500 and not ops.exists()  # the zip's sibling goes with it
+    assert removed[1].size == 1500 and not ops.exists() and not preload.exists()  # the zip's siblings go with it
     assert not oldest.exists() and not zip_.exists()
     assert busy.exists() and kept.exists() and fresh.exists() and source.exists() and toolkit.exists() and download.exists()
+    assert stream.exists(), "shared by builds: removed only while no run holds the cache in use"
     assert not any((c / "tmp").iterdir())  # what was moved aside to be removed is gone too
     removed = cache.prune(c, limit=0)  # the locks released: the build tree, the source, toolkit and download go now
-    assert [e.path for e in removed] == [source, toolkit, busy, kept, download] and fresh.exists()
+    assert [e.path for e in removed] == [source, toolkit, busy, kept, download, stream] and fresh.exists()
 
 
 HOLDER = """\
