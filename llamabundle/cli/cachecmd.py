@@ -36,7 +36,7 @@ def _size(raw: str | None) -> int | None:
 @pass_ctx
 def list_cmd(c: Ctx, as_json: bool) -> None:
     """Bytes per area, and each entry a prune may remove (fetched bundles, built zips, build trees, downloads,
-    sources, toolkits, built web UIs), least recently used first."""
+    sources, toolkits, built web UIs, the deflate streams pack keeps), least recently used first."""
     from .. import cache
 
     areas = cache.usage(c.settings.cache_dir)
