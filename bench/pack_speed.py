@@ -47,8 +47,8 @@ def main(argv: list[str] | None = None) -> int:
             runs: list[tuple[str, Callable[[], object]]] = [
                 ("zipfile alone", lambda: zipfile_alone(a.bundle, work / "alone.zip")),
                 ("pack, no cache", lambda: pack(a.bundle, work / "none.zip")),
-                ("pack, empty cache", lambda: pack(a.bundle, work / "empty.zip", cache=cache)),
-                ("pack, cache filled", lambda: pack(a.bundle, work / "filled.zip", cache=cache)),
+                ("pack, empty cache", lambda c=cache: pack(a.bundle, work / "empty.zip", cache=c)),
+                ("pack, cache filled", lambda c=cache: pack(a.bundle, work / "filled.zip", cache=c)),
             ]
             for name, run in runs:
                 rows[name].append(timed(run))
