@@ -19,6 +19,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 from llamabundle.bundle import pack
@@ -47,8 +48,8 @@ def main(argv: list[str] | None = None) -> int:
             runs: list[tuple[str, Callable[[], object]]] = [
                 ("zipfile alone", lambda: zipfile_alone(a.bundle, work / "alone.zip")),
                 ("pack, no cache", lambda: pack(a.bundle, work / "none.zip")),
-                ("pack, empty cache", lambda c=cache: pack(a.bundle, work / "empty.zip", cache=c)),
-                ("pack, cache filled", lambda c=cache: pack(a.bundle, work / "filled.zip", cache=c)),
+                ("pack, empty cache", partial(pack, a.bundle, work / "empty.zip", cache=cache)),
+                ("pack, cache filled", partial(pack, a.bundle, work / "filled.zip", cache=cache)),
             ]
             for name, run in runs:
                 rows[name].append(timed(run))
