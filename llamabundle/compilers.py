@@ -3,7 +3,8 @@ version satisfies the recipe's pin (`toolchain.version`).
 
 The version of the compiler is an input of the bundle's bytes, so it is part of the cache key: the
 recipe's pin when it has one (a range declares the compilers in it interchangeable), else the exact
-version of the compiler found on this machine.
+version of the compiler found on this machine. A build tree's CMakeCache.txt says which compiler CMake took
+(read_cmake_cache).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import os
 import re
 import shutil
 from collections.abc import Mapping
+from pathlib import Path
 
 from . import proc
 from .errors import RecipeError, ToolchainError
@@ -137,3 +139,15 @@ def check_host(compiler: str, *, pin: str | None, keyed: str | None, env: Mappin
         raise ToolchainError(f"{exe} is {found} now, but the cache key was computed for {keyed}",
                              fix="run the command again with one compiler on PATH")
     return found
+
+
+CMAKE_CACHE = "CMakeCache.txt"
+
+
+def read_cmake_cache(build_dir: Path) -> dict[str, str]:
+    """NAME -> value of a build tree's CMakeCache.txt ({} where there is none)."""
+    try:
+        text = (build_dir / CMAKE_CACHE).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return {}
+    return dict(re.findall(r"^([A-Za-z_][A-Za-z0-9_]*):[A-Z]+=(.*)$", text, re.M))

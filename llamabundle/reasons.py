@@ -60,11 +60,15 @@ class _Facts(dict[str, Any]):
         return "?"
 
 
-def explain(reason: Reason, facts: Mapping[str, Any]) -> tuple[str, str]:
-    """The reason's human sentence and what to do, filled in from the facts ('?' where one is unknown)."""
-    info = reasons()[reason.value]
+def fill(info: Mapping[str, str], facts: Mapping[str, Any]) -> tuple[str, str]:
+    """A code's sentence and fix (reasons.json) filled in from the facts ('?' where one is unknown)."""
     values = _Facts({k: v for k, v in facts.items() if isinstance(v, (str, int, float))})
     return info["sentence"].format_map(values), info["fix"].format_map(values)
+
+
+def explain(reason: Reason, facts: Mapping[str, Any]) -> tuple[str, str]:
+    """The reason's human sentence and what to do, filled in from the facts ('?' where one is unknown)."""
+    return fill(reasons()[reason.value], facts)
 
 
 def backend_for(reason: Reason) -> Chosen:

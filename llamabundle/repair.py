@@ -16,7 +16,7 @@ from pathlib import Path
 from . import backends, cache, keys, platforms
 from .backends import Prepared
 from .build import MEMORY_PROGRAM, OWN_PROGRAMS, BuildResult, BuildTools, compiler_record, plan_build
-from .compilers import version_matches
+from .compilers import CMAKE_CACHE, read_cmake_cache, version_matches
 from .errors import ToolchainError, UsageError
 from .log import Log
 from .package import Made
@@ -24,8 +24,6 @@ from .pipeline import BuildOutcome, assemble, check_out, expect_for, making, swe
 from .recipe import HostFacts, Recipe
 from .settings import Settings
 from .source import SourceTree
-
-CMAKE_CACHE = "CMakeCache.txt"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -41,11 +39,10 @@ class BuildTree:
 
 
 def read_build_tree(build_dir: Path) -> BuildTree:
-    cache_file = build_dir / CMAKE_CACHE
-    if not cache_file.is_file():
+    if not (build_dir / CMAKE_CACHE).is_file():
         raise UsageError(f"{build_dir} is not a CMake build directory", why=f"it has no {CMAKE_CACHE}",
                          fix="pass the directory you ran `cmake -B` with")
-    entries = dict(re.findall(r"^([A-Za-z_][A-Za-z0-9_]*):[A-Z]+=(.*)$", cache_file.read_text(encoding="utf-8", errors="replace"), re.M))
+    entries = read_cmake_cache(build_dir)
     source = entries.get("CMAKE_HOME_DIRECTORY") or entries.get("llama.cpp_SOURCE_DIR")
     if not source or not Path(source).is_dir():
         raise UsageError(f"the source tree of {build_dir} is not here",

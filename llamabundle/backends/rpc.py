@@ -10,7 +10,6 @@ beside the tool by `build --ops-tool`: test-backend-ops has no option naming an 
 
 from __future__ import annotations
 
-import re
 import socket
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .. import data, proc
+from ..compilers import read_cmake_cache
 from ..errors import BuildError, VerifyError
 from ..platforms import load
 from .base import NoExtras, OpsDevices
@@ -93,15 +93,6 @@ def preload_of(tool: Path) -> Path:
     return tool.with_name(tool.name + ".rpc-preload.so")
 
 
-def read_cmake_cache(build_dir: Path) -> dict[str, str]:
-    """NAME -> value of a build tree's CMakeCache.txt ({} where there is none)."""
-    try:
-        text = (build_dir / "CMakeCache.txt").read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return {}
-    return {m.group(1): m.group(2) for m in re.finditer(r"^([A-Za-z_][A-Za-z0-9_]*):[A-Z]+=(.*)$", text, re.M)}
-
-
 def _tail(log_path: Path) -> str:
     try:
         return "\n".join(log_path.read_text(encoding="utf-8", errors="replace").splitlines()[-20:])
@@ -141,16 +132,16 @@ class Rpc(NoExtras):
         if runner is None:
             return {"rpc": f"skipped: this machine does not run {manifest.platform} programs as plain processes"}
         llama = root / platform.program_file("llama-server")
-        with served(root, platform=platform, runner=runner, env=env) as (endpoint, log_path):
+        with served(root, platform=platform, runner=runner, env=env) as (endpoint, _):
             out = load.checked_run([*runner, str(llama), "--rpc", endpoint, "--list-devices"], cwd=root.parent,
                                    env=env, timeout=load.LOAD_TIMEOUT, what=f"llama-server --rpc {endpoint}",
                                    failed="llama-server could not use the bundle's own RPC server")
             lines = (out.stderr + out.stdout).splitlines()
             listed = [line.strip() for line in load.device_lines(lines) if line.strip().startswith("RPC")]
             if not listed:
-                raise VerifyError(f"llama-server --rpc {endpoint} listed no RPC device",
-                                  why=f"the bundle's {SERVER} served nothing it could use",
-                                  details="\n".join([*lines[-10:], "--- server ---", _tail(log_path)]))
+                raise VerifyError(f"llama-server --rpc {endpoint} listed no RPC device",  # served() adds the
+                                  why=f"the bundle's {SERVER} served nothing it could use",  # server's words
+                                  details="\n".join(lines[-10:]))
         return {"rpc": f"passed ({SERVER} on {endpoint}; llama-server --rpc listed {listed[0]})"}
 
     def after_ops_tool(self, tool: Path, *, build_dir: Path, platform: Platform, log: Log,

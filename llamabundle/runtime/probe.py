@@ -80,8 +80,8 @@ def with_gpu_layers(result: ProbeResult, ngl: int | None) -> ProbeResult:
 def with_rpc(result: ProbeResult, servers: Sequence[str], *, timeout: float | None = None) -> ProbeResult:
     """The RPC servers the app configured (HOST:PORT, in order), each checked now (never cached: a server comes and
     goes) and reported in facts.rpc_servers with its own reason code (runtime/rpc_servers.py). Those that answered
-    join server_args: `--rpc` names them (first: llama-server checks `--device` as it reads it) and `--device` gains the devices they serve (RPC0, …), so llama-server
-    never gets a server that would abort it. The result's own reason and backend stay the local ones."""
+    join server_args: `--rpc` names them (first: llama-server checks `--device` as it reads it) and `--device`
+    gains the devices they serve (RPC0, …), so llama-server never gets a server that would abort it. The result's own reason and backend stay the local ones."""
     if not servers:
         return result
     from . import rpc_servers
@@ -90,8 +90,8 @@ def with_rpc(result: ProbeResult, servers: Sequence[str], *, timeout: float | No
     if isinstance(result.facts.get("bundle_dir"), str):
         try:
             has_rpc = "rpc" in read_manifest(Path(result.facts["bundle_dir"])).backends
-        except LlamaBundleError:
-            has_rpc = False
+        except LlamaBundleError:  # an unreadable bundle uses no server
+            pass
     checked = rpc_servers.check_all(servers, bundle_has_rpc=has_rpc,
                                     timeout=timeout if timeout is not None else rpc_servers.DEFAULT_TIMEOUT)
     facts: dict[str, Any] = {**result.facts, "rpc_servers": [s.to_json() for s in checked]}

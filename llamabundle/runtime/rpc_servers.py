@@ -13,12 +13,13 @@ import socket
 import struct
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from enum import StrEnum
 from functools import cache
 from typing import Any
 
 from ..data import load
+from ..reasons import fill
 
 # ggml-rpc.cpp at the pinned commit: the command bytes, HELLO's request (the transport's capabilities, 24 bytes:
 # none offered, so the server stays on plain TCP) and its answer (major, minor, patch, padding, capabilities)
@@ -47,11 +48,6 @@ def _table() -> dict[str, Any]:
     return table
 
 
-class _Facts(dict[str, Any]):
-    def __missing__(self, key: str) -> str:
-        return "?"
-
-
 @dataclass(frozen=True, kw_only=True)
 class Server:
     """One configured server, as probe reports it (facts.rpc_servers)."""
@@ -68,9 +64,7 @@ class Server:
         d = asdict(self)
         d["reason"] = self.reason.value
         d["device_names"] = list(self.device_names)
-        info = _table()[self.reason.value]
-        facts = _Facts({**d, "device_names": ", ".join(self.device_names)})
-        d["sentence"], d["fix"] = info["sentence"].format_map(facts), info["fix"].format_map(facts)
+        d["sentence"], d["fix"] = fill(_table()[self.reason.value], {**d, "device_names": ", ".join(self.device_names)})
         return d
 
 
@@ -150,7 +144,7 @@ def check_all(endpoints: Sequence[str], *, bundle_has_rpc: bool, timeout: float 
     for e in endpoints:
         s = check(e, timeout=timeout)
         if s.reason is RpcReason.OK:
-            s = Server(**{**asdict(s), "reason": s.reason, "device_names": tuple(f"RPC{n + i}" for i in range(s.devices))})
+            s = replace(s, device_names=tuple(f"RPC{n + i}" for i in range(s.devices)))
             n += s.devices
         out.append(s)
     return out

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from llamabundle import platforms
-from llamabundle.backends.rpc import RPC, SERVERS_ENV, preload_of, read_cmake_cache
+from llamabundle.backends.rpc import RPC, SERVERS_ENV, preload_of
+from llamabundle.compilers import read_cmake_cache
 from llamabundle.errors import BuildError, VerifyError
 from llamabundle.log import Log
 from tests.processes import alive
