@@ -32,6 +32,7 @@ DEVICE_ENV = ("GGML_VK_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")
 @dataclass(kw_only=True)
 class DeviceOps:
     device: str
+    serves: str | None = None  # an RPC device: the device of this machine its server serves
     passed: int = 0
     failed: int = 0
     not_supported: int = 0
@@ -41,11 +42,11 @@ class DeviceOps:
     seconds: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return {k: v for k, v in asdict(self).items() if k != "serves" or v is not None}
 
     def summary(self) -> str:
         left = f"; {len(self.ops_left)} ops not reached in the budget ({', '.join(self.ops_left)})" if self.ops_left else ""
-        return (f"{self.device}: {self.passed} passed, {self.failed} failed, {self.not_supported} not supported "
+        return (f"{self.device}{f' (serving {self.serves})' if self.serves else ''}: {self.passed} passed, {self.failed} failed, {self.not_supported} not supported "
                 f"over {', '.join(self.ops_run) or 'no op'} in {self.seconds:.0f}s{left}")
 
 

@@ -53,8 +53,10 @@ class VerifyReport:
         out += [f"{name} backend loaded from {where}" for name, where in self.backends_loaded.items()]
         out += [f"device {dev}" for dev in self.devices]
         out += [f"{name}: {why}" for name, why in self.modules.items() if why not in ("loaded", "not_chosen")]
-        out += [f"ops {o['device']}: {o['passed']} passed, {o['failed']} failed, {o['not_supported']} not supported "
-                f"({', '.join(o['ops_run'])}; {o['seconds']:.0f}s)" for o in self.ops]
+        for o in self.ops:
+            serving = f" (serving {o['serves']})" if o.get("serves") else ""
+            out.append(f"ops {o['device']}{serving}: {o['passed']} passed, {o['failed']} failed, {o['not_supported']} "
+                       f"not supported ({', '.join(o['ops_run'])}; {o['seconds']:.0f}s)")
         return out
 
 
@@ -215,12 +217,14 @@ def check_ops(root: Path, manifest: Manifest, report: VerifyReport, *, tool: Pat
         raise UsageError("the ops level needs test-backend-ops", fix="pass --ops-tool PATH")
     env = clean_env(root, keep)
     runs: dict[str, backends.base.RunEnv] = {}
+    served: dict[str, str | None] = {}  # an added device (RPC0) -> the device of this machine behind it
     skipped: list[str] = []
     if tool is not None:
         runner = platform.runner(platforms.host_name())
         for b in adds:
-            extra = b.ops_devices(root, manifest, platform=platform, runner=runner, env=env, tool=tool)
+            extra = b.ops_devices(root, manifest, platform=platform, runner=runner, env=env, tool=tool, gpus=devices)
             runs.update(extra.devices)
+            served.update(dict.fromkeys(extra.devices, extra.serves))
             if extra.skipped:
                 skipped.append(f"{b.loader_name}: {extra.skipped}")
                 report.levels[f"ops {b.name}"] = f"skipped: {extra.skipped}"
@@ -231,6 +235,8 @@ def check_ops(root: Path, manifest: Manifest, report: VerifyReport, *, tool: Pat
         return
     assert tool is not None
     results = opscheck.run_ops(root, tool, devices, env=env, budget=budget, device_runs=runs)
+    for r in results:
+        r.serves = served.get(r.device)
     report.ops = [r.to_json() for r in results]
     failed = [f"{r.device} {case}" for r in results for case in r.failures]
     summary = "; ".join(r.summary() for r in results)

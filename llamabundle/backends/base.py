@@ -61,6 +61,7 @@ class OpsDevices:
 
     devices: Mapping[str, RunEnv] = field(default_factory=dict)
     skipped: str | None = None
+    serves: str | None = None  # the local device behind the devices added (RPC: what its server serves)
 
 
 @runtime_checkable
@@ -191,9 +192,10 @@ class Backend(Protocol):
     adds_ops_devices: bool
 
     def ops_devices(self, root: Path, manifest: Manifest, *, platform: Platform, runner: Sequence[str] | None,
-                    env: Mapping[str, str], tool: Path) -> OpsDevices:
+                    env: Mapping[str, str], tool: Path, gpus: Sequence[str] = ()) -> OpsDevices:
         """At the ops level (where `adds_ops_devices`): the devices the backend adds to test-backend-ops' runs from
-        `root` (RPC: the device of the bundle's own server, a fresh one for each run)."""
+        `root` (RPC: the device of the bundle's own server, a fresh one for each run), given the GPU devices the
+        ops level tests here (`gpus`)."""
         ...
 
     def device_present(self) -> bool:
@@ -298,7 +300,7 @@ class NoExtras:
         return None
 
     def ops_devices(self, root: Path, manifest: Manifest, *, platform: Platform, runner: Sequence[str] | None,
-                    env: Mapping[str, str], tool: Path) -> OpsDevices:
+                    env: Mapping[str, str], tool: Path, gpus: Sequence[str] = ()) -> OpsDevices:
         return OpsDevices()
 
     def device_present(self) -> bool:

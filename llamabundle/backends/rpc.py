@@ -34,7 +34,7 @@ LISTEN_TIMEOUT = 60.0  # seconds the server may take to listen (under an emulato
 LOOPBACK = "127.0.0.1"
 PRELOAD_SOURCE = "rpc_preload.c"  # in data/: adds the RPC servers of SERVERS_ENV to test-backend-ops
 SERVERS_ENV = "LLAMABUNDLE_RPC_SERVERS"
-OPS_SERVED = ("CPU",)  # what the server serves at the ops level (Rpc.ops_devices says why)
+SUPPORTS_AS_ENV = "LLAMABUNDLE_RPC_SUPPORTS_AS"  # the preload answers supports_op for RPC devices as this device does
 
 
 def free_port() -> int:
@@ -149,7 +149,7 @@ class Rpc(NoExtras):
         """The preload that gives test-backend-ops the RPC device (data/rpc_preload.c), built with the C compiler
         CMake used for the bundle (its target and sysroot too) and written beside the tool; none for a platform
         whose programs cannot preload a library (Windows): its ops level says so."""
-        if not hasattr(platform, "elf_machine"):
+        if not platform.preloads:
             return
         dest = preload_of(tool)
         cache = read_cmake_cache(build_dir)
@@ -173,18 +173,18 @@ class Rpc(NoExtras):
             tmp.unlink(missing_ok=True)
 
     def ops_devices(self, root: Path, manifest: Manifest, *, platform: Platform, runner: Sequence[str] | None,
-                    env: Mapping[str, str], tool: Path) -> OpsDevices:
-        """RPC0, the bundle's CPU backend served by its own server on 127.0.0.1, given to test-backend-ops by the
-        preload beside the tool (LD_PRELOAD; SERVERS_ENV names the server). Each run gets a server of its own: a run
-        stopped at its time share leaves a server that may still be busy with it.
+                    env: Mapping[str, str], tool: Path, gpus: Sequence[str] = ()) -> OpsDevices:
+        """RPC0, a device of this machine served by the bundle's own server on 127.0.0.1 (the first of `gpus`, the
+        GPU devices the ops level tests here, else the CPU), given to test-backend-ops by the preload beside the tool
+        (LD_PRELOAD; SERVERS_ENV names the server). Each run gets a server of its own: a run stopped at its time share
+        leaves a server that may still be busy with it.
 
-        The server serves the CPU (`-d CPU`), not the GPU it would choose: at the pinned commit ggml's RPC client
-        says every op is supported (ggml_backend_rpc_device_supports_op returns true), so test-backend-ops sends
-        the remote backend every case, and a CUDA server aborts on the first one CUDA lacks (seen on an H100: a
-        MUL_MAT case). The CPU backend runs every case the tests make; the GPU itself is tested directly, as a
-        device of the bundle."""
+        The preload answers for RPC0 what the served device answers here (SUPPORTS_AS_ENV): at the pinned commit
+        ggml's RPC client says every op is supported (ggml_backend_rpc_device_supports_op returns true), so
+        test-backend-ops would send the remote backend every case, and a CUDA server aborts on the first one CUDA
+        lacks (seen on an H100: a MUL_MAT case)."""
         preload = preload_of(tool)
-        if not hasattr(platform, "elf_machine"):
+        if not platform.preloads:
             return OpsDevices(skipped=f"test-backend-ops cannot be given an RPC server on {manifest.platform} "
                                       "(no LD_PRELOAD there)")
         if runner is None or list(runner):
@@ -192,12 +192,13 @@ class Rpc(NoExtras):
         if not preload.is_file():
             return OpsDevices(skipped=f"no {preload.name} beside {tool.name}: rebuild with --ops-tool, which builds "
                                       "it for a bundle with rpc")
+        device = gpus[0] if gpus else "CPU"
 
         @contextmanager
         def one_run() -> Iterator[Mapping[str, str]]:
-            with served(root, platform=platform, runner=runner, env=env, devices=OPS_SERVED) as (endpoint, _):
-                yield {"LD_PRELOAD": str(preload.resolve()), SERVERS_ENV: endpoint}
+            with served(root, platform=platform, runner=runner, env=env, devices=(device,)) as (endpoint, _):
+                yield {"LD_PRELOAD": str(preload.resolve()), SERVERS_ENV: endpoint, SUPPORTS_AS_ENV: device}
 
-        return OpsDevices(devices={"RPC0": one_run})
+        return OpsDevices(devices={"RPC0": one_run}, serves=device)
 
 RPC = Rpc()

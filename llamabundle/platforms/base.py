@@ -99,6 +99,7 @@ class Platform(Protocol):
     system: str  # linux, windows: the OS half of the name
     compilers: tuple[str, ...]  # the toolchain.compiler values a recipe for this platform may pick
     toolchain_fields: tuple[str, ...]  # the toolchain fields only some platforms take that it takes (build_host, glibc)
+    preloads: bool  # its programs can be given a library before their own (LD_PRELOAD): RPC's ops level needs it
 
     def check_recipe(self, recipe: Recipe) -> None:
         """The recipe's rules this platform knows (its backends, its toolchain fields): raises recipe.error(…)."""

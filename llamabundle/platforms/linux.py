@@ -24,6 +24,7 @@ class Linux:
     system = "linux"
     compilers: tuple[str, ...] = ("gcc", "clang")
     elf_machine = "EM_X86_64"  # every ELF file of its bundles is for this machine
+    preloads = True  # LD_PRELOAD
     toolchain_fields: tuple[str, ...] = ()  # the toolchain: fields only some platforms take (build_host, glibc)
 
     def check_recipe(self, recipe: Recipe) -> None:

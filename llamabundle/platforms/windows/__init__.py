@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 class Windows:
     name = "windows-x86_64"
     system = "windows"
+    preloads = False  # no LD_PRELOAD
     compilers: tuple[str, ...] = ("msvc", "clang", "mingw")
     toolchain_fields: tuple[str, ...] = ()
 
