@@ -12,6 +12,7 @@ import re
 import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -120,8 +121,8 @@ def run_list_devices(root: Path, *, exe_name: str, keep: Mapping[str, str] | Non
                      runner: Sequence[str] = ()) -> Loaded:
     """The bundle at `root` run natively in a clean environment (nothing of the caller's: no LD_LIBRARY_PATH, no
     PATH to other libraries; only `keep`, the variables a backend's driver lookup reads), each program in its own
-    process group (a hang ends with all it started): its llamabundle-probe where it has one, then llama-server
-    once; else llama-server's lines alone (list_devices_only). `runner`: what each program runs under (an
+    process group (a hang ends with all it started): its llamabundle-probe where it has one, and llama-server
+    once, the two at the same time; else llama-server's lines alone (list_devices_only). `runner`: what each program runs under (an
     emulator: qemu-aarch64 -cpu max -L SYSROOT), nothing when native."""
     env = clean_env(root, keep)
     exe = root / exe_name
@@ -130,10 +131,14 @@ def run_list_devices(root: Path, *, exe_name: str, keep: Mapping[str, str] | Non
     probe = root / (PROBE_PROGRAM + exe.suffix)
     if not probe.is_file():
         return list_devices_only(root, exe_name=exe_name, env=env, runner=runner)
-    said = read_probe(_native(probe, [], root=root, env=env, what=probe.name, runner=runner).stdout, root=root,
-                      exe=probe.name)
-    out = _native(exe, ["--verbose", "--list-devices"], root=root, env=env, what=f"{exe_name} --list-devices",
-                  runner=runner)
+    # the two at once (a GPU's driver starts in each): llama-server on a thread, the probe here; the probe's failure
+    # is still the one raised first (leaving the block waits for llama-server), as if it had run alone before it
+    with ThreadPoolExecutor(1) as pool:
+        server = pool.submit(_native, exe, ["--verbose", "--list-devices"], root=root, env=env,
+                             what=f"{exe_name} --list-devices", runner=runner)
+        said = read_probe(_native(probe, [], root=root, env=env, what=probe.name, runner=runner).stdout, root=root,
+                          exe=probe.name)
+        out = server.result()
     loaded = Loaded(level="passed", env=env, source=PROBE_PROGRAM)
     from_probe(said, root=root, loaded=loaded, server=(out.stderr + out.stdout).splitlines(), exe=exe_name)
     return loaded

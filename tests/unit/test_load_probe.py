@@ -158,3 +158,29 @@ def test_a_cuda_and_a_vulkan_device_with_one_bus_id_are_one_gpu() -> None:
     assert pair_devices(devices, ids) == [{"name": "NVIDIA H200", "devices": ["CUDA0", "Vulkan1"], "bus_id": "0000:00:06.0"},
                                           {"name": "NVIDIA H200", "devices": ["Vulkan0"], "bus_id": "0000:00:07.0"}]
     assert pair_devices(devices[:2]) == [{"name": "NVIDIA H200", "devices": ["CUDA0", "Vulkan0"]}]  # by name, in order
+
+
+def test_the_probe_and_llama_server_run_at_the_same_time(tmp_path: Path) -> None:
+    """Each waits until the other has started (a file each writes, then looks for): run one after the other, the
+    first would wait for ever and the check would fail on its timeout."""
+    root = bundle(tmp_path, recorded())
+    meet = 'touch "$(dirname "$0")/{me}.up"; i=0; while [ ! -f "$(dirname "$0")/{other}.up" ]; do ' \
+           'i=$((i+1)); [ $i -gt 200 ] && {{ echo "{me} waited alone" >&2; exit 9; }}; sleep 0.05; done\n'
+    for exe, me, other in (("llama-server", "server", "probe"), ("llamabundle-probe", "probe", "server")):
+        text = (root / exe).read_text()
+        (root / exe).write_text(text.replace("\n", "\n" + meet.format(me=me, other=other), 1))
+    got = load.run_list_devices(root, exe_name="llama-server")
+    assert got.level == "passed" and got.devices == ["CUDA0: NVIDIA H200 (143155 MiB, 142629 MiB free)"]
+
+
+def test_where_both_fail_the_probes_failure_is_the_one_said(tmp_path: Path) -> None:
+    root = bundle(tmp_path, recorded())
+    (root / "llama-server").write_text("#!/bin/sh\necho 'server broke' >&2\nexit 4\n")
+    (root / "llamabundle-probe").write_text("#!/bin/sh\necho 'probe broke' >&2\nexit 5\n")
+    with pytest.raises(VerifyError) as e:
+        load.run_list_devices(root, exe_name="llama-server")
+    assert e.value.what == "llamabundle-probe exited with 5" and "probe broke" in (e.value.details or "")
+    (root / "llamabundle-probe").write_text('#!/bin/sh\nexec cat "$(dirname "$0")/answer.json"\n')
+    with pytest.raises(VerifyError) as e:
+        load.run_list_devices(root, exe_name="llama-server")
+    assert e.value.what == "llama-server --list-devices exited with 4" and "server broke" in (e.value.details or "")
