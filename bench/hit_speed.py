@@ -15,13 +15,15 @@ root unless said:
 
 Every fetch verifies at `--level` (default static: every file's sha256 and the static checks of the binaries).
 
-Usage: python -m bench.hit_speed ZIP [--recipe RECIPE] [--repeat N] [--level static|load] [--json] [--json-out FILE]
+Usage: python -m bench.hit_speed ZIP [--recipe RECIPE] [--repeat N] [--level static|load] [--profile DIR] [--json]
+       [--json-out FILE]
 Prints the median seconds of each path and its ratio to plain."""
 
 from __future__ import annotations
 
 import argparse
 import os
+import pstats
 import shutil
 import statistics
 import subprocess
@@ -54,6 +56,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--recipe", help="the recipe the zip was built from: adds the cache-hit build")
     ap.add_argument("--level", default="static", choices=["manifest", "static", "load"])
+    ap.add_argument("--profile", type=Path, metavar="DIR",
+                    help="then run each llamabundle path once under cProfile: DIR/<path>.txt, its top functions")
     add_json_args(ap)
     a = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="lb-hit-speed-", dir=os.environ.get("BENCH_TMP")))
@@ -73,25 +77,40 @@ def main() -> None:
             if keys.resolve(keys.load(a.recipe), env=env).key != key:
                 raise SystemExit(f"{a.recipe} does not give the zip's key {key[:12]}: pass the recipe it was built from")
         times: dict[str, list[float]] = {k: [] for k in paths}
+
+        def commands(i: int | str) -> dict[str, tuple[list[str], dict[str, str]]]:
+            """Each path's llamabundle arguments and environment, in the order they run (fetch_warm reuses
+            fetch_cold's cache)."""
+            z, c, b = ({**env, "LLAMABUNDLE_CACHE_DIR": str(work / f"cache-{n}-{i}")} for n in ("zip", "fetch", "build"))
+            out = {"fetch_zip": (["fetch", key, "--store", str(store), "--out", str(work / f"z-{i}"), "--zip",
+                                  "--level", a.level], z),
+                   "fetch_cold": (["fetch", key, "--store", str(store), "--out", str(work / f"c-{i}"), "--level", a.level], c),
+                   "fetch_warm": (["fetch", key, "--store", str(store), "--out", str(work / f"w-{i}"), "--level", a.level], c),
+                   "install_cold": (["install", "--store", str(store), "--key", key, "--dest", str(work / f"root-{i}")], c)}
+            if a.recipe:
+                out["build_hit"] = (["build", a.recipe, "--store", str(store), "--out", str(work / f"b-{i}")], b)
+            return out
+
+        def clean(i: int | str) -> None:
+            for d in ("plain", "z", "c", "w", "root", "b", "cache-zip", "cache-fetch", "cache-build"):
+                shutil.rmtree(work / f"{d}-{i}", ignore_errors=True)
+
         for i in range(a.repeat):
             times["plain"].append(plain(a.zip, work / f"plain-{i}"))
-            cache = {**env, "LLAMABUNDLE_CACHE_DIR": str(work / f"cache-zip-{i}")}
-            times["fetch_zip"].append(timed_run([*LB, "fetch", key, "--store", str(store), "--out", str(work / f"z-{i}"),
-                                             "--zip", "--level", a.level], cache))
-            cache = {**env, "LLAMABUNDLE_CACHE_DIR": str(work / f"cache-{i}")}
-            times["fetch_cold"].append(timed_run([*LB, "fetch", key, "--store", str(store), "--out", str(work / f"c-{i}"),
-                                              "--level", a.level], cache))
-            times["fetch_warm"].append(timed_run([*LB, "fetch", key, "--store", str(store), "--out", str(work / f"w-{i}"),
-                                              "--level", a.level], cache))
-            times["install_cold"].append(timed_run([*LB, "install", "--store", str(store), "--key", key, "--dest",
-                                                str(work / f"root-{i}")], cache))
-            if a.recipe:
-                cache = {**env, "LLAMABUNDLE_CACHE_DIR": str(work / f"cache-b-{i}")}
-                times["build_hit"].append(timed_run([*LB, "build", a.recipe, "--store", str(store), "--out",
-                                                     str(work / f"b-{i}")], cache))
-            for d in (f"plain-{i}", f"z-{i}", f"c-{i}", f"w-{i}", f"root-{i}", f"cache-zip-{i}", f"cache-{i}", f"b-{i}",
-                      f"cache-b-{i}"):
-                shutil.rmtree(work / d, ignore_errors=True)
+            for name, (args, e) in commands(i).items():
+                times[name].append(timed_run([*LB, *args], e))
+            clean(i)
+        if a.profile:  # once more, each path under cProfile: where its time goes, for the next change
+            a.profile.mkdir(parents=True, exist_ok=True)
+            for name, (args, e) in commands("p").items():
+                prof = a.profile / f"{name}.prof"
+                timed_run([sys.executable, "-m", "cProfile", "-o", str(prof), "-m", "llamabundle", "--quiet", *args], e)
+                with open(a.profile / f"{name}.txt", "w", encoding="utf-8") as f:
+                    st = pstats.Stats(str(prof), stream=f)
+                    st.sort_stats("cumulative").print_stats(40)
+                    st.sort_stats("tottime").print_stats(25)
+                prof.unlink()
+            clean("p")
         med = {k: statistics.median(v) for k, v in times.items()}
         base = med["plain"]
         print(f"bundle {m.name} ({key[:12]}): zip {size / 1e6:.1f} MB, {len(m.files)} files, {unpacked / 1e6:.1f} MB "

@@ -16,7 +16,7 @@ toolkits and web UI are ready after the first row; the build tree is what change
   the pinned source never reaches a bundle (a new commit is a new recipe and key).
 
 Each row gives the seconds of the compile step (`build N targets (ninja)` in the tool's log) and of the whole
-command, their ratio to cold, the cache's hits and misses, and the zip's sha256 (all the same, or the run says so
+command (and in the JSON every step of the log with its seconds: where the rest of a warm row goes), their ratio to cold, the cache's hits and misses, and the zip's sha256 (all the same, or the run says so
 and exits 1). Needs the recipe buildable here (its source and toolkit reachable, as for `build`)."""
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 STEP = re.compile(r"build \d+ targets \(ninja\): \S+ in ([0-9.]+)s")
+STEPS = re.compile(r"^ +(.+): done in ([0-9.]+)s$", re.M)  # every step of the tool's log, with its seconds
 
 
 def run(recipe: str, args: list[str], env: dict[str, str], store: Path) -> dict[str, Any]:
@@ -49,7 +50,8 @@ def run(recipe: str, args: list[str], env: dict[str, str], store: Path) -> dict[
     from llamabundle.digest import sha256_file
 
     return {"seconds": round(took, 1), "compile_seconds": float(m.group(1)) if m else None, "compiled": out["compiled"],
-            "cache": out.get("compiler_cache"), "sha256": sha256_file(Path(out["zip"])), "zip": out["zip"]}
+            "cache": out.get("compiler_cache"), "sha256": sha256_file(Path(out["zip"])), "zip": out["zip"],
+            "steps": [[t, float(sec)] for t, sec in STEPS.findall(done.stderr)]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -80,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:28} compile {r['compile_seconds'] or 0:8.1f} s  ({ratio if ratio is not None else float('nan'):.3f} of cold)"
               f"  whole {r['seconds']:8.1f} s ({r['seconds'] / cold['seconds']:.3f})  "
               f"hits {c.get('hits', '-')} misses {c.get('misses', '-')}  zip {r['sha256'][:12]}", flush=True)
+        print("    steps of 1 s or more: " + " | ".join(f"{t} {sec:.1f}" for t, sec in r["steps"] if sec >= 1.0), flush=True)
         if a.json_out:
             a.json_out.write_text(json.dumps({"recipe": a.recipe, "cores": os.cpu_count(), "rows": rows}, indent=2))
         return r

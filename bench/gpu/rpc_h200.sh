@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The RPC backend on the H200 (issue 35, Show): the CUDA bundle's ggml-rpc-server serving CUDA0 on 127.0.0.1, and
-# a CPU bundle built here (with rpc) using it: its llama-server listing RPC0, test-backend-ops through RPC against
-# its CPU backend (LD_PRELOAD of llamabundle/data/rpc_preload.c, as verify --level ops does), llama-bench
-# pp512/tg128 through RPC against the same llama-bench on local CUDA0. Sourced by rebuild_h200.sh (RPC=1), which
+# a CPU bundle built here (with rpc) using it: its llama-server listing RPC0; verify --level ops of the CUDA bundle:
+# test-backend-ops against CUDA0 and against RPC0, its own rpc-server serving CUDA0 (LD_PRELOAD of
+# llamabundle/data/rpc_preload.c, which answers supports_op for RPC0 as CUDA0 does), each compared with the CPU
+# backend; llama-bench pp512/tg128 through RPC against the same llama-bench on local CUDA0 (flash attention off on
+# both where the bundle was built without it: FA=OFF). Sourced by rebuild_h200.sh (RPC=1), which
 # calls rpc_phase ZIP after its rows; needs W, R and say (poll.sh). Carry .rpc: cpu-rpc.zip (the CPU bundle),
 # test-backend-ops, llama-bench and libllama-bench-impl.so from its build tree, shim.so (the preload, compiled here).
 RPC_PORT=50052
@@ -21,18 +23,19 @@ rpc_phase() {
   (cd $p && ./llama-server --rpc 127.0.0.1:$RPC_PORT --list-devices) > $R/rpc-list-devices.txt 2>&1
   say "rpc: CPU bundle's llama-server --rpc: $(grep -A4 'Available devices' $R/rpc-list-devices.txt | tr '\n' '|')"
   # verify --level ops through the tool: test-backend-ops (the CPU bundle's tree's, same commit) from inside the CUDA
-  # bundle against CUDA0 and against RPC0, the bundle's own rpc-server (serving CUDA0) through the preload
+  # bundle against CUDA0 and against RPC0, the bundle's own rpc-server serving CUDA0, through the preload
   cp .rpc/test-backend-ops $W/rpc/tbo && cp .rpc/shim.so $W/rpc/tbo.rpc-preload.so
   say "rpc: verify --level ops (CUDA0 and RPC0, budget ${OPS_BUDGET:-100} s)"
   python3 -m llamabundle verify "$zip" --level ops --ops-tool $W/rpc/tbo --ops-budget ${OPS_BUDGET:-100} --json \
     > $R/rpc-verify-ops.json 2> $R/rpc-verify-ops.err
-  say "rpc: verify --level ops rc=$? $(python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(r['levels'].get('ops'))" $R/rpc-verify-ops.json 2>&1 | head -c 1500)"
+  say "rpc: verify --level ops rc=$? $(python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(r.get('levels', {}).get('ops') or r)" $R/rpc-verify-ops.json 2>&1 | head -c 1500)"
   for _ in $(seq 1 120); do [ -f $W/rpc/model.rc ] && break; sleep 1; done
   say "rpc: model rc=$(cat $W/rpc/model.rc 2> /dev/null) $(stat -c %s $m 2> /dev/null) bytes"
   cp .rpc/llama-bench .rpc/libllama-bench-impl.so $c/
-  (cd $c && LD_LIBRARY_PATH=$c ./llama-bench -m $m -p 512 -n 128 -ngl 99 -r 2 -dev CUDA0 -o json) > $R/bench-local-cuda.json 2> $R/bench-local-cuda.err
+  local fa=(); [ "${FA:-ON}" = OFF ] && fa=(-fa off)  # a bundle without the flash-attention kernels: off on both sides
+  (cd $c && LD_LIBRARY_PATH=$c ./llama-bench -m $m -p 512 -n 128 -ngl 99 -r 2 "${fa[@]}" -dev CUDA0 -o json) > $R/bench-local-cuda.json 2> $R/bench-local-cuda.err
   say "rpc: llama-bench local CUDA0 rc=$?"
-  (cd $p && LD_LIBRARY_PATH=$p ./llama-bench -m $m -p 512 -n 128 -ngl 99 -r 2 --rpc 127.0.0.1:$RPC_PORT -o json) > $R/bench-rpc.json 2> $R/bench-rpc.err
+  (cd $p && LD_LIBRARY_PATH=$p ./llama-bench -m $m -p 512 -n 128 -ngl 99 -r 2 "${fa[@]}" --rpc 127.0.0.1:$RPC_PORT -o json) > $R/bench-rpc.json 2> $R/bench-rpc.err
   say "rpc: llama-bench through RPC rc=$?"
   python3 - $R/bench-local-cuda.json $R/bench-rpc.json <<'PY' >> $R/session.log 2>&1
 import json, sys
