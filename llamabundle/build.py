@@ -172,7 +172,8 @@ PROBE_PROGRAM = data.PROBE_PROGRAM  # which backends load here and why not, and 
 # what it is, and the llama.cpp targets it links
 OWN_PROGRAMS: tuple[tuple[str, str, str], ...] = (
     (MEMORY_PROGRAM, "llama.cpp's memory figures for a llama-server launch (runtime/dryrun.py)", "llama-common llama"),
-    (PROBE_PROGRAM, "the backends that load on this machine, why the others do not, and their devices", "ggml ${CMAKE_DL_LIBS}"),
+    (PROBE_PROGRAM, "the backends that load on this machine, why the others do not, and their devices",
+     "ggml ${CMAKE_DL_LIBS} $<$<PLATFORM_ID:Windows>:ws2_32>"),  # Winsock: --rpc asks RPC servers
 )
 _PROGRAM_CMAKE = """# {program}: {what}, built beside llama-server
 if(PROJECT_NAME STREQUAL "llama.cpp" AND NOT COMMAND {function})

@@ -17,7 +17,9 @@ import pytest
 
 from llamabundle import proc
 from llamabundle.backends.rpc import free_port
+from llamabundle.runtime import rpc_servers
 from tests.e2e.conftest import RECIPE, build_recipe, run_cli, wait_healthy
+from tests.e2e.probeprogram import run_probe
 from tests.e2e.tinymodel import write_tiny_qwen2
 
 COMMIT = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"
@@ -132,3 +134,26 @@ def test_probe_reports_the_servers_the_app_configured(rpc_bundle: tuple[dict[str
                        (f"127.0.0.1:{closed}", "rpc_unreachable", None, [])]
     assert args == ["--rpc", f"127.0.0.1:{port}", "--device", "RPC0"]
     assert f"RPC0: 127.0.0.1:{port}" in listed.stdout + listed.stderr
+
+
+def test_the_bundles_own_probe_asks_the_servers_as_probe_does(rpc_bundle: tuple[dict[str, Any], Path],
+                                                               tmp_path: Path) -> None:
+    """llamabundle-probe --rpc (the native program an app not written in Python runs): each server with the same
+    reason as `probe --rpc` gives it (runtime/rpc_servers.py), and the usable one's device listed as RPC0 with the
+    RPC backend; its answer fits the schema llamabundle ships."""
+    _, out = rpc_bundle
+    port, closed = free_port(), free_port()
+    named = [f"127.0.0.1:{port}", f"127.0.0.1:{closed}", "no-port"]
+    with proc.serving([out / "ggml-rpc-server", "-p", str(port)], cwd=tmp_path, env=ENV,
+                      log_path=tmp_path / "rpc.log"):
+        assert _listening(port)
+        said = run_probe([str(out / "llamabundle-probe"), "--rpc", ",".join(named)], env=ENV, cwd=tmp_path, timeout=60)
+        python = rpc_servers.check_all(named, bundle_has_rpc=True)
+    got = [(s["endpoint"], s["reason"], s["version"], s["devices"], s["device_names"]) for s in said["rpc_servers"]]
+    assert got == [(named[0], "rpc_ok", "7.0.0", 1, ["RPC0"]), (named[1], "rpc_unreachable", None, 0, []),
+                   (named[2], "rpc_endpoint_invalid", None, 0, [])]
+    assert [s["reason"] for s in said["rpc_servers"]] == [s.reason.value for s in python]
+    assert [list(s.device_names) for s in python] == [s["device_names"] for s in said["rpc_servers"]]
+    (rpc0,) = [d for d in said["devices"] if d["name"] == "RPC0"]
+    assert rpc0["backend"] == "RPC" and rpc0["description"] == named[0] and rpc0["memory_total"] > 0
+    assert "Connection refused" in said["rpc_servers"][1]["detail"]

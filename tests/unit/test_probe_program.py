@@ -97,7 +97,8 @@ def test_the_schema_refuses_what_the_program_never_prints(path: tuple[Any, ...],
 
 def test_every_bundle_builds_the_probe_linked_to_ggml_only() -> None:
     (probe,) = [p for p in OWN_PROGRAMS if p[0] == PROBE_PROGRAM]
-    assert probe[2] == "ggml ${CMAKE_DL_LIBS}"  # no llama: it answers for the backends, and reads no model
+    # no llama: it answers for the backends, and reads no model; Winsock on Windows for --rpc
+    assert probe[2] == "ggml ${CMAKE_DL_LIBS} $<$<PLATFORM_ID:Windows>:ws2_32>"
     source = data.text(f"programs/{PROBE_PROGRAM}.cpp")
     assert "ggml_log_set(on_log" in source and "ggml_backend_load(" in source and '#include "llama.h"' not in source
 

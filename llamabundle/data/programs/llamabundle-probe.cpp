@@ -17,6 +17,12 @@
 // opened by name from the system's own places, its functions declared here (no CUDA or Vulkan headers are
 // needed to build it); a library that does not open is reported with the loader's words, a function it lacks
 // is named and never called, device counts are bounded, and what a driver writes on stdout goes to stderr.
+//
+// `--rpc HOST:PORT[,HOST:PORT...]` also asks each RPC server an app configured, as ggml's client does (a TCP
+// connection, HELLO, DEVICE_COUNT; nothing else is sent), and reports it with a reason code (rpc_ok,
+// rpc_unreachable, rpc_not_rpc, rpc_version_mismatch, rpc_no_devices, rpc_endpoint_invalid, rpc_backend_missing:
+// reasons.json's "rpc"). The servers that answered are then added as llama-server --rpc adds them, so their devices
+// (RPC0, ...) are listed: at the pinned commit ggml aborts on a server it cannot use, so no other is given to it.
 #include "ggml-backend.h"
 #include "ggml.h"
 
@@ -35,12 +41,20 @@
 #    ifndef NOMINMAX
 #        define NOMINMAX
 #    endif
+#    include <winsock2.h>
+#    include <ws2tcpip.h>
 #    include <windows.h>
 #    include <fstream>
 #    include <io.h>
 #else
 #    include <dlfcn.h>
+#    include <netdb.h>
+#    include <poll.h>
+#    include <sys/socket.h>
+#    include <sys/time.h>
 #    include <unistd.h>
+#    include <fcntl.h>
+#    include <cerrno>
 #    ifdef __linux__
 #        include <link.h>
 #    endif
@@ -620,6 +634,250 @@ std::string vulkan_driver() {
     return out;
 }
 
+// --rpc: the RPC servers an app configured (runtime/rpc_servers.py asks them the same way, in Python)
+
+const int RPC_CMD_HELLO = 14, RPC_CMD_DEVICE_COUNT = 15;  // ggml-rpc.cpp at the pinned commit
+const size_t RPC_CAPS_SIZE = 24;                            // HELLO's request: the transport's capabilities, none
+const int RPC_PROTO_MAJOR = 7, RPC_PROTO_MINOR = 0;         // RPC_PROTO_*_VERSION: what the bundle's client speaks
+const uint32_t RPC_MAX_DEVICES = 256;                       // more is not believed to be ggml's
+const int RPC_TIMEOUT_MS = 3000;                            // each server: connection and answers together
+
+struct RpcServer {
+    std::string endpoint, reason, detail, version;  // version: "" until it answered HELLO
+    uint32_t devices = 0;
+    std::vector<std::string> device_names;
+};
+
+#ifdef _WIN32
+using sock_t = SOCKET;
+const sock_t NO_SOCKET = INVALID_SOCKET;
+void close_socket(sock_t s) { closesocket(s); }
+std::string socket_error() { return system_message(WSAGetLastError()); }
+#else
+using sock_t = int;
+const sock_t NO_SOCKET = -1;
+void close_socket(sock_t s) { close(s); }
+std::string socket_error() { return std::strerror(errno); }
+#endif
+
+// HOST:PORT (an IPv6 host in brackets) as ggml parses it; false when it is not one
+bool split_endpoint(const std::string & endpoint, std::string & host, std::string & port) {
+    std::string e = trim(endpoint);
+    size_t colon = e.rfind(':');
+    if (colon == std::string::npos || colon == 0 || colon + 1 == e.size()) return false;
+    host = e.substr(0, colon);
+    port = e.substr(colon + 1);
+    if (port.size() > 5 || !std::all_of(port.begin(), port.end(), [](unsigned char c) { return std::isdigit(c); })) return false;
+    long n = std::strtol(port.c_str(), nullptr, 10);
+    if (n <= 0 || n > 65535) return false;
+    if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+    return !host.empty() && std::none_of(host.begin(), host.end(), [](unsigned char c) { return std::isspace(c); });
+}
+
+// A TCP connection within the timeout, to the first address of `host` that takes one; "" and the socket, or why not
+std::string rpc_connect(const std::string & host, const std::string & port, sock_t & out) {
+    addrinfo hints{}, * found = nullptr;
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    int rc = getaddrinfo(host.c_str(), port.c_str(), &hints, &found);
+    if (rc != 0) {
+#ifdef _WIN32
+        return system_message(rc);
+#else
+        return gai_strerror(rc);
+#endif
+    }
+    std::string why = "no address";
+    for (addrinfo * a = found; a; a = a->ai_next) {
+        sock_t s = socket(a->ai_family, a->ai_socktype, a->ai_protocol);
+        if (s == NO_SOCKET) { why = socket_error(); continue; }
+#ifdef _WIN32
+        u_long on = 1;
+        ioctlsocket(s, FIONBIO, &on);
+        bool pending = connect(s, a->ai_addr, (int) a->ai_addrlen) != 0 && WSAGetLastError() == WSAEWOULDBLOCK;
+        fd_set w;
+        FD_ZERO(&w);
+        FD_SET(s, &w);
+        timeval tv{RPC_TIMEOUT_MS / 1000, 0};
+        bool ready = !pending || select(0, nullptr, &w, nullptr, &tv) > 0;
+#else
+        fcntl(s, F_SETFL, fcntl(s, F_GETFL) | O_NONBLOCK);
+        int c = connect(s, a->ai_addr, a->ai_addrlen);
+        bool pending = c != 0 && errno == EINPROGRESS;
+        if (c != 0 && !pending) { why = socket_error(); close_socket(s); continue; }
+        pollfd p{s, POLLOUT, 0};
+        bool ready = !pending || poll(&p, 1, RPC_TIMEOUT_MS) > 0;
+#endif
+        int err = 0;
+        socklen_t len = sizeof err;
+        if (!ready) {
+            why = "no connection within " + std::to_string(RPC_TIMEOUT_MS / 1000) + " s";
+        } else if (getsockopt(s, SOL_SOCKET, SO_ERROR, reinterpret_cast<char *>(&err), &len) != 0 || err != 0) {
+#ifdef _WIN32
+            why = system_message(err);
+#else
+            why = std::strerror(err);
+#endif
+        } else {  // connected: blocking again, each read and write bounded by the timeout
+#ifdef _WIN32
+            u_long off = 0;
+            ioctlsocket(s, FIONBIO, &off);
+            DWORD ms = RPC_TIMEOUT_MS;
+            setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, reinterpret_cast<const char *>(&ms), sizeof ms);
+            setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, reinterpret_cast<const char *>(&ms), sizeof ms);
+#else
+            fcntl(s, F_SETFL, fcntl(s, F_GETFL) & ~O_NONBLOCK);
+            timeval tv{RPC_TIMEOUT_MS / 1000, 0};
+            setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+            setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+#endif
+            freeaddrinfo(found);
+            out = s;
+            return "";
+        }
+        close_socket(s);
+    }
+    freeaddrinfo(found);
+    return why;
+}
+
+bool send_all(sock_t s, const std::vector<uint8_t> & buf) {
+    size_t done = 0;
+    while (done < buf.size()) {
+        auto n = send(s, reinterpret_cast<const char *>(buf.data()) + done, (int) (buf.size() - done), 0);
+        if (n <= 0) return false;
+        done += (size_t) n;
+    }
+    return true;
+}
+
+// `n` bytes; "" or why not
+std::string recv_all(sock_t s, uint8_t * buf, size_t n) {
+    size_t got = 0;
+    while (got < n) {
+        auto r = recv(s, reinterpret_cast<char *>(buf) + got, (int) (n - got), 0);
+        if (r == 0) return "the connection closed after " + std::to_string(got) + " of " + std::to_string(n) + " bytes";
+        if (r < 0) return socket_error();
+        got += (size_t) r;
+    }
+    return "";
+}
+
+// One request (command byte, little-endian 64-bit size, payload) and its answer, which must be `size` bytes
+std::string rpc_command(sock_t s, int cmd, size_t payload, std::vector<uint8_t> & answer, size_t size) {
+    std::vector<uint8_t> req(1 + 8 + payload, 0);
+    req[0] = (uint8_t) cmd;
+    for (int i = 0; i < 8; i++) req[1 + i] = (uint8_t) ((uint64_t) payload >> (8 * i));
+    if (!send_all(s, req)) return socket_error();
+    uint8_t head[8];
+    std::string why = recv_all(s, head, 8);
+    if (!why.empty()) return why;
+    uint64_t got = 0;
+    for (int i = 7; i >= 0; i--) got = (got << 8) | head[i];
+    if (got != size) return "an answer of " + std::to_string(got) + " bytes where " + std::to_string(size) + " were expected";
+    answer.assign(size, 0);
+    return recv_all(s, answer.data(), size);
+}
+
+RpcServer rpc_check(const std::string & endpoint) {
+    RpcServer r;
+    r.endpoint = endpoint;
+    std::string host, port;
+    if (!split_endpoint(endpoint, host, port)) {
+        r.reason = "rpc_endpoint_invalid", r.detail = "not HOST:PORT";
+        return r;
+    }
+    sock_t s = NO_SOCKET;
+    std::string why = rpc_connect(host, port, s);
+    if (!why.empty()) {
+        r.reason = "rpc_unreachable", r.detail = why;
+        return r;
+    }
+    std::vector<uint8_t> hello, count;
+    why = rpc_command(s, RPC_CMD_HELLO, RPC_CAPS_SIZE, hello, 4 + RPC_CAPS_SIZE);
+    if (!why.empty()) {
+        close_socket(s);
+        r.reason = "rpc_not_rpc", r.detail = "no ggml RPC answer to HELLO: " + why;
+        return r;
+    }
+    r.version = std::to_string(hello[0]) + "." + std::to_string(hello[1]) + "." + std::to_string(hello[2]);
+    if (hello[0] != RPC_PROTO_MAJOR || hello[1] > RPC_PROTO_MINOR) {
+        close_socket(s);
+        r.reason = "rpc_version_mismatch";
+        r.detail = "the server speaks " + r.version + ", the bundle " + std::to_string(RPC_PROTO_MAJOR) + "." +
+                   std::to_string(RPC_PROTO_MINOR) + ".0";
+        return r;
+    }
+    why = rpc_command(s, RPC_CMD_DEVICE_COUNT, 0, count, 4);
+    close_socket(s);
+    if (!why.empty()) {
+        r.reason = "rpc_not_rpc", r.detail = "no answer to DEVICE_COUNT: " + why;
+        return r;
+    }
+    r.devices = (uint32_t) count[0] | (uint32_t) count[1] << 8 | (uint32_t) count[2] << 16 | (uint32_t) count[3] << 24;
+    if (r.devices == 0) {
+        r.reason = "rpc_no_devices", r.detail = "it serves no device";
+    } else if (r.devices > RPC_MAX_DEVICES) {
+        r.reason = "rpc_not_rpc", r.detail = "it claims " + std::to_string(r.devices) + " devices", r.devices = 0;
+    } else {
+        r.reason = "rpc_ok";
+    }
+    return r;
+}
+
+// Each server in order; those that answered are added to ggml (as llama-server --rpc does) with the names ggml
+// gives their devices. Without the RPC backend loaded: each one rpc_backend_missing.
+std::vector<RpcServer> rpc_servers(const std::vector<std::string> & endpoints) {
+    std::vector<RpcServer> out;
+    ggml_backend_reg_t rpc = ggml_backend_reg_by_name("RPC");
+    using add_server_t = ggml_backend_reg_t (*)(const char *);
+    auto add_server = rpc ? reinterpret_cast<add_server_t>(ggml_backend_reg_get_proc_address(rpc, "ggml_backend_rpc_add_server"))
+                          : nullptr;
+#ifdef _WIN32
+    WSADATA wsa;
+    bool winsock = add_server && WSAStartup(MAKEWORD(2, 2), &wsa) == 0;
+#endif
+    for (const auto & e : endpoints) {
+        if (!add_server) {
+            RpcServer r;
+            r.endpoint = e, r.reason = "rpc_backend_missing";
+            r.detail = rpc ? "the RPC backend has no ggml_backend_rpc_add_server" : "the bundle's ggml-rpc module did not load";
+            out.push_back(r);
+            continue;
+        }
+        RpcServer r = rpc_check(e);
+        if (r.reason == "rpc_ok") {
+            ggml_backend_reg_t reg = add_server(trim(e).c_str());
+            if (reg) {
+                ggml_backend_register(reg);
+                for (size_t i = 0; i < ggml_backend_reg_dev_count(reg); i++) {
+                    r.device_names.push_back(ggml_backend_dev_name(ggml_backend_reg_dev_get(reg, i)));
+                }
+            }
+        }
+        out.push_back(r);
+    }
+#ifdef _WIN32
+    if (winsock) WSACleanup();
+#endif
+    return out;
+}
+
+std::string rpc_json(const std::vector<RpcServer> & servers) {
+    std::string out = "  \"rpc_servers\": [";
+    for (size_t i = 0; i < servers.size(); i++) {
+        const RpcServer & r = servers[i];
+        out += i ? ",\n    {" : "\n    {";
+        out += "\"endpoint\": " + json_str(r.endpoint) + ", \"reason\": " + json_str(r.reason);
+        out += ", \"detail\": " + json_str(r.detail);
+        out += ", \"version\": " + (r.version.empty() ? std::string("null") : json_str(r.version));
+        out += ", \"devices\": " + std::to_string(r.devices) + ", \"device_names\": [";
+        for (size_t j = 0; j < r.device_names.size(); j++) out += (j ? ", " : "") + json_str(r.device_names[j]);
+        out += "]}";
+    }
+    return out + (servers.empty() ? "],\n" : "\n  ],\n");
+}
+
 // `--drivers`: one JSON object, {"schema": 1, "program": …, "mode": "drivers", "drivers": {"cuda": …, "vulkan": …}}
 int drivers_main() {
     std::string cuda, vulkan;
@@ -640,14 +898,24 @@ int drivers_main() {
 }  // namespace
 
 int main(int argc, char ** argv) {
-    const char * usage = "usage: llamabundle-probe [--dir DIR | --drivers]";
+    const char * usage = "usage: llamabundle-probe [--dir DIR] [--rpc HOST:PORT[,...]] | --drivers";
     fs::path dir;
-    bool has_dir = false, drivers = false;
+    bool has_dir = false, drivers = false, has_rpc = false;
+    std::vector<std::string> rpc;
     for (int i = 1; i < argc; i++) {
         std::string a = argv[i];
-        if ((a == "--dir" && i + 1 < argc && drivers) || (a == "--drivers" && has_dir)) {
-            std::fprintf(stderr, "llamabundle-probe: --dir and --drivers do not go together (%s)\n", usage);
+        if (((a == "--dir" || a == "--rpc") && i + 1 < argc && drivers) || (a == "--drivers" && (has_dir || has_rpc))) {
+            std::fprintf(stderr, "llamabundle-probe: --drivers goes with neither --dir nor --rpc (%s)\n", usage);
             return 2;
+        } else if (a == "--rpc" && i + 1 < argc) {
+            has_rpc = true;
+            std::string list = argv[++i];
+            for (size_t at = 0; at <= list.size();) {
+                size_t comma = list.find(',', at);
+                if (comma == std::string::npos) comma = list.size();
+                if (comma > at) rpc.push_back(list.substr(at, comma - at));
+                at = comma + 1;
+            }
         } else if (a == "--dir" && i + 1 < argc) {
             dir = fs::u8path(argv[++i]);
             has_dir = true;
@@ -657,6 +925,8 @@ int main(int argc, char ** argv) {
             std::printf("%s\n"
                         "Prints one JSON object: the ggml backend modules of DIR (default: this program's\n"
                         "directory), whether each loads here and why not, and the devices they find.\n"
+                        "--rpc: also each RPC server named (HOST:PORT, comma-separated), asked as ggml's client\n"
+                        "asks, with a reason code; the devices of those that answered are listed (RPC0, ...).\n"
                         "--drivers: the GPU drivers of this machine instead, asked without any ggml backend\n"
                         "module: the NVIDIA driver (%s) and the Vulkan loader (%s), whether\n"
                         "each opens here and why not, and the devices they find.\n",
@@ -741,6 +1011,9 @@ int main(int argc, char ** argv) {
         }
     }
 
+    std::vector<RpcServer> servers;
+    if (has_rpc) servers = rpc_servers(rpc);
+
     std::string out = "{\n  \"schema\": 1,\n  \"program\": \"llamabundle-probe\",\n";
     out += "  \"dir\": " + json_str(path_str(dir)) + ",\n";
     out += "  \"modules\": [";
@@ -761,6 +1034,7 @@ int main(int argc, char ** argv) {
         out += "]}";
     }
     out += modules.empty() ? "],\n" : "\n  ],\n";
+    if (has_rpc) out += rpc_json(servers);
 
     out += "  \"devices\": [";
     size_t n = ggml_backend_dev_count();
