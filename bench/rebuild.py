@@ -1,6 +1,7 @@
 """Rebuilds through a compiler cache (issue 34, Deliver 3 and 4), measured in one run on one machine:
 
-    python -m bench.rebuild RECIPE [--caches ccache,sccache] [--new-dir] [--touch PATH] [--json-out F] [-- BUILD ARGS...]
+    python -m bench.rebuild RECIPE [--caches ccache,sccache] [--new-dir] [--touch PATH] [--after-cold CMD]
+                               [--after-cache CMD] [--json-out F] [-- BUILD ARGS...]
 
 Each row is `llamabundle build RECIPE --force` into a scratch store with the same llamabundle cache (the source,
 toolkits and web UI are ready after the first row; the build tree is what changes):
@@ -63,6 +64,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--after-cold", metavar="CMD",
                     help="a shell command run after the cold row, untimed, with ZIP set to its zip (work that needs a "
                          "bundle of the recipe and must not run beside a timed row)")
+    ap.add_argument("--after-cache", metavar="CMD",
+                    help="a shell command run after each cache's rows, untimed, with CACHE set to its name and ZIP to "
+                         "the cold row's zip")
     ap.add_argument("--new-dir", action="store_true", help="also ccache warm in a new build directory")
     ap.add_argument("--json-out", type=Path)
     argv = sys.argv[1:] if argv is None else argv
@@ -110,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
                 row("ccache warm, new directory", ["--clean", "--compiler-cache", cache],
                     {**e, "PATH": f"{b}{os.pathsep}{env.get('PATH', '')}"})
             last, last_env = cache, e
+            if a.after_cache:
+                subprocess.run(a.after_cache, shell=True, env={**env, "CACHE": cache, "ZIP": cold_row["zip"]}, check=False)
         if a.touch:
             from llamabundle import keys
             from llamabundle.settings import Settings

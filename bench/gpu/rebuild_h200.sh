@@ -7,8 +7,8 @@
 # there). Then bench/hit_speed.py on the zip the rows made (with the cache-hit build; HIT=0 leaves it out), each of its
 # paths once more under cProfile (results/profile/).
 # FA=OFF narrows the build further (GGML_CUDA_FA off). AFTER_COLD=1 runs the hit (and with RPC=1 rpc_h200.sh; carry
-# .rpc) on the cold row's zip, before the cache rows. TOUCH='' leaves the touch row out. NEW_DIR=1 adds ccache's warm
-# row in a new build directory.
+# .rpc) on the cold row's zip, before the cache rows; RPC_AFTER=ccache runs rpc_h200.sh after ccache's rows instead.
+# TOUCH='' leaves the touch row out. NEW_DIR=1 adds ccache's warm row in a new build directory.
 #
 #   bash bench/gpu/rebuild_h200.sh start   # set up, start in the background, poll
 #   bash bench/gpu/rebuild_h200.sh poll    # wait (at most POLL_S seconds); results in $OUT/results.tgz
@@ -46,6 +46,7 @@ PY
   # (rpc_h200.sh): what a session cut short by its device time should have shown first
   python3 -m bench.rebuild $W/cuda.yaml --caches "${CACHES:-ccache,sccache}" --touch "${TOUCH-ggml/src/ggml-cuda/ggml-cuda.cu}" \
     ${NEW_DIR:+--new-dir} ${AFTER_COLD:+--after-cold "bash bench/gpu/rebuild_h200.sh after-cold"} \
+    ${RPC_AFTER:+--after-cache "bash bench/gpu/rebuild_h200.sh after-cache"} \
     --json-out $R/rebuild.json -- --toolkit-source system >> $R/session.log 2> $R/rebuild.err
   say "rebuild rc=$?"
   [ -z "${AFTER_COLD:-}" ] && hit "$(ls $W/cache/out/*.zip 2> /dev/null | head -1)"
@@ -68,6 +69,10 @@ case "${1:-}" in
   orchestrate) orchestrate ;;  # (the variables of `start` reach it: ARCHS, FA, CACHES, NEW_DIR, AFTER_COLD, RPC, TOUCH, HIT)
   # shellcheck source=rpc_h200.sh
   after-cold) hit "$ZIP"; [ "${RPC:-0}" = 1 ] && { source bench/gpu/rpc_h200.sh; rpc_phase "$ZIP"; } ;;  # bench.rebuild's --after-cold
+  # RPC_AFTER=CACHE: the RPC phase after that cache's rows instead (.rpc may be carried by a later poll: waited for)
+  after-cache) [ "$CACHE" = "${RPC_AFTER:-}" ] || exit 0
+               for _ in $(seq 1 60); do [ -f .rpc/cpu-rpc.zip ] && break; sleep 5; done
+               source bench/gpu/rpc_h200.sh; rpc_phase "$ZIP" ;;
   poll) poll ;;
   *) echo "usage: $0 start|poll"; exit 2 ;;
 esac

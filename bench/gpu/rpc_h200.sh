@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The RPC backend on the H200 (issue 35, Show): the CUDA bundle's ggml-rpc-server serving CUDA0 on 127.0.0.1, and
-# a CPU bundle built here (with rpc) using it: its llama-server listing RPC0; verify --level ops of the CUDA bundle:
+# a CPU bundle built here (with rpc) using it: its llama-server listing RPC0; the CUDA bundle's llamabundle-probe --rpc
+# asking its server (and a closed port); verify --level ops of the CUDA bundle:
 # test-backend-ops against CUDA0 and against RPC0, its own rpc-server serving CUDA0 (LD_PRELOAD of
 # llamabundle/data/rpc_preload.c, which answers supports_op for RPC0 as CUDA0 does), each compared with the CPU
 # backend; llama-bench pp512/tg128 through RPC against the same llama-bench on local CUDA0 (flash attention off on
@@ -22,6 +23,9 @@ rpc_phase() {
   say "rpc: server up: $(head -c 600 $R/rpc-server.log | tr '\n' '|')"
   (cd $p && ./llama-server --rpc 127.0.0.1:$RPC_PORT --list-devices) > $R/rpc-list-devices.txt 2>&1
   say "rpc: CPU bundle's llama-server --rpc: $(grep -A4 'Available devices' $R/rpc-list-devices.txt | tr '\n' '|')"
+  # the CUDA bundle's own llamabundle-probe --rpc (derivation 11): its server and a closed port, with reason codes
+  (cd $c && ./llamabundle-probe --rpc 127.0.0.1:$RPC_PORT,127.0.0.1:1) > $R/rpc-probe.json 2> $R/rpc-probe.err
+  say "rpc: llamabundle-probe --rpc rc=$? $(python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print([(s['endpoint'], s['reason'], s['version'], s['device_names']) for s in r['rpc_servers']], [(d['name'], d['description'], d['memory_total']) for d in r['devices'] if d['name'].startswith('RPC')])" $R/rpc-probe.json 2>&1 | head -c 800)"
   # verify --level ops through the tool: test-backend-ops (the CPU bundle's tree's, same commit) from inside the CUDA
   # bundle against CUDA0 and against RPC0, the bundle's own rpc-server serving CUDA0, through the preload
   cp .rpc/test-backend-ops $W/rpc/tbo && cp .rpc/shim.so $W/rpc/tbo.rpc-preload.so
