@@ -8,7 +8,7 @@ from __future__ import annotations
 import fnmatch
 import mmap
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -99,13 +99,33 @@ def names_in(path: Path, rule: Rule) -> list[str]:
 def _names_in(path: str, size: int, mtime_ns: int, rule: Rule) -> tuple[str, ...]:
     found: set[str] = set()
     narrow, wide = rule.patterns
+    head = rule.names.split("#", 1)[0].encode("ascii")  # the literal the name starts with (rules() checks a '#')
     with open(path, "rb") as f:
         if f.seek(0, 2) == 0:
             return ()
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-            found.update(x.group(0).decode("ascii") for x in narrow.finditer(m) if _starts_name(m, x.start(), 1))
-            found.update(x.group(0)[::2].decode("ascii") for x in wide.finditer(m) if _starts_name(m, x.start(), 2))
+            found.update(x.group(0).decode("ascii") for x in _matches(m, head, narrow) if _starts_name(m, x.start(), 1))
+            found.update(x.group(0)[::2].decode("ascii") for x in _matches(m, _wide(head), wide)
+                         if _starts_name(m, x.start(), 2))
     return tuple(sorted(found))
+
+
+def _wide(text: bytes) -> bytes:
+    return b"".join(bytes([c, 0]) for c in text)
+
+
+def _matches(m: mmap.mmap, head: bytes, pattern: re.Pattern[bytes]) -> Iterator[re.Match[bytes]]:
+    """pattern's matches in m, tried only where its literal head is (mmap.find skips the rest at memory speed:
+    a regex scan of cuBLASLt's 540 MB took 1.1 s on an H100 machine)."""
+    if not head:
+        yield from pattern.finditer(m)
+        return
+    at = m.find(head)
+    while at >= 0:
+        x = pattern.match(m, at)
+        if x is not None:
+            yield x
+        at = m.find(head, at + 1)
 
 
 def named_by(files: Mapping[str, Path], *, latent: bool) -> list[Named]:
