@@ -110,8 +110,9 @@ def test_ops_through_the_bundles_rpc_server_agree_with_its_cpu_backend(rpc_bundl
     res = run_cli("verify", result["zip"], "--level", "ops", "--ops-budget", "40", "--json", env=e2e_env, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     report = json.loads(res.stdout)
-    assert re.match(r"passed \(RPC0: [1-9]\d* passed, 0 failed", report["levels"]["ops"]), report["levels"]["ops"]
-    assert [d["device"] for d in report["ops"]] == ["RPC0"]
+    assert re.match(r"passed \(RPC0 \(serving CPU\): [1-9]\d* passed, 0 failed", report["levels"]["ops"]), \
+        report["levels"]["ops"]
+    assert [(d["device"], d["serves"]) for d in report["ops"]] == [("RPC0", "CPU")], "no GPU here: the server serves the CPU"
 
 
 def test_probe_reports_the_servers_the_app_configured(rpc_bundle: tuple[dict[str, Any], Path],
