@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -142,7 +143,7 @@ def build_once(keyed: Keyed, *, settings: Settings, store: Store, log: Log, env:
         entry = store.lookup(key)
         if entry is not None:
             log.info(f"cache hit: {key[:12]} in {store.url}")
-            return _from_store(entry, store=store, settings=settings, log=log, out=out, expect=expect_for(keyed))
+            return _hit(entry, store=store, settings=settings, log=log, out=out, expect=expect_for(keyed))
         log.info(f"cache miss: {key[:12]} not in {store.url}; building")
     host = platforms.host_name()
     if not platforms.get(recipe.platform).can_build_on(host, recipe.toolchain.compiler):
@@ -153,7 +154,7 @@ def build_once(keyed: Keyed, *, settings: Settings, store: Store, log: Log, env:
             entry = store.lookup(key)
             if entry is not None:  # the process we waited for stored it
                 log.info(f"cache hit: {key[:12]} in {store.url} (stored while we waited)")
-                return _from_store(entry, store=store, settings=settings, log=log, out=out, expect=expect_for(keyed))
+                return _hit(entry, store=store, settings=settings, log=log, out=out, expect=expect_for(keyed))
         return _build_locked(keyed, settings=settings, store=store, log=log, env=env, publish=publish,
                              out=out, jobs=jobs, clean=clean, toolkit_source=toolkit_source,
                              check_reproducible=check_reproducible, ops_tool=ops_tool)
@@ -329,6 +330,25 @@ def assemble(made: Made, plan: BuildPlan, result: BuildResult, out_zip: Path, *,
     return manifest, collected, report
 
 
+def _hit(entry: Entry, *, store: Store, settings: Settings, log: Log, out: Path | None, expect: Expect) -> BuildOutcome:
+    """A cache hit of `build`: the bundle verified at its platform's level (in `out` when given), and its zip in
+    the cache, since a build's result is a zip on disk. From a store on this disk that keeps files by content, with
+    an `out`, the bundle is assembled from the blobs (unpacked on the cores there are) while the zip is copied into
+    the cache beside it, each checked by its sha256: nothing is read twice from the network, as both lie here. Else
+    the zip is fetched, hashed and unpacked in one pass (_from_store)."""
+    src = blob_source(store, entry) if out is not None and getattr(store, "on_this_disk", False) else None
+    if src is None or out is None:
+        return _from_store(entry, store=store, settings=settings, log=log, out=out, expect=expect)
+    dest = cache.fetched_dir(settings.cache_dir, entry.key)
+    with ThreadPoolExecutor(1) as pool:  # leaving the block waits for the copy, whatever happened meanwhile
+        copied = pool.submit(store.fetch, entry, dest)
+        outcome = _by_content(entry, src, settings=settings, log=log, out=out, expect=expect,
+                              level=verify_level_for(entry.manifest.platform), before_place=copied.result)
+        outcome.zip_path = copied.result()  # a damaged zip was raised before --out was filled
+    cache.touch(dest)  # used now (the bound removes the least recently used first)
+    return outcome
+
+
 def _from_store(entry: Entry, *, store: Store, settings: Settings, log: Log, out: Path | None,
                 level: Level | None = None, expect: Expect | None = None) -> BuildOutcome:
     """Download, unpack and verify in one pass over the bytes (zipstream), then move into `out` (when given).
@@ -410,9 +430,10 @@ def fetch(key: str, *, store: Store, settings: Settings, log: Log, out: Path, le
 
 
 def _by_content(entry: Entry, src: BlobStore, *, settings: Settings, log: Log, out: Path, level: Level,
-                expect: Expect | None) -> BuildOutcome:
+                expect: Expect | None, before_place: Callable[[], object] | None = None) -> BuildOutcome:
     """The bundle assembled in a directory beside --out from the cache's blobs (store.blobcache: only what they
-    lack is downloaded), trusted and verified as an unpacked zip is, then moved into --out. No zip is read."""
+    lack is downloaded), trusted and verified as an unpacked zip is, then moved into --out. No zip is read.
+    `before_place`: called before the move; what it raises leaves --out as it was."""
     expect = expect or Expect(key=entry.key)
     manifest_mod.check_consistent(entry.manifest, expect)  # before a byte is downloaded
     blobs = cache.blob_dir(settings.cache_dir)
@@ -430,6 +451,8 @@ def _by_content(entry: Entry, src: BlobStore, *, settings: Settings, log: Log, o
         except LlamaBundleError as e:
             naming.error(e)
             raise
+        if before_place is not None:
+            before_place()
         place(tmp, out, entry.manifest, log)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

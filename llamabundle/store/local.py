@@ -46,6 +46,7 @@ _KEY_DIR = re.compile(r"[0-9a-f]{64}")
 
 class LocalStore:
     blob_workers = 8  # blobs read from a disk: one core each (store.blobcache.workers)
+    on_this_disk = True  # a hit may read both its blobs and its zip (pipeline._hit): nothing crosses a network
 
     def __init__(self, root: Path) -> None:
         self.root = root.expanduser().resolve()

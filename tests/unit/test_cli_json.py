@@ -184,6 +184,53 @@ def test_check_publish_fetch_verify_and_a_build_that_hits(tmp_path: Path, capsys
     assert report["path"] == str(zip_path) and report["levels"]["load"] == "passed"
 
 
+def test_a_hit_into_out_from_a_store_on_this_disk_takes_the_blobs_and_copies_the_zip(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """pipeline._hit: --out is assembled from the store's blobs while the zip is copied into the cache beside it;
+    the result is what a hit through the zip gives: the bundle in --out, verified at the load level, and the zip,
+    the stored one byte for byte."""
+    store = tmp_path / "store"
+    zip_path = make_bundle_zip(tmp_path)
+    json_of(capsys, "publish", "publish", zip_path, "--store", store)
+    out = tmp_path / "out"
+    built = json_of(capsys, "build", "build", LINUX, "--store", store, "--out", out)
+    assert (built["hit"], built["compiled"], built["out"]) == (True, 0, str(out))
+    assert built["verify"]["levels"]["load"] == "passed"
+    assert built["verify"]["backends_loaded"] == {"CPU": str(out / "libggml-cpu.so")}  # --out, not the temp dir
+    assert Path(built["zip"]).read_bytes() == zip_path.read_bytes() and Path(built["zip"]).parent != store
+    with zipfile.ZipFile(zip_path) as z:
+        assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()) == \
+            sorted(i.filename for i in z.infolist() if not i.is_dir())
+        assert all((out / i.filename).read_bytes() == z.read(i) for i in z.infolist() if not i.is_dir())
+
+
+def test_a_hit_whose_zip_copy_fails_leaves_out_empty(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The blobs are whole, the zip's copy beside them fails (damaged after the lookup read it): the hit fails with
+    the copy's error, --out is never filled, and nothing is left beside it."""
+    from llamabundle import pipeline
+    from llamabundle.bundle.manifest import Expect
+    from llamabundle.errors import VerifyError
+    from llamabundle.log import Log
+    from llamabundle.store.local import LocalStore
+
+    store = tmp_path / "store"
+    json_of(capsys, "publish", "publish", make_bundle_zip(tmp_path), "--store", store)
+    local = LocalStore(store)
+    entry = local.lookup(LINUX_KEY)
+    assert entry is not None
+
+    def broken(*_: object, **__: object) -> Path:
+        raise VerifyError("the stored zip does not match its sha256 in the store")
+
+    monkeypatch.setattr(local, "fetch", broken)
+    out = tmp_path / "out"
+    with pytest.raises(VerifyError, match="does not match its sha256"):
+        pipeline._hit(entry, store=local, settings=Settings.from_env({"LLAMABUNDLE_CACHE_DIR": str(tmp_path / "cache")}),
+                      log=Log(quiet=True), out=out, expect=Expect(key=LINUX_KEY))
+    assert not out.exists() and [p.name for p in tmp_path.iterdir() if p.name.startswith(".out")] == []
+
+
 def test_github_actions_outputs_use_the_json_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
     store = tmp_path / "store"
