@@ -200,3 +200,39 @@ def test_without_rpc_the_answer_is_as_before_and_drivers_refuses_it(probe: Path)
     assert "rpc_servers" not in run(probe)
     res = subprocess.run([str(probe), "--drivers", "--rpc", "127.0.0.1:1"], capture_output=True, text=True, timeout=30)
     assert res.returncode == 2 and "--drivers goes with neither --dir nor --rpc" in res.stderr
+
+
+# ------------------------------------------------------------------ the Winsock side, under Wine
+
+MINGW = shutil.which("x86_64-w64-mingw32-g++-posix")
+WINE = shutil.which("wine")
+
+
+@pytest.mark.skipif(MINGW is None or WINE is None, reason="needs the mingw-w64 cross compiler and Wine")
+def test_the_windows_program_asks_the_servers_through_winsock(tmp_path: Path) -> None:
+    """The same program cross-compiled for Windows (Winsock: a connect that select() reports, a refusal in the
+    exception set) against a stand-in ggml DLL, run under Wine against the stand-in servers: the same reasons; a
+    closed port is refused at once with Winsock's words, not waited out."""
+    assert MINGW is not None and WINE is not None
+    for name, text in (("ggml.h", GGML_H), ("ggml-backend.h", GGML_BACKEND_H), ("ggml.cpp", FAKE_GGML),
+                       ("llamabundle-probe.cpp", data.text("programs/llamabundle-probe.cpp"))):
+        (tmp_path / name).write_text(text)
+    static = ["-static-libgcc", "-static-libstdc++", "-static"]
+    subprocess.run([MINGW, "-std=c++17", "-shared", "-I", tmp_path, "-o", tmp_path / "ggml.dll", tmp_path / "ggml.cpp",
+                    f"-Wl,--out-implib,{tmp_path / 'libggml.a'},--exclude-libs,ALL", *static], check=True)
+    subprocess.run([MINGW, "-std=c++17", "-Wall", "-Werror", "-I", tmp_path, "-o", tmp_path / "llamabundle-probe.exe",
+                    tmp_path / "llamabundle-probe.cpp", f"-L{tmp_path}", "-lggml", "-lws2_32", *static], check=True)
+    (tmp_path / "modules").mkdir()
+    with server("ok", devices=1) as ok, server("ok", version=(8, 0, 0)) as newer, server("http") as http:
+        named = [ok, newer, http, f"127.0.0.1:{closed_port()}", "no-port"]
+        res = subprocess.run([WINE, str(tmp_path / "llamabundle-probe.exe"), "--dir", "modules", "--rpc", ",".join(named)],
+                             cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                             env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "WINEPREFIX": str(tmp_path / "prefix"),
+                                  "WINEDEBUG": "-all"})
+    assert res.returncode == 0, res.stderr[-3000:]
+    said = json.loads(res.stdout)
+    got = [(s["reason"], s["version"], s["device_names"]) for s in said["rpc_servers"]]
+    assert got == [("rpc_ok", "7.0.0", ["RPC0"]), ("rpc_version_mismatch", "8.0.0", []), ("rpc_not_rpc", None, []),
+                   ("rpc_unreachable", None, []), ("rpc_endpoint_invalid", None, [])]
+    assert "10061" in said["rpc_servers"][3]["detail"], said["rpc_servers"][3]  # WSAECONNREFUSED, not a timeout
+    assert [d["name"] for d in said["devices"]] == ["RPC0"]

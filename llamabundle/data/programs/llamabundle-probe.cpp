@@ -695,11 +695,13 @@ std::string rpc_connect(const std::string & host, const std::string & port, sock
         u_long on = 1;
         ioctlsocket(s, FIONBIO, &on);
         bool pending = connect(s, a->ai_addr, (int) a->ai_addrlen) != 0 && WSAGetLastError() == WSAEWOULDBLOCK;
-        fd_set w;
+        fd_set w, failed;  // Winsock signals a refused connection in the exception set, not the write set
         FD_ZERO(&w);
+        FD_ZERO(&failed);
         FD_SET(s, &w);
+        FD_SET(s, &failed);
         timeval tv{RPC_TIMEOUT_MS / 1000, 0};
-        bool ready = !pending || select(0, nullptr, &w, nullptr, &tv) > 0;
+        bool ready = !pending || select(0, nullptr, &w, &failed, &tv) > 0;
 #else
         fcntl(s, F_SETFL, fcntl(s, F_GETFL) | O_NONBLOCK);
         int c = connect(s, a->ai_addr, a->ai_addrlen);
