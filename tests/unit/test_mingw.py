@@ -150,7 +150,8 @@ def test_a_linux_plan_writes_only_the_own_programs_and_excludes_only_when_asked(
     include = dict(plan.files)[str(tmp_path / "b" / PROJECT_INCLUDE)]
     assert "_add_dependencies(" not in include and f"add_executable({MEMORY_PROGRAM} " in include
     assert "common_fit_print(" in dict(plan.files)[str(tmp_path / "b" / f"{MEMORY_PROGRAM}.cpp")]
-    assert f"add_executable({PROBE_PROGRAM} " in include and "target_link_libraries(llamabundle-probe PRIVATE ggml ${CMAKE_DL_LIBS})" in include
+    assert f"add_executable({PROBE_PROGRAM} " in include
+    assert "target_link_libraries(llamabundle-probe PRIVATE ggml ${CMAKE_DL_LIBS} $<$<PLATFORM_ID:Windows>:ws2_32>)" in include
     assert "ggml_backend_load(" in dict(plan.files)[str(tmp_path / "b" / f"{PROBE_PROGRAM}.cpp")]
     assert "ggml-cpu-sapphirerapids" in plan.build and MEMORY_PROGRAM in plan.build and PROBE_PROGRAM in plan.build
     text = LINUX_RECIPE.read_text(encoding="utf-8").replace("targets:", "cpu_variants: {exclude: [zen4]}\ntargets:")
