@@ -211,12 +211,13 @@ def test_lavapipe_is_one_vulkan_device_of_type_cpu(probe: Path, tmp_path: Path) 
     assert (vulkan["opened"], vulkan["create_instance"], vulkan["device_count"], vulkan["devices"]) == (True, -9, None, [])
 
 
-def test_drivers_takes_no_dir_and_the_default_answer_is_unchanged(probe: Path) -> None:
-    for argv in (["--drivers", "--dir", "."], ["--dir", ".", "--drivers"]):
+def test_drivers_takes_neither_dir_nor_rpc_and_the_default_answer_is_unchanged(probe: Path) -> None:
+    for argv in (["--drivers", "--dir", "."], ["--dir", ".", "--drivers"],
+                 ["--drivers", "--rpc", "127.0.0.1:50052"], ["--rpc", "127.0.0.1:50052", "--drivers"]):
         res = subprocess.run([str(probe), *argv], capture_output=True, text=True, timeout=60)
         assert res.returncode == 2 and res.stdout == ""
-        assert res.stderr == ("llamabundle-probe: --dir and --drivers do not go together "
-                              "(usage: llamabundle-probe [--dir DIR | --drivers])\n")
+        assert res.stderr == ("llamabundle-probe: --drivers goes with neither --dir nor --rpc "
+                              "(usage: llamabundle-probe [--dir DIR] [--rpc HOST:PORT[,...]] | --drivers)\n")
     helped = subprocess.run([str(probe), "--help"], capture_output=True, text=True, timeout=60)
     assert helped.returncode == 0 and "--drivers: the GPU drivers of this machine" in helped.stdout
     got = run_probe([str(probe)], env={"PATH": "/usr/bin:/bin"}, cwd=probe.parent)  # beside ggml, no backend module
