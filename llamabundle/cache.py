@@ -194,13 +194,31 @@ def touch_used(cache_dir: Path, path: Path) -> None:
         touch(cache_dir / parts[0] / parts[1])
 
 
+# What lies beside a built zip in out/ and goes with it (a prune removes them together): named here, where the
+# cache's layout is, and used by the modules that write them
+OPS_TOOL_SUFFIX = ".test-backend-ops"  # build --ops-tool: the zip's test-backend-ops (opscheck.sibling_tool)
+RPC_PRELOAD_SUFFIX = ".rpc-preload.so"  # beside that tool: its RPC preload (backends.rpc.preload_of)
+SECOND_ZIP_SUFFIX = ".second.zip"  # --check-reproducible's second zip, kept where the two differ (repro.py)
+
+
+def sibling(zip_path: Path, suffix: str) -> Path:
+    """The file beside a built zip named by one of the suffixes above: `<name>.test-backend-ops` for `<name>.zip`."""
+    return zip_path.with_name(zip_path.name.removesuffix(".zip") + suffix)
+
+
+def siblings(zip_path: Path) -> tuple[Path, ...]:
+    """Everything that may lie beside a built zip and goes with it."""
+    return (sibling(zip_path, OPS_TOOL_SUFFIX), sibling(zip_path, OPS_TOOL_SUFFIX + RPC_PRELOAD_SUFFIX),
+            sibling(zip_path, SECOND_ZIP_SUFFIX))
+
+
 @dataclass(frozen=True)
 class Entry:
     area: str
     path: Path
     size: int
     used: float  # when last used (its mtime: the tool touches what it uses)
-    with_it: tuple[Path, ...] = ()  # removed with it (a zip's .test-backend-ops and .second.zip beside it)
+    with_it: tuple[Path, ...] = ()  # removed with it (a zip's siblings())
 
     def to_json(self) -> dict[str, object]:
         return {"area": self.area, "path": str(self.path), "bytes": self.size, "used": self.used}
@@ -224,12 +242,9 @@ def entries(cache_dir: Path) -> list[Entry]:
         except OSError:
             continue
         for p in items:
-            if area == "out" and p.suffix != ".zip" or p.name.endswith(".second.zip"):
+            if area == "out" and p.suffix != ".zip" or p.name.endswith(SECOND_ZIP_SUFFIX):
                 continue  # a zip's siblings go with it
-            base = p.name.removesuffix(".zip")  # opscheck.sibling_tool, its RPC preload, the reproducibility check's
-            with_it = tuple(q for q in (p.with_name(base + ".test-backend-ops"),
-                                        p.with_name(base + ".test-backend-ops.rpc-preload.so"),
-                                        p.with_name(base + ".second.zip")) if q.exists())
+            with_it = tuple(q for q in siblings(p) if q.exists())
             try:
                 used = p.stat().st_mtime
             except OSError:

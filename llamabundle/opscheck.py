@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import proc
+from . import cache, proc
 from .backends.base import RunEnv
 from .errors import UsageError, VerifyError
 
@@ -52,7 +52,7 @@ class DeviceOps:
 
 def sibling_tool(bundle: Path) -> Path:
     """Where `build --ops-tool` puts the tool of a bundle zip: `<name>.test-backend-ops` beside it."""
-    return bundle.with_name(bundle.name.removesuffix(".zip") + "." + TOOL)
+    return cache.sibling(bundle, cache.OPS_TOOL_SUFFIX)
 
 
 def read_cases(text: str, into: DeviceOps) -> None:

@@ -43,7 +43,7 @@ def rebuild_elsewhere(made: Made, zip_a: Path, *, toolchain: HostToolchain, jobs
                 cache_dir=cache_dir, log=log)
         diffs = diff_zips(zip_a, zip_b)
         sha_a, sha_b = sha256_file(zip_a), sha256_file(zip_b)
-        kept = zip_a.with_name(zip_a.name.removesuffix(".zip") + ".second.zip")
+        kept = cache.sibling(zip_a, cache.SECOND_ZIP_SUFFIX)
         if diffs or sha_a != sha_b:
             shutil.move(zip_b, kept)
     finally:

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .. import data, proc
+from .. import cache, data, proc
 from ..compilers import read_cmake_cache
 from ..errors import BuildError, VerifyError
 from ..platforms import load
@@ -90,7 +90,7 @@ def served(root: Path, *, platform: Platform, runner: Sequence[str], env: Mappin
 
 def preload_of(tool: Path) -> Path:
     """Where `build --ops-tool` puts the RPC preload of a test-backend-ops: beside it."""
-    return tool.with_name(tool.name + ".rpc-preload.so")
+    return tool.with_name(tool.name + cache.RPC_PRELOAD_SUFFIX)
 
 
 def _tail(log_path: Path) -> str:
@@ -152,13 +152,13 @@ class Rpc(NoExtras):
         if not platform.preloads:
             return
         dest = preload_of(tool)
-        cache = read_cmake_cache(build_dir)
-        cc = cache.get("CMAKE_C_COMPILER")
+        cmake_cache = read_cmake_cache(build_dir)
+        cc = cmake_cache.get("CMAKE_C_COMPILER")
         if not cc:
             raise BuildError(f"cannot build {dest.name}: CMake recorded no C compiler in {build_dir}",
                              fix="rebuild with --clean")
-        args = [cc, *([f"--target={cache['CMAKE_C_COMPILER_TARGET']}"] if cache.get("CMAKE_C_COMPILER_TARGET") else []),
-                *([f"--sysroot={cache['CMAKE_SYSROOT']}"] if cache.get("CMAKE_SYSROOT") else [])]
+        args = [cc, *([f"--target={cmake_cache['CMAKE_C_COMPILER_TARGET']}"] if cmake_cache.get("CMAKE_C_COMPILER_TARGET") else []),
+                *([f"--sysroot={cmake_cache['CMAKE_SYSROOT']}"] if cmake_cache.get("CMAKE_SYSROOT") else [])]
         tmp = dest.with_name(dest.name + ".partial")
         source = tmp.with_name(tmp.name + ".c")
         source.write_text(data.text(PRELOAD_SOURCE), encoding="utf-8")

@@ -84,8 +84,8 @@ def read_manifest(root: Path) -> Manifest:
 
 
 class _Given:
-    """zipfile's compressor for a member whose deflate stream is made already (bundle.deflate): it keeps nothing of
-    what zipfile feeds it (zipfile still counts the size and the CRC-32 of it) and gives the stream when flushed."""
+    """zipfile's compressor for a member whose deflate stream is made already (bundle.deflate): zipfile is fed
+    nothing (the stream's CRC-32 and size are set on its writer) and it gives the stream when flushed."""
 
     def __init__(self, data: bytes) -> None:
         self.data = data
@@ -120,10 +120,15 @@ def pack(root: Path, zip_path: Path, *, source_date_epoch: int | None = None, ca
                 executable = os.access(root / name, os.X_OK)
                 info.external_attr = (0o100755 if executable else 0o100644) << 16
                 info.compress_type = zipfile.ZIP_DEFLATED
-                with open(root / name, "rb") as src, zf.open(info, "w") as dst:
-                    if hasattr(dst, "_compressor"):  # CPython's writer (3.8 and later): else it deflates it again
-                        dst._compressor = _Given(stream.data)
-                    shutil.copyfileobj(src, dst, 1 << 20)
+                with zf.open(info, "w") as dst:
+                    if all(hasattr(dst, a) for a in ("_compressor", "_crc", "_file_size")):
+                        # CPython's writer (3.8 and later): the stream, its CRC-32 and size as deflate read them
+                        for attr, value in (("_compressor", _Given(stream.data)), ("_crc", stream.crc),
+                                            ("_file_size", stream.size)):
+                            setattr(dst, attr, value)
+                    else:  # another writer: it deflates and counts the member itself
+                        with open(root / name, "rb") as src:
+                            shutil.copyfileobj(src, dst, 1 << 20)
         os.replace(tmp, zip_path)
     except BaseException:
         tmp.unlink(missing_ok=True)

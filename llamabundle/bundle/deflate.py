@@ -2,8 +2,9 @@
 release the GIL), and for a large member kept in the cache by its content (`<cache>/deflated`), so that the next
 build of a bundle that carries the same NVIDIA library (540 MB of libcublasLt) copies its stream instead of
 deflating it again. The stream is what zipfile makes of the same bytes at the same level (zlib's output does not
-depend on how its input is cut), so the zip is the same, byte for byte: `pack` hands it to zipfile as its
-compressor's output, and a test holds the two together.
+depend on how its input is cut), so the zip is the same, byte for byte, and a test holds the two together. Each
+member is read once: that pass hashes it (the cache lookup), deflates it on a miss and takes its CRC-32 and size,
+which `pack` hands zipfile with the stream.
 
 A cached stream is named by the sha256 of what it inflates to, the level and zlib's version, and carries the sha256
 of its own bytes: a damaged one is deflated again, never used."""
@@ -31,9 +32,12 @@ _WBITS = -15  # raw deflate, as in a zip
 
 @dataclass(frozen=True)
 class Stream:
-    """One member's deflate stream, and whether the cache gave it."""
+    """One member's deflate stream, the CRC-32 and size of what it inflates to (as read in the same pass), and
+    whether the cache gave it."""
 
     data: bytes
+    crc: int
+    size: int
     cached: bool = False
 
 
@@ -73,30 +77,41 @@ def _write_cached(cache: Path, sha: str, size: int, data: bytes) -> None:
 
 
 def deflate(path: Path, *, cache: Path | None = None) -> Stream:
-    """The member at `path` deflated (LEVEL, raw), from the cache where it holds it and the member is large."""
+    """The member at `path` deflated (LEVEL, raw), from the cache where it holds it and the member is large; the
+    member is read once either way (a miss deflates what the lookup's pass read)."""
     size = path.stat().st_size
     keep = cache is not None and size >= CACHE_MIN
-    sha = hashlib.sha256() if keep else None
+    crc, read = 0, 0
     if keep:
+        assert cache is not None
+        sha = hashlib.sha256()
+        chunks: list[bytes] = []
         with open(path, "rb") as f:
             while chunk := f.read(CHUNK):
-                sha.update(chunk)  # type: ignore[union-attr]
-        assert cache is not None and sha is not None
-        hit = _read_cached(cache / _name(sha.hexdigest()), size)
+                sha.update(chunk)
+                crc = zlib.crc32(chunk, crc)
+                read += len(chunk)
+                chunks.append(chunk)
+        hit = _read_cached(cache / _name(sha.hexdigest()), read)
         if hit is not None:
             os.utime(cache / _name(sha.hexdigest()))  # used now: the bound removes the least recently used first
-            return Stream(hit, cached=True)
+            return Stream(hit, crc, read, cached=True)
+        z = zlib.compressobj(LEVEL, zlib.DEFLATED, _WBITS)
+        chunks.reverse()  # each chunk let go of once deflated
+        out = [z.compress(chunks.pop()) for _ in range(len(chunks))]
+        out.append(z.flush())
+        data = b"".join(out)
+        _write_cached(cache, sha.hexdigest(), read, data)
+        return Stream(data, crc, read)
     z = zlib.compressobj(LEVEL, zlib.DEFLATED, _WBITS)
-    out: list[bytes] = []
+    parts: list[bytes] = []
     with open(path, "rb") as f:
         while chunk := f.read(CHUNK):
-            out.append(z.compress(chunk))
-    out.append(z.flush())
-    data = b"".join(out)
-    if keep:
-        assert cache is not None and sha is not None
-        _write_cached(cache, sha.hexdigest(), size, data)
-    return Stream(data)
+            crc = zlib.crc32(chunk, crc)
+            read += len(chunk)
+            parts.append(z.compress(chunk))
+    parts.append(z.flush())
+    return Stream(b"".join(parts), crc, read)
 
 
 def streams(root: Path, names: Sequence[str], *, cache: Path | None = None,

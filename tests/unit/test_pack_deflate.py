@@ -57,6 +57,30 @@ def test_the_zip_is_zipfiles_own_with_and_without_the_cache_hit_or_miss(tree: Pa
         assert zf.testzip() is None and zf.read("libbig.so") == (tree / "libbig.so").read_bytes()
 
 
+def test_each_member_is_read_once_hit_or_miss(tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pass that hashes a large member (the cache lookup) is the one that deflates it on a miss, and the CRC-32
+    and size zipfile records come from that pass too: no member is opened twice, cache or not."""
+    import builtins
+    import collections
+
+    opened: collections.Counter[str] = collections.Counter()
+
+    def counting(file: object, *args: object, **kwargs: object) -> object:
+        if isinstance(file, Path) and file.parent == tree:
+            opened[file.name] += 1
+        return builtins.open(file, *args, **kwargs)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(deflate, "open", counting, raising=False)
+    monkeypatch.setattr("llamabundle.bundle.open", counting, raising=False)
+    want = zipfile_alone(tree, tmp_path / "alone.zip")
+    cache = tmp_path / "deflated"
+    for name, kwargs in (("plain", {}), ("miss", {"cache": cache}), ("hit", {"cache": cache})):
+        opened.clear()
+        assert pack(tree, tmp_path / f"{name}.zip", **kwargs).read_bytes() == want  # type: ignore[arg-type]
+        assert opened == {n: 1 for n in walk(tree)}, (name, opened)
+    assert deflate.deflate(tree / "libbig.so", cache=cache).cached
+
+
 def test_a_damaged_or_foreign_cached_stream_is_never_used(tree: Path, tmp_path: Path) -> None:
     want = zipfile_alone(tree, tmp_path / "alone.zip")
     cache = tmp_path / "deflated"
