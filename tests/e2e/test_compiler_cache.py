@@ -1,7 +1,7 @@
 """The shipped CPU recipe through a compiler cache (issue 34, Deliver 2): byte for byte the same bundle with and
 without one, on a miss and on a hit. The session's shared build (conftest.first_build) compiles through ccache when
 it is installed (`auto`; .ci/run installs it) with its cache empty in CI: a miss. test_reproducible.py's second build
-compiles without a cache (repro.py) and gives the same zip. Here a new build directory of the same key compiles
+compiles without a cache (repro.py) and gives the same files. Here a new build directory of the same key compiles
 everything from the warm cache (no preprocessor, ccache's depend mode; the paths under the llamabundle cache hashed
 relative to it) and gives the same zip again."""
 
