@@ -70,7 +70,11 @@ def test_ops_not_reached_are_named(tmp_path: Path) -> None:
     tool = stand_in(tmp_path, f'echo "  $5(x=1): OK"; exec {sleep} 0.8\n')
     (r,) = opscheck.run_ops(root, tool, ["Vulkan0"], env={"PATH": "/usr/bin:/bin"}, budget=2.5,
                             ops=("ADD", "MUL", "ROPE", "CPY"))
-    assert r.ops_left == ["CPY"] and r.ops_run[0] == "ADD (partly)" and "1 ops not reached in the budget (CPY)" in r.summary()
+    # each op's share (about 0.6 s) is less than the stand-in's 0.8 s: ADD is stopped, and the budget ends before CPY
+    # (before ROPE too on a loaded machine, where starting each run takes longer)
+    assert r.ops_run[0] == "ADD (partly)" and r.ops_left[-1:] == ["CPY"], r
+    assert [o.removesuffix(" (partly)") for o in r.ops_run] + r.ops_left == ["ADD", "MUL", "ROPE", "CPY"]
+    assert f"{len(r.ops_left)} ops not reached in the budget ({', '.join(r.ops_left)})" in r.summary()
 
 
 def test_a_missing_tool_says_how_to_get_one(tmp_path: Path) -> None:
