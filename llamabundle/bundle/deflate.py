@@ -2,9 +2,9 @@
 release the GIL), and for a large member kept in the cache by its content (`<cache>/deflated`), so that the next
 build of a bundle that carries the same NVIDIA library (540 MB of libcublasLt) copies its stream instead of
 deflating it again. The stream is what zipfile makes of the same bytes at the same level (zlib's output does not
-depend on how its input is cut), so the zip is the same, byte for byte, and a test holds the two together. Each
-member is read once: that pass hashes it (the cache lookup), deflates it on a miss and takes its CRC-32 and size,
-which `pack` hands zipfile with the stream.
+depend on how its input is cut), so the zip is the same, byte for byte, and a test holds the two together. The pass
+that hashes a member (the cache lookup) or deflates it also takes its CRC-32 and size, which `pack` hands zipfile
+with the stream: zipfile is never fed the member again.
 
 A cached stream is named by the sha256 of what it inflates to, the level and zlib's version, and carries the sha256
 of its own bytes: a damaged one is deflated again, never used."""
@@ -77,34 +77,35 @@ def _write_cached(cache: Path, sha: str, size: int, data: bytes) -> None:
 
 
 def deflate(path: Path, *, cache: Path | None = None) -> Stream:
-    """The member at `path` deflated (LEVEL, raw), from the cache where it holds it and the member is large; the
-    member is read once either way (a miss deflates what the lookup's pass read)."""
+    """The member at `path` deflated (LEVEL, raw), from the cache where it holds it and the member is large. A small
+    member, or a large one the cache holds, is read once; a large one it lacks twice (hashed, then deflated: held
+    in memory between the two it would cost a runner its size again)."""
     size = path.stat().st_size
     keep = cache is not None and size >= CACHE_MIN
-    crc, read = 0, 0
     if keep:
         assert cache is not None
         sha = hashlib.sha256()
-        chunks: list[bytes] = []
+        crc, read = 0, 0
         with open(path, "rb") as f:
             while chunk := f.read(CHUNK):
                 sha.update(chunk)
                 crc = zlib.crc32(chunk, crc)
                 read += len(chunk)
-                chunks.append(chunk)
         hit = _read_cached(cache / _name(sha.hexdigest()), read)
         if hit is not None:
             os.utime(cache / _name(sha.hexdigest()))  # used now: the bound removes the least recently used first
             return Stream(hit, crc, read, cached=True)
-        z = zlib.compressobj(LEVEL, zlib.DEFLATED, _WBITS)
-        chunks.reverse()  # each chunk let go of once deflated
-        out = [z.compress(chunks.pop()) for _ in range(len(chunks))]
-        out.append(z.flush())
-        data = b"".join(out)
-        _write_cached(cache, sha.hexdigest(), read, data)
-        return Stream(data, crc, read)
+    stream = _deflated(path)
+    if keep:
+        assert cache is not None
+        _write_cached(cache, sha.hexdigest(), stream.size, stream.data)
+    return stream
+
+
+def _deflated(path: Path) -> Stream:
     z = zlib.compressobj(LEVEL, zlib.DEFLATED, _WBITS)
     parts: list[bytes] = []
+    crc, read = 0, 0
     with open(path, "rb") as f:
         while chunk := f.read(CHUNK):
             crc = zlib.crc32(chunk, crc)
