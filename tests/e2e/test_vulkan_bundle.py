@@ -49,10 +49,7 @@ def small_recipe(dest: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def vulkan_build(first_build: dict[str, Any], e2e_env: dict[str, str],
-                 tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """After the shared CPU build (so on its worker, tests/conftest.py): the sources, llama, the server and the two
-    CPU variants come from the compiler cache it filled; built beside it, both compiled them (about 190 steps)."""
+def vulkan_build(e2e_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     d = tmp_path_factory.mktemp("vulkan")
     recipe = small_recipe(d / "vulkan.yaml")
     t0 = time.monotonic()
