@@ -1,6 +1,6 @@
 """A real Windows bundle, cross-built on Linux with mingw-w64 (issue 5): `llamabundle build` of
 recipes/windows-x86_64-cpu-mingw.yaml (sources from the shared cache, like test_pipeline.py) with its CPU variants
-cut to three (x64, haswell: AVX2, icelake: AVX-512; all 13 took a fifth of CI's time on two cores), then static
+cut to three (x64, haswell: AVX2, icelake: AVX-512; all 13 were one of CI's longest builds on two cores), then static
 verification, llama-server.exe run under Wine, and a bundle missing a runtime DLL refused with exit 5."""
 
 from __future__ import annotations
