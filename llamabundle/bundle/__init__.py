@@ -123,9 +123,7 @@ def pack(root: Path, zip_path: Path, *, source_date_epoch: int | None = None, ca
                 with zf.open(info, "w") as dst:
                     if all(hasattr(dst, a) for a in ("_compressor", "_crc", "_file_size")):
                         # CPython's writer (3.8 and later): the stream, its CRC-32 and size as deflate read them
-                        for attr, value in (("_compressor", _Given(stream.data)), ("_crc", stream.crc),
-                                            ("_file_size", stream.size)):
-                            setattr(dst, attr, value)
+                        vars(dst).update(_compressor=_Given(stream.data), _crc=stream.crc, _file_size=stream.size)
                     else:  # another writer: it deflates and counts the member itself
                         with open(root / name, "rb") as src:
                             shutil.copyfileobj(src, dst, 1 << 20)

@@ -80,25 +80,22 @@ def deflate(path: Path, *, cache: Path | None = None) -> Stream:
     """The member at `path` deflated (LEVEL, raw), from the cache where it holds it and the member is large. A small
     member, or a large one the cache holds, is read once; a large one it lacks twice (hashed, then deflated: held
     in memory between the two it would cost a runner its size again)."""
-    size = path.stat().st_size
-    keep = cache is not None and size >= CACHE_MIN
-    if keep:
-        assert cache is not None
-        sha = hashlib.sha256()
-        crc, read = 0, 0
-        with open(path, "rb") as f:
-            while chunk := f.read(CHUNK):
-                sha.update(chunk)
-                crc = zlib.crc32(chunk, crc)
-                read += len(chunk)
-        hit = _read_cached(cache / _name(sha.hexdigest()), read)
-        if hit is not None:
-            os.utime(cache / _name(sha.hexdigest()))  # used now: the bound removes the least recently used first
-            return Stream(hit, crc, read, cached=True)
+    if cache is None or path.stat().st_size < CACHE_MIN:
+        return _deflated(path)
+    sha = hashlib.sha256()
+    crc, read = 0, 0
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            sha.update(chunk)
+            crc = zlib.crc32(chunk, crc)
+            read += len(chunk)
+    kept = cache / _name(sha.hexdigest())
+    hit = _read_cached(kept, read)
+    if hit is not None:
+        os.utime(kept)  # used now: the bound removes the least recently used first
+        return Stream(hit, crc, read, cached=True)
     stream = _deflated(path)
-    if keep:
-        assert cache is not None
-        _write_cached(cache, sha.hexdigest(), stream.size, stream.data)
+    _write_cached(cache, sha.hexdigest(), stream.size, stream.data)
     return stream
 
 

@@ -12,27 +12,16 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-from llamabundle import data
 from llamabundle.digest import sha256_file
 
-from .conftest import BUILD_TIMEOUT, RECIPE, run_cli
+from .conftest import BUILD_TIMEOUT, RECIPE, cut_variants, run_cli
 
 KEEP = ("x64", "haswell")
 
 
-def two_variants(dest: Path) -> Path:
-    """The shipped CPU recipe with two CPU variants; the same text every run (so the same key and build tree)."""
-    drop = [v for v in data.build_knowledge()["cpu_variants"]["x86_64"] if v not in KEEP]
-    text = RECIPE.read_text(encoding="utf-8")
-    assert text.count("name: linux-x86_64-cpu\n") == 1
-    text = text.replace("name: linux-x86_64-cpu\n", "name: linux-x86_64-cpu-repro-e2e\n")
-    dest.write_text(text + f"cpu_variants: {{exclude: [{', '.join(drop)}]}}\n", encoding="utf-8")
-    return dest
-
-
 def test_two_builds_in_different_places_give_the_same_zip(first_build: dict[str, Any], e2e_env: dict[str, str],
                                                           store: Path, recipe_key: str, tmp_path: Path) -> None:
-    recipe = two_variants(tmp_path / "cpu-two-variants.yaml")
+    recipe = cut_variants(RECIPE, tmp_path / "cpu-two-variants.yaml", keep=KEEP)
     res = run_cli("build", recipe, "--store", tmp_path / "store", "--check-reproducible", "--json", env=e2e_env,
                   timeout=2 * BUILD_TIMEOUT)
     assert res.returncode == 0, res.stderr[-6000:]

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from .conftest import BUILD_TIMEOUT, REPO, run_cli
+from .conftest import BUILD_TIMEOUT, REPO, cut_variants, run_cli
 from .probeprogram import module, run_probe
 from .tinymodel import write_tiny_qwen2
 
@@ -37,21 +37,10 @@ pytestmark = pytest.mark.skipif(shutil.which("glslc") is None or not Path(LAVAPI
                                 reason="needs glslc, libvulkan1 and mesa-vulkan-drivers (.ci/run installs them)")
 
 
-def small_recipe(dest: Path) -> Path:
-    """The shipped Vulkan recipe with two CPU variants; the same text every run (so the same key and build tree)."""
-    from llamabundle import data
-
-    drop = [v for v in data.build_knowledge()["cpu_variants"]["x86_64"] if v not in KEEP]
-    text = SHIPPED.read_text(encoding="utf-8").replace("name: linux-x86_64-vulkan", "name: linux-x86_64-vulkan-e2e")
-    text += f"cpu_variants: {{exclude: [{', '.join(drop)}]}}\n"
-    dest.write_text(text, encoding="utf-8")
-    return dest
-
-
 @pytest.fixture(scope="module")
 def vulkan_build(e2e_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     d = tmp_path_factory.mktemp("vulkan")
-    recipe = small_recipe(d / "vulkan.yaml")
+    recipe = cut_variants(SHIPPED, d / "vulkan.yaml", keep=KEEP)
     t0 = time.monotonic()
     build = run_cli("build", recipe, "--store", d / "store", "--out", d / "bundle", "--ops-tool", "--json",
                     env=e2e_env, timeout=BUILD_TIMEOUT)
@@ -234,7 +223,7 @@ def _wait_ready(port: int, server: subprocess.Popen[bytes], log: Path, timeout: 
 
 
 if __name__ == "__main__":  # write the e2e recipe (to build it ahead of the test run): python -m tests.e2e.test_vulkan_bundle OUT
-    print(small_recipe(Path(sys.argv[1])))
+    print(cut_variants(SHIPPED, Path(sys.argv[1]), keep=KEEP))
     os._exit(0)
 
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from llamabundle import cache, data
-from tests.e2e.conftest import REPO, build_recipe, run_cli, unzip
+from llamabundle import cache
+from tests.e2e.conftest import REPO, build_recipe, cut_variants, run_cli, unzip
 from tests.e2e.probeprogram import ABSENT, add_unloadable_module, module, run_probe
 
 RECIPE = REPO / "recipes" / "windows-x86_64-cpu-mingw.yaml"
@@ -24,21 +24,9 @@ pytestmark = [pytest.mark.e2e,
               pytest.mark.skipif(shutil.which(CXX) is None, reason=f"{CXX} (mingw-w64, posix threads) is not installed")]
 
 
-def three_variants(dest: Path) -> Path:
-    """The shipped mingw recipe with three CPU variants; the same text every run (so the same key and build tree)."""
-    text = RECIPE.read_text(encoding="utf-8")
-    shipped = "  exclude: [sapphirerapids]"
-    assert text.count("name: windows-x86_64-cpu-mingw\n") == 1 and text.count(shipped) == 1
-    drop = [v for v in data.build_knowledge()["cpu_variants"]["x86_64"] if v not in KEEP]
-    assert "sapphirerapids" in drop
-    text = text.replace("name: windows-x86_64-cpu-mingw\n", "name: windows-x86_64-cpu-mingw-e2e\n")
-    dest.write_text(text.replace(shipped, f"  exclude: [{', '.join(drop)}]"), encoding="utf-8")
-    return dest
-
-
 @pytest.fixture(scope="module")
 def mingw_build(e2e_env: dict[str, str], store: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    recipe = three_variants(tmp_path_factory.mktemp("mingw-recipe") / "windows-x86_64-cpu-mingw-e2e.yaml")
+    recipe = cut_variants(RECIPE, tmp_path_factory.mktemp("mingw-recipe") / "windows-x86_64-cpu-mingw-e2e.yaml", keep=KEEP)
     return build_recipe(recipe, store=store, env=e2e_env, what="the mingw bundle")
 
 
