@@ -7,6 +7,9 @@ build is made once. `-m "not e2e"` runs the unit tier; `-n 0` runs serially."""
 
 from __future__ import annotations
 
+import os
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -35,6 +38,23 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
 
+
+
+SLOW_PHASE = float(os.environ.get("LLAMABUNDLE_TEST_SLOW_PHASE", "60"))  # seconds
+_STARTED = time.monotonic()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """A test phase that took SLOW_PHASE seconds or more (a fixture's setup: a real build) is said when it ends,
+    with the time since the session started and the worker: `--durations` prints only at the end, which a run
+    stopped by CI's time limit never reaches. Said by xdist's controller (or the one process of -n 0)."""
+    if report.duration < SLOW_PHASE or os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    worker = getattr(getattr(report, "node", None), "gateway", None)
+    where = f" {worker.id}" if worker is not None else ""
+    sys.stderr.write(f"\n[{time.monotonic() - _STARTED:5.0f} s{where}] {report.when} {report.outcome} in "
+                     f"{report.duration:.0f} s: {report.nodeid}\n")
 
 
 def pytest_configure(config: pytest.Config) -> None:
