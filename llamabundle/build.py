@@ -132,10 +132,12 @@ def plan_build(recipe: Recipe, host: HostFacts, *, source_dir: Path, build_dir: 
         **recipe.cmake_options,
         **{b.cmake_switch: "ON" if b in have else "OFF" for b in backends.REGISTRY.values() if b.cmake_switch},
     }
-    defs.update(_prefix_map_flags(recipe, defs, have, source_dir=source_dir, build_dir=build_dir, toolkits=roots))
+    map_flags, toolkit_maps = _prefix_map_flags(recipe, defs, have, source_dir=source_dir, build_dir=build_dir,
+                                                toolkits=roots)
+    defs.update(map_flags)
     for b in have:
         defs.update(b.cmake_definitions(recipe, host, platform=platform, toolkit_root=roots.get(b.name)))
-    project_defs, files = _project_files(recipe, platform, have, build_dir)
+    project_defs, files = _project_files(recipe, platform, have, build_dir, more=toolkit_maps)
     defs.update(project_defs)
     by_lang = {x.language: x.argv for x in launchers}
     for lang in ("C", "CXX", *(lang for b in have for lang in b.languages)):
@@ -186,8 +188,8 @@ if(PROJECT_NAME STREQUAL "llama.cpp" AND NOT COMMAND {function})
 endif()"""
 
 
-def _project_files(recipe: Recipe, platform: Platform, have: Sequence[Backend],
-                   build_dir: Path) -> tuple[dict[str, str], tuple[tuple[str, str], ...]]:
+def _project_files(recipe: Recipe, platform: Platform, have: Sequence[Backend], build_dir: Path, *,
+                   more: Sequence[str] = ()) -> tuple[dict[str, str], tuple[tuple[str, str], ...]]:
     """CMake files the tool writes into the build tree (and the cache variables that point at them): what
     the platform's toolchain needs (the mingw toolchain file and compatibility header), and a project
     include (CMAKE_PROJECT_INCLUDE, read after every project() call) with the platform's and the backends'
@@ -197,6 +199,7 @@ def _project_files(recipe: Recipe, platform: Platform, have: Sequence[Backend],
     include = ["# Written by llamabundle (build.py): read after every project() call.", *lines]
     for b in have:
         include += b.project_include(recipe)
+    include += more
     files = list(files)
     for program, what, libs in OWN_PROGRAMS:
         source = build_dir / f"{program}.cpp"  # CMake paths take forward slashes on Windows too
@@ -208,22 +211,44 @@ def _project_files(recipe: Recipe, platform: Platform, have: Sequence[Backend],
     return defs, tuple(files)
 
 
+_TOOLKIT_MAPS_CMAKE = """# the path of {what} mapped where its headers are read: the C and C++ compiles of {targets} only
+if(PROJECT_NAME STREQUAL "llama.cpp" AND NOT COMMAND {function})
+  function({function})
+    foreach(_target {targets})
+      if(NOT TARGET ${{_target}})
+        message(FATAL_ERROR "llamabundle: no target ${{_target}} to map the path of {what} for")
+      endif()
+      target_compile_options(${{_target}} PRIVATE "$<$<COMPILE_LANGUAGE:C,CXX>:{flag}>")
+    endforeach()
+  endfunction()
+  cmake_language(DEFER CALL {function})
+endif()"""
+
+
 def _prefix_map_flags(recipe: Recipe, defs: dict[str, str], have: Sequence[Backend], *, source_dir: Path,
-                      build_dir: Path, toolkits: Mapping[str, Path]) -> dict[str, str]:
+                      build_dir: Path, toolkits: Mapping[str, Path]) -> tuple[dict[str, str], list[str]]:
     """Where the source, the build tree and a backend's toolkit lie must not show in the binaries (__FILE__
     of the toolkit's headers too: CUB's asserts name them): map them to fixed names, so that two builds in
     different places give the same bytes (gcc, clang, and nvcc's host compiler; MSVC has no such switch
-    and its builds are not claimed reproducible)."""
+    and its builds are not claimed reproducible). The source and build maps go to every C and C++ compile
+    (CMAKE_<LANG>_FLAGS); a toolkit's only to its backend's targets (lines for the project include), so that
+    the other compiles are those of a recipe without that backend, and a compiler cache serves both (the CPU
+    part of a Vulkan build from a CPU build's cache). nvcc's host compiles get every map (the backend's flags)."""
     if recipe.toolchain.compiler == "msvc":
-        return {}
-    maps = [f"-ffile-prefix-map={source_dir}=/llama.cpp", f"-ffile-prefix-map={build_dir}=/build",
-            *(f"-ffile-prefix-map={root}=/{name}" for name, root in sorted(toolkits.items()))]
+        return {}, []
+    maps = [f"-ffile-prefix-map={source_dir}=/llama.cpp", f"-ffile-prefix-map={build_dir}=/build"]
     joined = " ".join(maps)
     out = {f"CMAKE_{lang}_FLAGS": f"{defs[f'CMAKE_{lang}_FLAGS']} {joined}".strip() if f"CMAKE_{lang}_FLAGS" in defs
            else joined for lang in ("C", "CXX")}
+    toolkit_maps = {name: f"-ffile-prefix-map={root}=/{name}" for name, root in sorted(toolkits.items())}
+    lines = []
     for b in have:
-        out.update(b.prefix_map_flags(defs, maps))
-    return out
+        out.update(b.prefix_map_flags(defs, [*maps, *toolkit_maps.values()]))
+        if b.name in toolkit_maps:
+            lines.append(_TOOLKIT_MAPS_CMAKE.format(what=f"the {b.name} toolkit", targets=" ".join(b.targets(recipe)),
+                                                    function=f"_llamabundle_{b.name}_toolkit_map",
+                                                    flag=toolkit_maps[b.name]))
+    return out, lines
 
 
 # ------------------------------------------------------------------------------------- tools

@@ -21,7 +21,7 @@ from .recipe import model as recipe_model
 # must never serve an old bundle as a hit. Bump DERIVATION with any change to that code; the knowledge files'
 # digest follows their data by itself. tests/unit/test_key.py records the flags each version derives and fails
 # when they change without a bump. The history of the versions is in docs/key.md.
-DERIVATION = 11
+DERIVATION = 12
 DERIVATION_DATA = ("build.json", "mingw.json", "msvc.json", "cuda_runtime.json")
 
 

@@ -11,7 +11,7 @@ from llamabundle import keys, proc
 from llamabundle.build import _NINJA_PROGRESS, MEMORY_PROGRAM, PROBE_PROGRAM, BuildTools, backend_targets, plan_build
 from llamabundle.errors import BuildError
 from llamabundle.log import Log
-from llamabundle.recipe import NO_HOST
+from llamabundle.recipe import NO_HOST, HostFacts, ToolFound
 
 REPO = Path(__file__).resolve().parents[2]
 LINUX = keys.load(REPO / "recipes" / "linux-x86_64-cpu.yaml")
@@ -86,8 +86,30 @@ def test_the_toolkit_location_is_mapped_out_too() -> None:
     defs = _defs(plan_build(cuda, NO_HOST, source_dir=Path("/src"), build_dir=Path("/b"), tools=TOOLS,
                             toolkit_roots={"cuda": Path("/cache/toolkits/cuda-13.0.2")}))
     assert "-Xcompiler=-ffile-prefix-map=/cache/toolkits/cuda-13.0.2=/cuda" in defs["CMAKE_CUDA_FLAGS"].split()
-    assert "-ffile-prefix-map=/cache/toolkits/cuda-13.0.2=/cuda" in defs["CMAKE_CXX_FLAGS"].split()
     assert "-objtemp" in defs["CMAKE_CUDA_FLAGS"].split()
+
+
+def test_a_toolkits_map_goes_only_to_its_backends_targets() -> None:
+    """The C and C++ compiles outside a backend's targets are those of a recipe without that backend (the same
+    flags as the CPU recipe's, so that one compiler cache serves both); its own targets get the toolkit's map
+    through the project include, which stops the configure where such a target is missing."""
+    cpu = _defs(_plan(LINUX))
+    for name, recipe, target in (("cuda", "linux-x86_64-cuda13.0", "ggml-cuda"), ("vulkan", "linux-x86_64-vulkan", "ggml-vulkan")):
+        r = keys.load(REPO / "recipes" / f"{recipe}.yaml")
+        host = HostFacts(tools={"vulkan": ToolFound(path="/G/glslc", version="2023.2-1",
+                                                    versions=(("shaderc", "2023.2-1"), ("spirv_tools", "2022.4+1.3.236.0-1"),
+                                                              ("glslang", "11.13.0-1")), features=())})
+        plan = plan_build(r, host, source_dir=Path("/src"), build_dir=Path("/b"), tools=TOOLS,
+                          toolkit_roots={name: Path(f"/cache/toolkits/{name}")})
+        defs = _defs(plan)
+        for lang in ("C", "CXX"):
+            assert defs[f"CMAKE_{lang}_FLAGS"] == cpu[f"CMAKE_{lang}_FLAGS"], (name, lang)
+            assert "/cache/toolkits" not in defs[f"CMAKE_{lang}_FLAGS"]
+        include = dict(plan.files)["/b/llamabundle-project.cmake"]
+        flag = f"-ffile-prefix-map=/cache/toolkits/{name}=/{name}"
+        assert f'foreach(_target {target})' in include
+        assert f'target_compile_options(${{_target}} PRIVATE "$<$<COMPILE_LANGUAGE:C,CXX>:{flag}>")' in include
+        assert "message(FATAL_ERROR" in include and "cmake_language(DEFER CALL" in include
 
 
 def test_ccache_is_used_when_present() -> None:

@@ -369,7 +369,8 @@ DERIVED = {6: "58138558cd102942cf8722466ec0708deb02c36933f6f718ddc7b7e580bf27b8"
            8: "f2a275c0e0a6916e9f64bcd98f4a9247f65ccc3d123115d122d6a334eb25703b",
            9: "b1ef64758a3ebab53a03be93974b0ebfb214f0427f91ce07b512eb4173153bec",
            10: "602f0e3875bc9d04e41365ea278787f8daac1b9a511d6af9fcd2804cc557fb3a",
-           11: "d52af70853670092b4c9ca5761b1adf7be57ad391198244b7fb0dd1acef1a06e"}
+           11: "d52af70853670092b4c9ca5761b1adf7be57ad391198244b7fb0dd1acef1a06e",
+           12: "33aee5565b630305d3cb8bf3891addfc2e580bb306bfeb5319ea132d77ecbfa7"}
 
 
 # The recipes the digest is of: the shipped ones as they were when derivation 10 was recorded, kept in tests/data/derived
