@@ -1,6 +1,7 @@
 """The Vulkan bundle, built for real here: the shipped recipe with the CPU variants cut to two (x64 and
 haswell: the Vulkan backend is what is under test; the 14 variants are the CPU e2e's), the pinned Debian
-headers downloaded by llamabundle, the shaders compiled by the glslc on PATH. Lavapipe (mesa-vulkan-drivers)
+headers downloaded by llamabundle, the shaders compiled by the glslc on PATH; after the session's shared CPU
+build, whose compiler cache gives it every compile but ggml-vulkan's. Lavapipe (mesa-vulkan-drivers)
 is the Vulkan device: `verify --level load` passes with it, `--level gpu` is skipped with its reason (a CPU
 implementation is not a GPU), and the bundle's llama-server answers /completion with its model on Vulkan0.
 
@@ -38,7 +39,10 @@ pytestmark = pytest.mark.skipif(shutil.which("glslc") is None or not Path(LAVAPI
 
 
 @pytest.fixture(scope="module")
-def vulkan_build(e2e_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def vulkan_build(first_build: dict[str, Any], e2e_env: dict[str, str],
+                 tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Built after the session's shared CPU build (on its worker: tests/conftest.py), whose compiler cache holds
+    every compile of this recipe but the Vulkan backend's own (test_the_cpu_part_comes_from_the_shared_builds_cache)."""
     d = tmp_path_factory.mktemp("vulkan")
     recipe = cut_variants(SHIPPED, d / "vulkan.yaml", keep=KEEP)
     t0 = time.monotonic()
@@ -65,6 +69,28 @@ def test_bundle_records_the_vulkan_inputs(vulkan_build: dict[str, Any]) -> None:
     assert "libvulkan.so.1" not in names, "the Vulkan loader is the machine's, never bundled"
     assert "libvulkan.so.1" in manifest["system_deps"]
     assert manifest["toolchain"]["glslc"] == shaderc and manifest["toolchain"]["vulkan_headers"] == "1.4.309"
+
+
+def test_the_cpu_part_comes_from_the_shared_builds_cache(first_build: dict[str, Any],
+                                                         vulkan_build: dict[str, Any]) -> None:
+    """A toolkit's path map is on its own backend's compiles only (build.py): every other compile of the Vulkan
+    recipe is the CPU recipe's, so the compiler cache the shared build filled serves it; only ggml-vulkan's
+    objects may miss (all of them in CI, whose cache starts empty)."""
+    shared = first_build["result"]["compiler_cache"]
+    stats = vulkan_build["result"]["compiler_cache"]
+    if shared is None:
+        pytest.skip("the shared build compiled without a compiler cache (no ccache or sccache on PATH)")
+    if vulkan_build["result"]["compiled"] == 0:
+        pytest.skip("the Vulkan build tree of an earlier run was up to date: nothing was compiled")
+    assert stats is not None and stats["tool"] == shared["tool"], stats
+    tree = Path(vulkan_build["result"]["bundled_libs"]["libggml-base.so.0"]).parent.parent
+    objects = re.findall(r"^build (\S+\.o): ", (tree / "build.ninja").read_text(), re.M)
+    own = [o for o in objects if "/ggml-vulkan.dir/" in o]
+    assert own and stats["hits"] + stats["misses"] >= 200, stats
+    assert stats["misses"] <= len(own), (f"{stats['misses']} misses, but only {len(own)} compiles are ggml-vulkan's: "
+                                         "a compile outside the Vulkan backend differs from the CPU recipe's", stats)
+    print(f"\nthe Vulkan build's compiler cache: {stats['hits']} hits, {stats['misses']} misses "
+          f"({len(own)} compiles are ggml-vulkan's)")
 
 
 def test_verify_load_passes_with_lavapipe_and_gpu_is_skipped(vulkan_build: dict[str, Any], e2e_env: dict[str, str]) -> None:
