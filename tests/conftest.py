@@ -3,7 +3,7 @@ unit (tests/unit) is hermetic and spread over every worker; `lint` (ruff, mypy, 
 tree) runs on one worker; `race` (tests that kill, interrupt or race real processes) run one at a time on one
 worker, so that they never race each other for the CPU, and so do the fault matrix's (`faults`); `e2e` (tests/e2e: real builds) keeps the tests of
 the one shared CPU build (`first_build`) on one worker and each other e2e module on one worker, so that each
-build is made once. `-m "not e2e"` runs the unit tier; `-n 0` runs serially."""
+build is made once, and the workers take the groups in the order `rank` gives. `-m "not e2e"` runs the unit tier; `-n 0` runs serially."""
 
 from __future__ import annotations
 
@@ -29,14 +29,32 @@ def group_of(item: pytest.Item) -> str | None:
     return None
 
 
+# The order in which the workers take the groups (pyproject: --no-loadscope-reorder keeps it): the shared CPU build
+# first, for it and the tests after it on its worker (the Vulkan build among them, compiling only what is its own
+# from the compiler cache the shared build filled) are the longest chain; then the builds that share no compile
+# with it (another compiler), then the other e2e modules, the one-worker tiers, and last the unit tests, in small
+# pieces that fill both workers to the end.
+FIRST_GROUPS = ("e2e-cpu-build", "e2e-test_aarch64_bundle", "e2e-test_windows_mingw")
+
+
+def rank(group: str | None) -> int:
+    if group in FIRST_GROUPS:
+        return FIRST_GROUPS.index(group)
+    if group is None:
+        return len(FIRST_GROUPS) + 2
+    return len(FIRST_GROUPS) + (0 if group.startswith("e2e-") else 1)
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks into the node ids
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    groups = {}
     for item in items:
         if item.path.parent == E2E:
             item.add_marker(pytest.mark.e2e)
-        group = group_of(item)
+        group = groups[item] = group_of(item)
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
+    items.sort(key=lambda item: rank(groups[item]))  # stable: within a rank, the collection's order
 
 
 
