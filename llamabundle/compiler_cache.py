@@ -23,8 +23,9 @@ from typing import Any
 
 from . import proc
 from .errors import BuildError, ToolchainError
+from .settings import COMPILER_CACHES
 
-CHOICES = ("auto", "sccache", "ccache", "none")
+CHOICES = COMPILER_CACHES
 # what a user's shell may have set for another use of these caches that the build's own settings replace
 OVERRIDDEN = frozenset({"SCCACHE_SERVER_UDS", "SCCACHE_SERVER_PORT", "SCCACHE_BASEDIRS", "CCACHE_STATSLOG", "CCACHE_DEPEND",
                         "CCACHE_NODEPEND", "CCACHE_DISABLE", "CCACHE_RECACHE", "CCACHE_BASEDIR"})

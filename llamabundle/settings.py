@@ -20,6 +20,7 @@ DEFAULT_CUDA_REDIST_URL = "https://developer.download.nvidia.com/compute/cuda/re
 DEFAULT_CONNECT_TIMEOUT = 10.0
 DEFAULT_BUILD_TIMEOUT = 6 * 3600.0
 DEFAULT_CACHE_MAX = 50 << 30
+COMPILER_CACHES = ("auto", "sccache", "ccache", "none")  # the settings of a build's compiler cache (compiler_cache.py)
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
@@ -113,7 +114,7 @@ class Settings:
     cuda_installer_sha256: str | None = None  # $LLAMABUNDLE_CUDA_INSTALLER_SHA256
     build_timeout: float = DEFAULT_BUILD_TIMEOUT  # seconds one cmake configure or build may run before it is stopped
     cache_max: int | None = DEFAULT_CACHE_MAX  # bytes the cache may hold (None: no bound)
-    compiler_cache: str = "auto"  # $LLAMABUNDLE_COMPILER_CACHE (compiler_cache.CHOICES)
+    compiler_cache: str = "auto"  # $LLAMABUNDLE_COMPILER_CACHE (COMPILER_CACHES)
 
     @staticmethod
     def reporting(env: Mapping[str, str]) -> tuple[bool, Path | None, bool]:
@@ -156,13 +157,11 @@ class Settings:
                                  fix=f"set LLAMABUNDLE_CACHE_MAX to {wanted}, or unset it") from None
 
         def compiler_cache(raw: str | None) -> str:
-            from .compiler_cache import CHOICES
-
             value = (raw or "").strip().lower() or "auto"
-            if value not in CHOICES:
-                raise UsageError(f"LLAMABUNDLE_COMPILER_CACHE={raw!r} is not one of {', '.join(CHOICES)}",
+            if value not in COMPILER_CACHES:
+                raise UsageError(f"LLAMABUNDLE_COMPILER_CACHE={raw!r} is not one of {', '.join(COMPILER_CACHES)}",
                                  why="LLAMABUNDLE_COMPILER_CACHE is read from the environment",
-                                 fix=f"set it to one of {', '.join(CHOICES)}, or unset it (auto)")
+                                 fix=f"set it to one of {', '.join(COMPILER_CACHES)}, or unset it (auto)")
             return value
 
         import platformdirs

@@ -7,6 +7,7 @@ import json
 from importlib import resources
 from typing import Any
 
+import click
 import jsonschema
 
 from llamabundle.cli import cli
@@ -29,7 +30,9 @@ def all_commands() -> list[list[str]]:
     out: list[list[str]] = [[]]
 
     def walk(group, prefix: list[str]) -> None:  # type: ignore[no-untyped-def]
-        for name, cmd in group.commands.items():
+        ctx = click.Context(group)
+        for name in group.list_commands(ctx):  # the top group imports a command's module when asked (cli.entry)
+            cmd = group.get_command(ctx, name)
             out.append([*prefix, name])
             if hasattr(cmd, "commands"):
                 walk(cmd, [*prefix, name])

@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Any
 from .. import data, proc
 from ..errors import BuildError, ToolchainError, VerifyError
 from ..reasons import Reason, Verdict
-from ..recipe.model import GlslcPin, ToolFound
 from .base import NoExtras, Prepared
 
 if TYPE_CHECKING:
@@ -32,6 +31,7 @@ if TYPE_CHECKING:
     from ..log import Log
     from ..platforms.base import Platform
     from ..recipe import HostFacts, Recipe, VulkanHeaders
+    from ..recipe.model import GlslcPin, ToolFound
     from ..settings import Settings
     from .probing import Sight
 
@@ -69,6 +69,8 @@ def _detect(env_items: tuple[tuple[str, str], ...]) -> ToolFound | None:
     shaderc = dict(versions).get("shaderc")
     if res.returncode != 0 or not shaderc:
         return None
+    from ..recipe.model import ToolFound  # here: reading a bundle (verify) loads this module, not the recipe's
+
     return ToolFound(path=exe, version=shaderc, versions=versions, features=probe_features(exe, env=env))
 
 
@@ -330,6 +332,8 @@ def section_schema() -> dict[str, Any]:
 
 def pinned_glslc(pin: GlslcPin) -> ToolFound:
     """The glslc a recipe pins, as the key holds it (nothing of this machine asked)."""
+    from ..recipe.model import ToolFound
+
     return ToolFound(path="glslc", version=pin.shaderc,
                      versions=(("shaderc", pin.shaderc), ("spirv-tools", pin.spirv_tools), ("glslang", pin.glslang)),
                      features=tuple(sorted(pin.features)))

@@ -21,7 +21,7 @@ from .. import untrusted
 from ..data import SCHEMA_DRAFT, schema_id
 from ..digest import sha256_file, sha256_json, walk
 from ..errors import VerifyError
-from ..recipe.model import Backend, Platform
+from ..names import Backend, Platform
 
 MANIFEST = "bundle.json"
 FORMAT = 1

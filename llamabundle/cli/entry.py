@@ -6,6 +6,7 @@ LlamaBundleError its own). Under --json a failure's JSON object is printed on st
 from __future__ import annotations
 
 import codecs
+import importlib
 import signal
 import sys
 import traceback
@@ -17,12 +18,36 @@ from .. import __version__
 from ..errors import LlamaBundleError, UsageError, from_os_error
 from ..log import Log
 from ..settings import Settings
-from . import app, archs, bundles, cachecmd, deps, index, plan, recipes, telemetry, toolkit, ui
 from .context import Ctx, environment
 from .output import emit_failure, error_json, wants_json
 
+# Each command's module (cli/<module>.py, whose COMMANDS it is in): imported when the command is looked up, so that
+# a command line loads its own module only (`fetch` and `install` start sooner). tests/unit/test_cli_lazy.py holds
+# this table to the modules' COMMANDS.
+COMMAND_MODULES: dict[str, str] = {
+    **dict.fromkeys(("recipe", "show", "key"), "recipes"),
+    **dict.fromkeys(("check", "build", "fetch", "verify", "publish", "bundle", "matrix"), "bundles"),
+    **dict.fromkeys(("probe", "install", "list", "uninstall", "doctor"), "app"),
+    "toolkit": "toolkit", "archs": "archs", "plan": "plan", "deps": "deps", "index": "index", "telemetry": "telemetry",
+    "cache": "cachecmd", "ui": "ui",
+}
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+
+class LazyGroup(click.Group):
+    """The top group: a command's module is imported the first time the command is asked for."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*self.commands, *COMMAND_MODULES})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in COMMAND_MODULES:
+            module = importlib.import_module(f"{__package__}.{COMMAND_MODULES[cmd_name]}")
+            for command in module.COMMANDS:
+                self.add_command(command)
+        return self.commands.get(cmd_name)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="llamabundle")
 @click.option("--debug", is_flag=True, help="Show tracebacks on errors.")
 @click.option("--quiet", "-q", is_flag=True, help="Only errors and results.")
@@ -30,12 +55,6 @@ from .output import emit_failure, error_json, wants_json
 def cli(ctx: click.Context, debug: bool, quiet: bool) -> None:
     """Build, verify, cache and publish llama.cpp binary bundles from YAML recipes."""
     ctx.obj = Ctx(debug=debug, quiet=quiet)
-
-
-for command in (*recipes.COMMANDS, *bundles.COMMANDS, *toolkit.COMMANDS, *archs.COMMANDS, *app.COMMANDS,
-                *plan.COMMANDS, *deps.COMMANDS, *index.COMMANDS, *telemetry.COMMANDS, *cachecmd.COMMANDS,
-                *ui.COMMANDS):
-    cli.add_command(command)
 
 
 def _run(args: list[str]) -> None:

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ..names import Backend, Platform
 from .model import (
     BUNDLE_FORMAT,
     NO_HOST,
     SCHEMA_VERSION,
-    Backend,
     Compiler,
     Cuda,
     GithubSource,
@@ -18,7 +18,6 @@ from .model import (
     HostFacts,
     OpenMP,
     PathSource,
-    Platform,
     PypiSource,
     Recipe,
     Source,

@@ -21,7 +21,8 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from .. import data
 from ..errors import RecipeError
-from .model import SCHEMA_VERSION, SOURCE_KINDS, TEMPLATE_FIELDS, Backend, Recipe, Source, recipe_error, word_or_form
+from ..names import Backend
+from .model import SCHEMA_VERSION, SOURCE_KINDS, TEMPLATE_FIELDS, Recipe, Source, recipe_error, word_or_form
 
 MAX_RECIPE_BYTES = 256 * 1024
 MAX_RECIPE_DEPTH = 64  # a shipped recipe nests 5 levels

@@ -12,12 +12,11 @@ from typing import Any, Literal, get_args
 
 from .. import data
 from ..errors import RecipeError
+from ..names import ARCH_PATTERN, Backend, Platform
 
 SCHEMA_VERSION = 1
 BUNDLE_FORMAT = 1
 
-Platform = Literal["linux-x86_64", "linux-aarch64", "windows-x86_64"]  # each one a module in platforms/ (a test checks they agree)
-Backend = Literal["cpu", "cuda", "vulkan", "rpc"]  # each one a module in backends/
 Compiler = Literal["gcc", "clang", "msvc", "mingw"]
 CudaSourceKind = Literal["redist", "installer", "pypi", "system"]
 OpenMP = Literal["auto", "vcomp", "libomp", "none"]
@@ -25,7 +24,6 @@ LatentCompanions = Literal["ship", "omit"]
 WebUi = Literal["build", "none"]
 
 TEMPLATE_FIELDS = ("name", "key", "key12", "commit", "commit12", "platform")
-ARCH_PATTERN = r"^([0-9]{2,3})([af]?)(-(real|virtual))?$"  # NN[a|f][-real|-virtual] (ECMA syntax: no named groups)
 
 _HEX40 = r"^[0-9a-f]{40}$"
 _HEX64 = r"^[0-9a-f]{64}$"

@@ -56,7 +56,10 @@ def json_commands() -> list[str]:
     out: list[str] = []
 
     def walk(group: click.Group, prefix: list[str]) -> None:
-        for name, cmd in group.commands.items():
+        ctx = click.Context(group)
+        for name in group.list_commands(ctx):  # the top group imports a command's module when asked (cli.entry)
+            cmd = group.get_command(ctx, name)
+            assert cmd is not None
             if isinstance(cmd, click.Group):
                 walk(cmd, [*prefix, name])
             elif any("--json" in p.opts for p in cmd.params if isinstance(p, click.Option)):

@@ -6,7 +6,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ...recipe.model import ARCH_PATTERN
+from ...names import ARCH_PATTERN
 
 _ARCH = re.compile(ARCH_PATTERN)
 

@@ -1,0 +1,48 @@
+"""The top group imports a command's module when the command is looked up (cli.entry.COMMAND_MODULES): the table
+names every command of every module, each in the module that defines it, and a command line loads only its own."""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+
+from llamabundle.cli.entry import COMMAND_MODULES, cli
+
+CLI = Path(__file__).resolve().parents[2] / "llamabundle" / "cli"
+NOT_COMMANDS = {"__init__", "entry", "context", "output", "options"}  # the group, and what the commands share
+
+
+def test_the_table_names_every_command_in_its_own_module() -> None:
+    modules = sorted(p.stem for p in CLI.glob("*.py") if p.stem not in NOT_COMMANDS)
+    defined = {}
+    for name in modules:
+        module = importlib.import_module(f"llamabundle.cli.{name}")
+        assert hasattr(module, "COMMANDS"), f"cli/{name}.py has no COMMANDS (or belongs in NOT_COMMANDS)"
+        for command in module.COMMANDS:
+            assert command.name not in defined, f"{command.name} is in cli/{defined[command.name]}.py and cli/{name}.py"
+            defined[command.name] = name
+    assert COMMAND_MODULES == defined
+    ctx = click.Context(cli)
+    assert cli.list_commands(ctx) == sorted(defined)
+    for name, module in defined.items():
+        command = cli.get_command(ctx, name)
+        assert command is not None and command in importlib.import_module(f"llamabundle.cli.{module}").COMMANDS
+    assert cli.get_command(ctx, "no-such-command") is None
+
+
+def test_a_command_line_loads_only_its_own_module() -> None:
+    code = ("import sys\nfrom llamabundle.cli.entry import main\n"
+            "try:\n    main(['fetch', '--help'])\nexcept SystemExit:\n    pass\n"
+            "print(sorted(m.rsplit('.', 1)[1] for m in sys.modules if m.startswith('llamabundle.cli.')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    loaded = set(out.stdout.strip().splitlines()[-1].strip("[]").replace("'", "").split(", "))
+    assert "bundles" in loaded and not loaded & {"plan", "app", "recipes", "toolkit", "index", "ui"}, loaded
+
+
+def test_an_unknown_command_is_a_usage_error() -> None:
+    res = subprocess.run([sys.executable, "-m", "llamabundle", "fecth"], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and "No such command 'fecth'" in res.stderr, res.stderr
