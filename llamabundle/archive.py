@@ -8,7 +8,6 @@ import os
 import shutil
 import stat
 import struct
-import tarfile
 import zipfile
 import zlib
 from pathlib import Path, PurePosixPath
@@ -196,6 +195,8 @@ def extract_zip(archive: Path, dest: Path, *, max_total: int = MAX_TOTAL_BYTES, 
 def extract_tar(archive: Path, dest: Path, *, select: str | None = None) -> None:
     """Extract a (compressed) tar into dest (which must not exist), with tarfile's 'data' filter:
     no absolute paths, no `..`, no links leaving dest, no devices. `select` keeps one subtree prefix."""
+    import tarfile  # here: reading a bundle (a zip) does not need it
+
     tmp = tmp_beside(dest)
     try:
         with tarfile.open(archive) as tf:

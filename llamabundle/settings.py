@@ -164,9 +164,11 @@ class Settings:
                                  fix=f"set it to one of {', '.join(COMPILER_CACHES)}, or unset it (auto)")
             return value
 
-        import platformdirs
+        cache = env.get("LLAMABUNDLE_CACHE_DIR")
+        if not cache:  # platformdirs only for the default (a CI job or an app sets the directory)
+            import platformdirs
 
-        cache = env.get("LLAMABUNDLE_CACHE_DIR") or platformdirs.user_cache_dir("llamabundle", appauthor=False)
+            cache = platformdirs.user_cache_dir("llamabundle", appauthor=False)
         data = env.get("LLAMABUNDLE_DATA_DIR")
         sde = number("SOURCE_DATE_EPOCH", int, None, lambda v: ZIP_EPOCH_FIRST <= v <= ZIP_EPOCH_LAST,
                      f"a Unix timestamp from {ZIP_EPOCH_FIRST} (1980-01-01) to {ZIP_EPOCH_LAST} (2107-12-31), "

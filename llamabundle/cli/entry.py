@@ -9,7 +9,6 @@ import codecs
 import importlib
 import signal
 import sys
-import traceback
 from typing import NoReturn
 
 import click
@@ -130,7 +129,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
     except LlamaBundleError as e:
         log.error(e)
         if debug:
-            traceback.print_exc()
+            _print_traceback()
         code = e.exit_code
     except Exception as e:  # a bug in llamabundle: say so plainly
         internal = LlamaBundleError(f"internal error: {type(e).__name__}: {e}", why="this is a bug in llamabundle",
@@ -141,9 +140,15 @@ def main(argv: list[str] | None = None) -> NoReturn:
             click.echo(internal.what, err=True)
             click.echo(f"  {internal.why}; {internal.fix}", err=True)
         if debug:
-            traceback.print_exc()
+            _print_traceback()
         code = 70
     sys.exit(code)
+
+
+def _print_traceback() -> None:
+    import traceback  # only under --debug: a command line that succeeds never loads it
+
+    traceback.print_exc()
 
 
 def _as_error(e: click.ClickException) -> LlamaBundleError:
