@@ -18,7 +18,7 @@ from ...errors import ToolchainError, UsageError, VerifyError
 from ...platforms.base import Extra
 from ...reasons import Reason, Verdict
 from ..base import IndexFacts, Launcher, NoExtras, Prepared
-from . import companions, determinism
+from . import companions
 from .archs import check_archs, split_archs
 
 if TYPE_CHECKING:
@@ -102,6 +102,8 @@ class Cuda(NoExtras):
             toolkit = resolve_toolkit(recipe, settings=settings, log=log, env=env, source=source)
             checked = check_toolkit(toolkit, recipe, env=env)
             log.info(f"    nvcc {checked['nvcc']} at {toolkit.nvcc}; host compiler {checked['host']}")
+            from . import determinism  # building only: reading a bundle does not load it (nor ctypes)
+
             refused = determinism.randomisation_refused() if recipe.platform.startswith("linux") else None
             if refused:
                 log.warn(f"this machine keeps address randomisation on for nvcc ({refused}): the CUDA bundle "
@@ -186,6 +188,8 @@ class Cuda(NoExtras):
         if platform.system != "linux" or recipe.toolchain.compiler == "msvc":
             return None
         from ...compilers import EXECUTABLES
+        from . import determinism
+
         return determinism.launcher(c_compiler=EXECUTABLES[recipe.toolchain.compiler][0], source_dir=source_dir,
                                     build_dir=build_dir)
 
