@@ -15,8 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from filelock import FileLock, Timeout
-
 if sys.platform != "win32":  # Windows has no flock: sources, toolkits and downloads are never pruned there
     import fcntl
 
@@ -68,6 +66,8 @@ def lock_dir(cache_dir: Path) -> Path:
 def waiting_lock(path: Path, log: Log, waiting: str) -> Iterator[None]:
     """An exclusive lock at `path` (its directory made): taken at once, else after logging `waiting` (who holds
     it and that this run waits for it)."""
+    from filelock import FileLock, Timeout  # here: a command that takes no lock (a hit) does not load it
+
     path.parent.mkdir(parents=True, exist_ok=True)
     lock = FileLock(str(path))
     try:
@@ -318,6 +318,8 @@ def prune(cache_dir: Path, *, limit: int, keep: Iterable[str] = (), dry_run: boo
 def _remove(cache_dir: Path, e: Entry, *, dry_run: bool) -> bool:
     """Remove e (with its siblings), a build tree only if its build lock can be had at once; whether it was
     (with `dry_run`: could be) removed."""
+    from filelock import FileLock, Timeout
+
     lock = FileLock(str(build_lock(cache_dir, e.path.name))) if e.area == "build" else None
     try:
         if lock is not None:

@@ -21,8 +21,6 @@ import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, Protocol
 
-from filelock import FileLock, Timeout
-
 from .. import scratch, untrusted
 from ..bundle import MANIFEST
 from ..bundle.manifest import Expect, FileEntry, Manifest, check_consistent
@@ -216,6 +214,8 @@ class LocalStore:
         existing = self.lookup(key)  # entries appear in one rename: a hit needs no lock (nor a writable store)
         if existing is not None:
             return Published(entry=existing, created=False)
+        from filelock import FileLock, Timeout  # here: reading the store (a hit) does not load it
+
         locks = self.root / ".locks"
         at = locks
         try:

@@ -50,8 +50,8 @@ def test_an_unknown_command_is_a_usage_error() -> None:
 
 def test_fetch_and_install_start_without_what_only_building_needs() -> None:
     """`fetch` and `install` (cli.bundles, cli.app and the pipeline they run) load neither the recipe model and its
-    YAML loader, the key, the build, the compiler caches or CUDA's launcher (nor ctypes), nor tarfile: what a cache
-    hit does not use costs it nothing at start."""
+    YAML loader, the key, the build, the compiler caches or CUDA's launcher (nor ctypes), nor tarfile or filelock (a
+    hit takes no lock): what a cache hit does not use costs it nothing at start."""
     code = ("import sys, click\nfrom llamabundle.cli.entry import cli\n"
             "for name in ('fetch', 'install'):\n    cli.get_command(click.Context(cli), name)\n"
             "import llamabundle.pipeline\nprint('\\n'.join(sorted(sys.modules)))")
@@ -60,5 +60,5 @@ def test_fetch_and_install_start_without_what_only_building_needs() -> None:
     assert {"llamabundle.cli.bundles", "llamabundle.cli.app", "llamabundle.verify", "llamabundle.backends.cuda"} <= loaded
     unwanted = {"llamabundle.recipe", "llamabundle.recipe.model", "llamabundle.recipe.loader", "yaml", "llamabundle.keys",
                 "llamabundle.build", "llamabundle.compiler_cache", "llamabundle.backends.cuda.determinism",
-                "llamabundle.backends.cuda.nvcc_launch", "ctypes", "tarfile", "llamabundle.cli.plan"}
+                "llamabundle.backends.cuda.nvcc_launch", "ctypes", "tarfile", "llamabundle.cli.plan", "filelock"}
     assert not loaded & unwanted, sorted(loaded & unwanted)
