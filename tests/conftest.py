@@ -31,10 +31,11 @@ def group_of(item: pytest.Item) -> str | None:
 
 # The order in which the workers take the groups (pyproject: --no-loadscope-reorder keeps it): the shared CPU build
 # first, for it and the tests after it on its worker (the Vulkan build among them, compiling only what is its own
-# from the compiler cache the shared build filled) are the longest chain; then the builds that share no compile
-# with it (another compiler), then the other e2e modules, the one-worker tiers, and last the unit tests, in small
-# pieces that fill both workers to the end.
-FIRST_GROUPS = ("e2e-cpu-build", "e2e-test_aarch64_bundle", "e2e-test_windows_mingw")
+# from the compiler cache the shared build filled) are the longest chain; the `race` and `faults` tiers on the other
+# worker while that one fetches the source and builds the web UI (npm: minutes of one core), before any compiler
+# runs beside them; then the builds that share no compile with the shared one (another compiler), the other e2e
+# modules, `lint`, and last the unit tests, in small pieces that fill both workers to the end.
+FIRST_GROUPS = ("e2e-cpu-build", "race", "faults", "e2e-test_aarch64_bundle", "e2e-test_windows_mingw")
 
 
 def rank(group: str | None) -> int:
