@@ -29,7 +29,7 @@ def group_of(item: pytest.Item) -> str | None:
     return None
 
 
-# The order in which the workers take the groups (pyproject: --no-loadscope-reorder keeps it): the shared CPU build
+# The order in which the workers take the groups (pyproject: --no-loadscope-reorder, pytest-xdist 3.8 or newer, keeps it): the shared CPU build
 # first, for it and the tests after it on its worker (the Vulkan build among them, compiling only what is its own
 # from the compiler cache the shared build filled) are the longest chain; the `race` and `faults` tiers on the other
 # worker while that one fetches the source and builds the web UI (npm: minutes of one core), before any compiler
