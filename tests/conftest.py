@@ -29,12 +29,12 @@ def group_of(item: pytest.Item) -> str | None:
     return None
 
 
-# The order in which the workers take the groups (pyproject: --no-loadscope-reorder, pytest-xdist 3.8 or newer, keeps it): the shared CPU build
-# first, for it and the tests after it on its worker (the Vulkan build among them, compiling only what is its own
-# from the compiler cache the shared build filled) are the longest chain; the `race` and `faults` tiers on the other
-# worker while that one fetches the source and builds the web UI (npm: minutes of one core), before any compiler
-# runs beside them; then the builds that share no compile with the shared one (another compiler), the other e2e
-# modules, `lint`, and last the unit tests, in small pieces that fill both workers to the end.
+# The order in which the workers take the groups (pyproject: --no-loadscope-reorder, of pytest-xdist 3.8, keeps it):
+# the shared CPU build first, for it and the tests after it on its worker (the Vulkan build among them, compiling only
+# what is its own from the compiler cache the shared build filled) are the longest chain; the `race` and `faults`
+# tiers on the other worker while that one fetches the source and builds the web UI (npm: minutes of one core), before
+# any compiler runs beside them; then the builds that share no compile with the shared one (another compiler), the
+# other e2e modules, `lint`, and last the unit tests, in small pieces that fill both workers to the end.
 FIRST_GROUPS = ("e2e-cpu-build", "race", "faults", "e2e-test_aarch64_bundle", "e2e-test_windows_mingw")
 
 
