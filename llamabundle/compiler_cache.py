@@ -25,7 +25,6 @@ from . import proc
 from .errors import BuildError, ToolchainError
 from .settings import COMPILER_CACHES
 
-CHOICES = COMPILER_CACHES
 # what a user's shell may have set for another use of these caches that the build's own settings replace
 OVERRIDDEN = frozenset({"SCCACHE_SERVER_UDS", "SCCACHE_SERVER_PORT", "SCCACHE_BASEDIRS", "CCACHE_STATSLOG", "CCACHE_DEPEND",
                         "CCACHE_NODEPEND", "CCACHE_DISABLE", "CCACHE_RECACHE", "CCACHE_BASEDIR"})
@@ -68,8 +67,8 @@ def not_byte_identical(cache: CompilerCache, backends: Sequence[str]) -> str | N
 def choose(choice: str, *, path: str | None) -> CompilerCache | None:
     """The compiler cache `choice` names, found on `path` (None: none). `auto` takes the first of AUTO_ORDER found and
     none when neither is; a cache named outright that is missing or does not run is a ToolchainError."""
-    if choice not in CHOICES:
-        raise ToolchainError(f"unknown compiler cache '{choice}'", why=f"--compiler-cache takes {', '.join(CHOICES)}",
+    if choice not in COMPILER_CACHES:
+        raise ToolchainError(f"unknown compiler cache '{choice}'", why=f"--compiler-cache takes {', '.join(COMPILER_CACHES)}",
                              fix="choose one of those")
     for kind in kinds(choice):
         program = find(kind, path=path)

@@ -58,7 +58,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: rank(groups[item]))  # stable: within a rank, the collection's order
 
 
-
 SLOW_PHASE = float(os.environ.get("LLAMABUNDLE_TEST_SLOW_PHASE", "60"))  # seconds
 _STARTED = time.monotonic()
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import click
 
+from ..settings import COMPILER_CACHES
 from .context import Ctx, pass_ctx
 from .options import JSON_OPT, RECIPE_ARG, STORE_OPT, InputFile, owned
 from .output import emit
@@ -53,7 +54,7 @@ def check(c: Ctx, recipe_path: Path, store_url: str | None, as_json: bool) -> No
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), callback=owned("--out"), help="Leave the unpacked bundle in this new directory.")
 @click.option("--jobs", "-j", type=click.IntRange(1), help="Parallel compile jobs (default: ninja's).")
 @click.option("--clean", is_flag=True, help="Remove the cached build directory first.")
-@click.option("--compiler-cache", type=click.Choice(["auto", "sccache", "ccache", "none"]),
+@click.option("--compiler-cache", type=click.Choice(COMPILER_CACHES),
               help="Compile C, C++ and CUDA through this compiler cache (default: LLAMABUNDLE_COMPILER_CACHE, else auto: "
                    "ccache, else sccache, when on PATH). Changes no byte and no key; its statistics are in --json.")
 @click.option("--toolkit-source", type=click.Choice(["redist", "pypi", "installer", "system"]),
