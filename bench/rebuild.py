@@ -1,6 +1,6 @@
 """Rebuilds through a compiler cache (issue 34, Deliver 3 and 4), measured in one run on one machine:
 
-    python -m bench.rebuild RECIPE [--caches ccache,sccache] [--new-dir] [--touch PATH] [--after-cold CMD]
+    python -m bench.rebuild RECIPE [--caches ccache,sccache] [--new-dir] [--cold-again] [--touch PATH] [--after-cold CMD]
                                [--after-cache CMD] [--json-out F] [-- BUILD ARGS...]
 
 Each row is `llamabundle build RECIPE --force` into a scratch store with the same llamabundle cache (the source,
@@ -68,6 +68,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="a shell command run after each cache's rows, untimed, with CACHE set to its name and ZIP to "
                          "the cold row's zip")
     ap.add_argument("--new-dir", action="store_true", help="also ccache warm in a new build directory")
+    ap.add_argument("--cold-again", action="store_true",
+                    help="a second cold row right after the first cache's rows: its miss sits between two cold builds, "
+                         "whose difference is the noise a miss's cost is read against")
     ap.add_argument("--json-out", type=Path)
     argv = sys.argv[1:] if argv is None else argv
     cut = argv.index("--") if "--" in argv else len(argv)  # more `build` arguments after --
@@ -114,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
                 row("ccache warm, new directory", ["--clean", "--compiler-cache", cache],
                     {**e, "PATH": f"{b}{os.pathsep}{env.get('PATH', '')}"})
             last, last_env = cache, e
+            if a.cold_again and cache == a.caches.split(",")[0]:
+                row("cold again (no cache)", ["--clean", "--compiler-cache", "none"])
             if a.after_cache:
                 subprocess.run(a.after_cache, shell=True, env={**env, "CACHE": cache, "ZIP": cold_row["zip"]}, check=False)
         if a.touch:

@@ -8,7 +8,8 @@
 # paths once more under cProfile (results/profile/).
 # FA=OFF narrows the build further (GGML_CUDA_FA off). AFTER_COLD=1 runs the hit (and with RPC=1 rpc_h200.sh; carry
 # .rpc) on the cold row's zip, before the cache rows; RPC_AFTER=ccache runs rpc_h200.sh after ccache's rows instead.
-# TOUCH='' leaves the touch row out. NEW_DIR=1 adds ccache's warm row in a new build directory.
+# TOUCH='' leaves the touch row out. NEW_DIR=1 adds ccache's warm row in a new build directory. COLD_AGAIN=1 adds a
+# second cold row after the first cache's rows (bench.rebuild --cold-again).
 #
 #   bash bench/gpu/rebuild_h200.sh start   # set up, start in the background, poll
 #   bash bench/gpu/rebuild_h200.sh poll    # wait (at most POLL_S seconds); results in $OUT/results.tgz
@@ -45,7 +46,7 @@ PY
   # with RPC=1 the CUDA bundle's rpc-server serving a CPU bundle's llama-server, test-backend-ops and llama-bench
   # (rpc_h200.sh): what a session cut short by its device time should have shown first
   python3 -m bench.rebuild $W/cuda.yaml --caches "${CACHES:-ccache,sccache}" --touch "${TOUCH-ggml/src/ggml-cuda/ggml-cuda.cu}" \
-    ${NEW_DIR:+--new-dir} ${AFTER_COLD:+--after-cold "bash bench/gpu/rebuild_h200.sh after-cold"} \
+    ${NEW_DIR:+--new-dir} ${COLD_AGAIN:+--cold-again} ${AFTER_COLD:+--after-cold "bash bench/gpu/rebuild_h200.sh after-cold"} \
     ${RPC_AFTER:+--after-cache "bash bench/gpu/rebuild_h200.sh after-cache"} \
     --json-out $R/rebuild.json -- --toolkit-source system >> $R/session.log 2> $R/rebuild.err
   say "rebuild rc=$?"
