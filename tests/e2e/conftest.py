@@ -120,16 +120,19 @@ def unpacked(first_build: dict[str, Any], e2e_env: dict[str, str], store: Path, 
 CUDA_RECIPE = REPO / "recipes" / "linux-x86_64-cuda13.0.yaml"
 
 
-def cut_variants(recipe: Path, dest: Path, *, keep: tuple[str, ...]) -> Path:
-    """A shipped x86-64 recipe named `<name>-e2e` with its CPU variants cut to `keep`: its own cpu_variants section
-    replaced by one excluding every other variant; the same text every run (so the same key and build tree)."""
+def cut_variants(recipe: Path, dest: Path, *, keep: tuple[str, ...], every: list[str] | None = None) -> Path:
+    """A shipped recipe named `<name>-e2e` with its CPU variants cut to `keep` of `every` (x86-64's unless given):
+    its own cpu_variants section replaced by one excluding every other variant; the same text every run (so the
+    same key and build tree)."""
     from llamabundle import data
 
     text = recipe.read_text(encoding="utf-8")
     name = re.search(r"^name: (\S+)\n", text, re.M)
     assert name is not None
     text = re.sub(r"^cpu_variants:\n(?:  .*\n)+", "", text, flags=re.M).replace(name.group(0), f"name: {name.group(1)}-e2e\n")
-    drop = [v for v in data.build_knowledge()["cpu_variants"]["x86_64"] if v not in keep]
+    every = every if every is not None else list(data.build_knowledge()["cpu_variants"]["x86_64"])
+    assert set(keep) <= set(every), keep
+    drop = [v for v in every if v not in keep]
     dest.write_text(text + f"cpu_variants: {{exclude: [{', '.join(drop)}]}}\n", encoding="utf-8")
     return dest
 
