@@ -8,7 +8,7 @@ passed down as an ``env`` mapping to the code that runs or finds programs."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
@@ -54,7 +54,7 @@ class Settings:
 
     LLAMABUNDLE_CACHE_DIR           [cache_dir] cache root: sources, downloads, build trees, toolkits, out/, the
                                     default store (default: the platform's user cache dir)
-    LLAMABUNDLE_DATA_DIR            [data_dir] install root of `install`, `list`, `uninstall`, `probe`, `doctor`
+    LLAMABUNDLE_DATA_DIR            [data_dir_set; data_dir] install root of `install`, `list`, `uninstall`, `probe`, `doctor`
                                     (default: the platform's user data dir)
     LLAMABUNDLE_STORE               [store] the default store when no --store is given (else <cache>/store)
     LLAMABUNDLE_DEBUG               [debug] "1": print the traceback of a failure, as --debug does
@@ -92,7 +92,7 @@ class Settings:
     """
 
     cache_dir: Path
-    data_dir: Path = field(default_factory=default_data_dir)
+    data_dir_set: Path | None = None  # $LLAMABUNDLE_DATA_DIR; None: the platform's user data directory (data_dir)
     store: str | None = None  # $LLAMABUNDLE_STORE: the default store URL
     debug: bool = False  # $LLAMABUNDLE_DEBUG=1
     github_archive_url: str = DEFAULT_GITHUB_ARCHIVE_URL
@@ -123,6 +123,12 @@ class Settings:
         failure is (a GitHub Actions annotation under GITHUB_ACTIONS=true). As from_env reads them."""
         workspace = env.get("GITHUB_WORKSPACE")
         return env.get("GITHUB_ACTIONS") == "true", Path(workspace) if workspace else None, env.get("LLAMABUNDLE_DEBUG") == "1"
+
+    @property
+    def data_dir(self) -> Path:
+        """The install root: $LLAMABUNDLE_DATA_DIR, else the platform's user data directory (platformdirs, loaded
+        only by a command that installs or reads installs: a fetch or a build hit never does)."""
+        return self.data_dir_set if self.data_dir_set is not None else default_data_dir()
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:
@@ -177,7 +183,7 @@ class Settings:
         installer = env.get("LLAMABUNDLE_CUDA_INSTALLER")
         return cls(
             cache_dir=Path(cache).expanduser().resolve(),
-            data_dir=Path(data).expanduser().resolve() if data else default_data_dir(),
+            data_dir_set=Path(data).expanduser().resolve() if data else None,
             store=env.get("LLAMABUNDLE_STORE") or None,
             debug=debug,
             github_archive_url=env.get("LLAMABUNDLE_GITHUB_ARCHIVE_URL", DEFAULT_GITHUB_ARCHIVE_URL).rstrip("/"),

@@ -35,7 +35,6 @@ class Ctx:
         self.settings = Settings.from_env(self.env)
         errors.forget_owners()  # a new command line (several run in one process under the tests)
         errors.own(self.settings.cache_dir, "the cache, LLAMABUNDLE_CACHE_DIR")
-        errors.own(self.settings.data_dir, "the install root, LLAMABUNDLE_DATA_DIR")
         self.log = Log(quiet=quiet, github_actions=self.settings.github_actions,
                        workspace=self.settings.github_workspace)
         self.debug = debug

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import backends, platforms, scratch, untrusted
+from .. import backends, errors, platforms, scratch, untrusted
 from ..backends.cuda import section as cuda_section
 from ..backends.cuda.section import CudaInfo
 from ..bundle import MANIFEST, extract, parts, read_manifest
@@ -57,6 +57,7 @@ def data_root(settings: Settings, dest: Path | None = None) -> Path:
     directory)."""
     if dest is not None:
         return dest.expanduser().resolve()
+    errors.own(settings.data_dir, "the install root, LLAMABUNDLE_DATA_DIR")  # a disk error under it says whose it is
     return settings.data_dir
 
 

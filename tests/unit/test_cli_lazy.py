@@ -4,6 +4,7 @@ names every command of every module, each in the module that defines it, and a c
 from __future__ import annotations
 
 import importlib
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -62,3 +63,17 @@ def test_fetch_and_install_start_without_what_only_building_needs() -> None:
                 "llamabundle.build", "llamabundle.compiler_cache", "llamabundle.backends.cuda.determinism",
                 "llamabundle.backends.cuda.nvcc_launch", "ctypes", "tarfile", "llamabundle.cli.plan", "filelock"}
     assert not loaded & unwanted, sorted(loaded & unwanted)
+
+
+def test_a_command_line_reads_the_platforms_directories_only_when_it_uses_them(tmp_path: Path) -> None:
+    """With LLAMABUNDLE_CACHE_DIR set (a CI job, an app), a command line that touches no install root (fetch, a
+    build hit) never loads platformdirs; the install root is the platform's user data directory when asked for."""
+    code = ("import sys\nfrom llamabundle.cli.context import Ctx\nfrom llamabundle.runtime.install import data_root\n"
+            "c = Ctx(debug=False, quiet=True)\nbefore = 'platformdirs' in sys.modules\n"
+            "root = data_root(c.settings)\nprint(before, 'platformdirs' in sys.modules, root)")
+    env = {k: v for k, v in os.environ.items() if k not in ("LLAMABUNDLE_DATA_DIR", "XDG_DATA_HOME")}
+    env["LLAMABUNDLE_CACHE_DIR"] = str(tmp_path / "cache")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60, env=env)
+    before, after, root = out.stdout.split()
+    assert (before, after) == ("False", "True")
+    assert root == str(Path("~/.local/share/llamabundle").expanduser().resolve())
