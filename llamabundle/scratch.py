@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import re
-import secrets
 import shutil
 import sys
 import time
@@ -82,7 +81,7 @@ def _my_start() -> int:
 
 def owner_token() -> str:
     """`<pid>-<start>-<rand>`: unique to this call, and names this process as the owner."""
-    return f"{os.getpid()}-{_my_start()}-{secrets.token_hex(3)}"
+    return f"{os.getpid()}-{_my_start()}-{os.urandom(3).hex()}"
 
 
 def owned(directory: Path, prefix: str, suffix: str = "") -> Path:

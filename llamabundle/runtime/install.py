@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import secrets
 import shutil
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -469,7 +468,7 @@ def _install_locked(store: Store, entry: Entry, slot: Path, *, log: Log, platfor
     on_manifest = pin is not None and pin.sha256 == parts.published_sha256(entry.manifest)
     if pin is not None and entry.zip_sha256 != pin.sha256 and not on_manifest:  # refused before any download
         raise _pin_refused(entry, pin, entry.zip_sha256, where=f"{store.url} lists it so (nothing was downloaded)")
-    version = f"{key[:12]}-{secrets.token_hex(4)}"
+    version = f"{key[:12]}-{os.urandom(4).hex()}"
     stage = scratch.make_dir(slot, STAGE)
     swapped = False
     # a pin of the zip is on the zip's bytes: the zip is read. A pin of bundle.json (which names every file's

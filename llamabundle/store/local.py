@@ -12,6 +12,7 @@ SHA256SUMS records. SHA256SUMS is UTF-8 whatever the locale."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -19,7 +20,7 @@ import re
 import shutil
 import zipfile
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO, Protocol
+from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 
 from .. import scratch, untrusted
 from ..bundle import MANIFEST
@@ -191,8 +192,12 @@ class LocalStore:
         try:
             if sink is not None:
                 sink.reset()
+            vouched = _stamped(src, entry.zip_sha256)  # this file state was read and found right: not hashed again
             with _open_read(src, fix="check that the store entry still exists (llamabundle check)") as f:
-                digest = _copy(f, src, tmp, out, sink=sink)
+                digest = _copy(f, src, tmp, out, sink=sink, hashing=vouched is None)
+                if vouched is not None:  # unchanged while it was copied (its ctime too): the bytes it was found with
+                    same = file_state(os.fstat(f.fileno())) == vouched
+                    digest = entry.zip_sha256 if same else _digest(tmp)
             if digest != entry.zip_sha256:
                 raise VerifyError(f"{src} does not match its sha256 in the store", why="it changed or was damaged "
                                   "after it was published", fix="publish the bundle again")
@@ -286,19 +291,32 @@ def _parse_sums(raw: bytes, path: Path, *, fix: str) -> dict[str, str]:
 STAMPS = ".verified"  # <store>/.verified/<key>.json: the zip's file state when its sha256 was last found right
 
 
+def _stamp(path: Path) -> Path:
+    return path.parent.parent / STAMPS / f"{path.parent.name}.json"
+
+
+def _stamped(path: Path, listed: str) -> list[int] | None:
+    """The zip's file state when the entry's stamp says that this very state was found to have the sha256
+    SHA256SUMS lists (None: no stamp, or one of another state or digest)."""
+    stamp = _stamp(path)
+    try:
+        st = path.stat()
+        said = untrusted.loads(stamp.read_bytes(), max_bytes=4096)
+        if isinstance(said, dict) and said.get("state") == file_state(st) and said.get("sha256") == listed:
+            return file_state(st)
+    except (OSError, ValueError):
+        pass
+    return None
+
+
 def _verified_digest(path: Path, listed: str) -> str:
     """The zip's sha256: read from the file, unless the entry's stamp says that this very file state was found to
     have the sha256 SHA256SUMS lists (a lookup of a large bundle then reads no zip: `check` of the CUDA bundle
     hashed 480 MB each time). The stamp is written after a full read that matched, where the store can be
     written (a read-only share reads the zip every time); a stamp that does not match the file is ignored."""
-    stamp = path.parent.parent / STAMPS / f"{path.parent.name}.json"
-    st = path.stat()
-    try:
-        said = untrusted.loads(stamp.read_bytes(), max_bytes=4096)
-        if isinstance(said, dict) and said.get("state") == file_state(st) and said.get("sha256") == listed:
-            return listed
-    except (OSError, ValueError):
-        pass
+    if _stamped(path, listed) is not None:
+        return listed
+    stamp, st = _stamp(path), path.stat()
     digest = _digest(path)
     if digest == listed and file_state(path.stat()) == file_state(st):  # unchanged while it was read
         with contextlib.suppress(OSError):  # a store that cannot be written reads the zip every time
@@ -317,27 +335,17 @@ def _digest(path: Path) -> str:
 
 
 def _copy(src: _Reader, src_path: Path, tmp: Path, final: Path, *, sink: Sink | None = None,
-          durable: bool = False) -> str:
-    """Copy src into the new file tmp in one pass (hashing it, feeding sink); returns the sha256. A failure to
-    read is about src, a failure to write about final (the path the user knows); the sink's own errors pass.
-    `durable`: on disk (fsync) before this returns."""
+          durable: bool = False, hashing: bool = True) -> str:
+    """Copy src into the new file tmp in one pass (hashing it, feeding sink); returns the sha256 ("" when not
+    `hashing`: with no sink either, the kernel copies it, the bytes never read here). A failure to read is about
+    src, a failure to write about final (the path the user knows); the sink's own errors pass. `durable`: on disk
+    (fsync) before this returns."""
     h, done = hashlib.sha256(), False
     w = _open_new(tmp, final)
     try:
-        while True:
-            try:
-                chunk = src.read(CHUNK)
-            except OSError as e:
-                raise StoreError(f"cannot read {src_path}", why=e.strerror or str(e), fix="check the file and retry") from None
-            if not chunk:
-                break
-            try:
-                w.write(chunk)
-            except OSError as e:
-                raise _write_error(final, e) from None
-            h.update(chunk)
-            if sink is not None:
-                sink.update(chunk)
+        copied = not hashing and sink is None and hasattr(src, "fileno") and _kernel_copy(src, w, final)
+        if not copied:
+            _copy_chunks(src, w, src_path, final, h if hashing else None, sink)
         try:
             w.flush()
             if durable:
@@ -351,7 +359,43 @@ def _copy(src: _Reader, src_path: Path, tmp: Path, final: Path, *, sink: Sink | 
         except OSError as e:  # a write that failed only when flushed on close
             if done:
                 raise _write_error(final, e) from None
-    return h.hexdigest()
+    return h.hexdigest() if hashing else ""
+
+
+def _kernel_copy(src: Any, w: BinaryIO, final: Path) -> bool:
+    """src copied into w by the kernel (sendfile), from where src stands; False where sendfile cannot (another
+    platform, a file system without it) and nothing was copied."""
+    if not hasattr(os, "sendfile"):
+        return False
+    fin, fout, offset = src.fileno(), w.fileno(), 0
+    while True:
+        try:
+            n = os.sendfile(fout, fin, offset, CHUNK * 8)
+        except OSError as e:
+            if offset == 0 and e.errno in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+                return False
+            raise _write_error(final, e) from None
+        if n == 0:
+            return True
+        offset += n
+
+
+def _copy_chunks(src: _Reader, w: BinaryIO, src_path: Path, final: Path, h: Any, sink: Sink | None) -> None:
+    while True:
+        try:
+            chunk = src.read(CHUNK)
+        except OSError as e:
+            raise StoreError(f"cannot read {src_path}", why=e.strerror or str(e), fix="check the file and retry") from None
+        if not chunk:
+            break
+        try:
+            w.write(chunk)
+        except OSError as e:
+            raise _write_error(final, e) from None
+        if h is not None:
+            h.update(chunk)
+        if sink is not None:
+            sink.update(chunk)
 
 
 def _open_read(path: Path, *, fix: str) -> BinaryIO:

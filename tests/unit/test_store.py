@@ -171,6 +171,50 @@ def test_a_lookup_reads_the_zip_once_until_the_file_changes(tmp_path: Path, monk
     assert reads == [stored]
 
 
+def test_a_fetch_of_a_stamped_zip_copies_it_without_hashing_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A zip whose state the store's stamp vouches for (found right by a full read) is copied by the kernel, not
+    read and hashed again: a cache-hit build copies the zip beside the bundle it assembles. The copy is the zip."""
+    from llamabundle.store import local
+
+    zip_path, manifest = make_bundle(tmp_path)
+    store = LocalStore(tmp_path / "store")
+    entry = store.publish(zip_path, manifest).entry
+    hashed: list[object] = []
+    real_chunks, real_digest = local._copy_chunks, local._digest
+    monkeypatch.setattr(local, "_copy_chunks", lambda src, w, sp, f, h, sink: (hashed.append(h), real_chunks(src, w, sp, f, h, sink)))
+    monkeypatch.setattr(local, "_digest", lambda p: hashed.append(p) or real_digest(p))
+    got = store.fetch(entry, tmp_path / "dl")
+    assert hashed == [] and got.read_bytes() == zip_path.read_bytes()
+    # without its stamp (a read-only share writes none) the zip is hashed as it is copied
+    (tmp_path / "store" / ".verified" / f"{KEY}.json").unlink()
+    got = store.fetch(entry, tmp_path / "dl2")
+    assert len(hashed) == 1 and hashed[0] is not None and got.read_bytes() == zip_path.read_bytes()
+
+
+def test_a_stamped_zip_changed_while_it_is_copied_is_hashed_and_refused(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stamp vouches for one file state only: a zip written to once its stamp was read (its ctime moves) has
+    its copy hashed, and a copy that is not the listed zip is refused, nothing left in dest."""
+    from llamabundle.store import local
+
+    zip_path, manifest = make_bundle(tmp_path)
+    store = LocalStore(tmp_path / "store")
+    entry = store.publish(zip_path, manifest).entry
+    stored = tmp_path / "store" / KEY / "bundle.zip"
+    real = local._kernel_copy
+
+    def changed_meanwhile(src: object, w: object, final: Path) -> bool:  # after the stamp was read, before the copy
+        with open(stored, "r+b") as f:
+            f.seek(-30, os.SEEK_END)
+            f.write(b"\xff")
+        return real(src, w, final)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(local, "_kernel_copy", changed_meanwhile)
+    with pytest.raises(VerifyError, match="does not match its sha256 in the store"):
+        store.fetch(entry, tmp_path / "dl")
+    assert list((tmp_path / "dl").iterdir()) == []
+
+
 def test_partial_entry_is_not_a_hit_and_publish_replaces_it(tmp_path: Path) -> None:
     zip_path, manifest = make_bundle(tmp_path)
     root = tmp_path / "store"
