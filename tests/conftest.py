@@ -3,7 +3,8 @@ unit (tests/unit) is hermetic and spread over every worker; `lint` (ruff, mypy, 
 tree) runs on one worker; `race` (tests that kill, interrupt or race real processes) run one at a time on one
 worker, so that they never race each other for the CPU, and so do the fault matrix's (`faults`); `e2e` (tests/e2e: real builds) keeps the tests of
 the one shared CPU build (`first_build`) on one worker and each other e2e module on one worker, so that each
-build is made once, and the workers take the groups in the order `rank` gives. `-m "not e2e"` runs the unit tier; `-n 0` runs serially."""
+build is made once (AFTER_SHARED: the modules that build from the shared build's compiler cache, on either worker),
+and the workers take the groups in the order `rank` gives. `-m "not e2e"` runs the unit tier; `-n 0` runs serially."""
 
 from __future__ import annotations
 
@@ -18,11 +19,19 @@ E2E = Path(__file__).resolve().parent / "e2e"
 SHARED_BUILD = "first_build"  # tests/e2e/conftest.py: the session's one real build of the CPU recipe
 
 
+# e2e modules whose builds take their compiles from the compiler cache the shared build filled, each a group of its own
+# (not the shared build's): whichever worker is free takes it. On the other worker, its `first_build` waits for the
+# shared build (the key's build lock: one process makes a key with a cache), then finds the tree built (a build with
+# nothing to compile), so these builds still start after the cache is full.
+AFTER_SHARED = ("test_reproducible", "test_vulkan_bundle", "test_rpc_bundle")
+
+
 def group_of(item: pytest.Item) -> str | None:
     """The xdist group an item runs in (None: any worker)."""
     if item.get_closest_marker("e2e"):
         fixtures = getattr(item, "fixturenames", ())
-        return "e2e-cpu-build" if SHARED_BUILD in fixtures else f"e2e-{item.path.stem}"
+        own = item.path.stem in AFTER_SHARED or SHARED_BUILD not in fixtures
+        return f"e2e-{item.path.stem}" if own else "e2e-cpu-build"
     for mark in ("lint", "race", "faults"):
         if item.get_closest_marker(mark):
             return mark
@@ -30,12 +39,14 @@ def group_of(item: pytest.Item) -> str | None:
 
 
 # The order in which the workers take the groups (pyproject: --no-loadscope-reorder, of pytest-xdist 3.8, keeps it):
-# the shared CPU build first, for it and the tests after it on its worker (the Vulkan build among them, compiling only
-# what is its own from the compiler cache the shared build filled) are the longest chain; the `race` and `faults`
-# tiers on the other worker while that one fetches the source and builds the web UI (npm: minutes of one core), before
-# any compiler runs beside them; then the builds that share no compile with the shared one (another compiler), the
-# other e2e modules, `lint`, and last the unit tests, in small pieces that fill both workers to the end.
-FIRST_GROUPS = ("e2e-cpu-build", "race", "faults", "e2e-test_aarch64_bundle", "e2e-test_windows_mingw")
+# the shared CPU build first, for it and the tests after it on its worker are the longest chain; the `race` and
+# `faults` tiers on the other worker while that one fetches the source and builds the web UI (npm: minutes of one
+# core), before any compiler runs beside them; then the builds that share no compile with the shared one (another
+# compiler); then those that compile only what is their own from the shared build's compiler cache (AFTER_SHARED:
+# on either worker, once the shared build is done), the other e2e modules, `lint`, and last the unit tests, in small
+# pieces that fill both workers to the end.
+FIRST_GROUPS = ("e2e-cpu-build", "race", "faults", "e2e-test_aarch64_bundle", "e2e-test_windows_mingw",
+                *(f"e2e-{m}" for m in AFTER_SHARED))
 
 
 def rank(group: str | None) -> int:
