@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import tempfile
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -17,7 +18,7 @@ from . import backends, cache, opscheck, platforms, scratch
 from . import bundle as bundle_mod
 from .bundle.manifest import ANYTHING, Expect, Manifest
 from .errors import DiskError, LlamaBundleError, UsageError, VerifyError, disk_fix
-from .platforms.load import clean_env, run_list_devices
+from .platforms.load import Loaded, clean_env, run_list_devices
 
 
 class Level(StrEnum):
@@ -258,9 +259,33 @@ def check_static(root: Path, manifest: Manifest) -> list[str]:
 
 def check_load(root: Path, manifest: Manifest, report: VerifyReport, *, wine_prefix: Path | None = None) -> None:
     """llama-server --verbose --list-devices from `root` on this host (under Wine for a Windows bundle on
-    Linux): the CPU backend, and every backend that loads, must come from inside `root`."""
+    Linux): the CPU backend, and every backend that loads, must come from inside `root`. Then what a backend runs
+    of the bundle itself (RPC's server and llama-server using it): for a bundle this machine runs natively, at the
+    same time as the platform's check (each starts its GPU's driver: they wait for it together), its result
+    reported only when the platform's check passed, whose failure is still the one raised."""
     platform, host = platforms.get(manifest.platform), platforms.host_name()
-    loaded = platform.check_load(root, manifest, host=host, wine_prefix=wine_prefix, keep=backends.run_keep(manifest))
+    keep = backends.run_keep(manifest)
+    runner = platform.runner(host)
+    beside: list[Future[dict[str, str]]] = []
+    with ThreadPoolExecutor() as pool:  # leaving the block waits for what runs beside, whatever happened
+        if runner == []:  # native: the clean environment the platform's check runs in (load.run_list_devices)
+            env = clean_env(root, keep)
+            beside = [pool.submit(b.check_loaded, root, manifest, platform=platform, runner=runner, env=env)
+                      for b in backends.of(manifest.backends)]
+        loaded = platform.check_load(root, manifest, host=host, wine_prefix=wine_prefix, keep=keep)
+        _report_loaded(loaded, report)
+        if loaded.level.startswith("skipped"):
+            return
+        if runner == []:
+            for f in beside:
+                report.levels.update(f.result())
+            return
+    env = dict(loaded.env) or clean_env(root, keep)
+    for backend in backends.of(manifest.backends):  # what a backend runs of the bundle itself (RPC's server)
+        report.levels.update(backend.check_loaded(root, manifest, platform=platform, runner=runner, env=env))
+
+
+def _report_loaded(loaded: Loaded, report: VerifyReport) -> None:
     report.backends_loaded.update(loaded.backends)
     report.devices.extend(loaded.devices)
     report.compute_caps.update(loaded.compute_caps)
@@ -269,12 +294,6 @@ def check_load(root: Path, manifest: Manifest, report: VerifyReport, *, wine_pre
     report.modules.update(loaded.modules)
     report.device_ids.update(loaded.device_ids)
     report.levels["load"] = loaded.level
-    if loaded.level.startswith("skipped"):
-        return
-    runner = platform.runner(host)
-    env = dict(loaded.env) or clean_env(root, backends.run_keep(manifest))
-    for backend in backends.of(manifest.backends):  # what a backend runs of the bundle itself (RPC's server)
-        report.levels.update(backend.check_loaded(root, manifest, platform=platform, runner=runner, env=env))
 
 
 def check_gpu(manifest: Manifest, report: VerifyReport, *, require_gpu: bool) -> None:

@@ -134,3 +134,45 @@ def test_a_machine_that_cannot_run_the_bundle_skips_it_and_the_static_check_want
     os.unlink(root / SERVER)
     with pytest.raises(VerifyError, match=f"declares the RPC backend but the bundle has no {SERVER}"):
         RPC.check(root, m, platform=LINUX)
+
+
+def test_the_load_check_runs_the_rpc_server_beside_the_platforms_check_and_reports_it_after(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """verify's load level: for a bundle this machine runs natively, what a backend runs of the bundle (RPC's server
+    and llama-server through it) starts at the same time as the platform's check (each waits for its GPU driver),
+    is reported when that check passed, and the platform's failure is the one raised."""
+    import threading
+    import time
+
+    from llamabundle import verify
+    from llamabundle.platforms.load import Loaded
+
+    root, m = bundle(tmp_path)
+    rpc_started = threading.Event()
+    seen: dict[str, bool] = {}
+
+    def platform_check(root: Path, manifest: object, **_: object) -> Loaded:
+        seen["rpc started meanwhile"] = rpc_started.wait(10)
+        if os.environ.get("PLATFORM_FAILS"):
+            raise VerifyError("llama-server --list-devices exited with 1")
+        return Loaded(level="passed", env=env(), source="llamabundle-probe")
+
+    real = RPC.check_loaded
+
+    def rpc_check(*args: object, **kw: object) -> dict[str, str]:
+        rpc_started.set()
+        return real(*args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(LINUX, "check_load", platform_check)
+    monkeypatch.setattr(RPC, "check_loaded", rpc_check)
+    report = verify.VerifyReport(path="b.zip", key=m.key, platform=m.platform, files=0, bytes=0)
+    t0 = time.monotonic()
+    verify.check_load(root, m, report)
+    assert seen == {"rpc started meanwhile": True} and time.monotonic() - t0 < 10
+    assert report.levels["load"] == "passed" and report.levels["rpc"].startswith(f"passed ({SERVER} on 127.0.0.1:")
+    assert not alive(int((root / "server.pid").read_text()))
+    monkeypatch.setenv("PLATFORM_FAILS", "1")
+    report = verify.VerifyReport(path="b.zip", key=m.key, platform=m.platform, files=0, bytes=0)
+    with pytest.raises(VerifyError, match="llama-server --list-devices exited with 1"):
+        verify.check_load(root, m, report)
+    assert "rpc" not in report.levels and not alive(int((root / "server.pid").read_text()))
