@@ -88,7 +88,6 @@ def install_cmd(c: Ctx, store_url: str | None, recipe_path: Path | None, key_: s
     """Download a bundle, check everything in it, and install it atomically (the previous one stays until then).
     With --expect-sha256 or --digests, only the pinned zip is installed. With --backends, only the files the
     CPU part and the chosen backends need (bundle.json then says which, and what it was cut from)."""
-    from .. import keys
     from ..runtime import install as install_mod
     from ..runtime import probe as probe_mod
 
@@ -101,6 +100,8 @@ def install_cmd(c: Ctx, store_url: str | None, recipe_path: Path | None, key_: s
     sha = install_mod.parse_sha256(expect_sha256) if expect_sha256 is not None else None
     digests = install_mod.load_digests(digests_path) if digests_path is not None else None
     if recipe_path is not None:
+        from .. import keys  # here: an install by key (an app's) loads no recipe, YAML or key rules
+
         keyed = keys.resolve(keys.load(recipe_path), env=c.env)
         r, key_ = keyed.recipe, keyed.key
         expect_commit = expect_commit or r.llama_cpp.commit

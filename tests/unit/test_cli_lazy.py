@@ -77,3 +77,28 @@ def test_a_command_line_reads_the_platforms_directories_only_when_it_uses_them(t
     before, after, root = out.stdout.split()
     assert (before, after) == ("False", "True")
     assert root == str(Path("~/.local/share/llamabundle").expanduser().resolve())
+
+
+def test_an_install_or_fetch_by_key_runs_without_the_recipe_yaml_or_key_rules(tmp_path: Path) -> None:
+    """Run, not only started: `install --key` (an app's install on demand) and `fetch KEY` of a published bundle
+    load neither the recipe model, its YAML loader nor the key rules (`keys`): only `--recipe` needs them."""
+    from llamabundle.bundle.manifest import parse
+    from llamabundle.store.local import LocalStore
+    from tests import bundles as tb
+
+    zip_path, made = tb.make_zip(tmp_path / "made", {"llama-server": b"#!/bin/sh\n", "LICENSE": b"MIT\n"},
+                                 {"llama-server": "exe", "LICENSE": "license"}, name="lazy", inputs=tb.inputs_for("lazy"))
+    m = parse(made)
+    LocalStore(tmp_path / "store").publish(zip_path, m)
+    store = str(tmp_path / "store")
+    for argv in (["install", "--store", store, "--key", m.key, "--dest", str(tmp_path / "root")],
+                 ["fetch", m.key, "--store", store, "--out", str(tmp_path / "out")]):
+        code = ("import sys\nfrom llamabundle.cli.entry import main\n"
+                f"try:\n    main({['--quiet', *argv]!r})\nexcept SystemExit as e:\n    print('exit', e.code)\n"
+                "print('\\n'.join(sorted(sys.modules)))")
+        env = {**os.environ, "LLAMABUNDLE_CACHE_DIR": str(tmp_path / "cache")}
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+        loaded = set(out.stdout.split())
+        assert "exit 0" in out.stdout, (argv[0], out.stdout[-2000:], out.stderr[-2000:])
+        assert not loaded & {"llamabundle.keys", "llamabundle.recipe", "llamabundle.recipe.model", "yaml"}, \
+            (argv[0], sorted(loaded & {"llamabundle.keys", "llamabundle.recipe", "llamabundle.recipe.model", "yaml"}))
