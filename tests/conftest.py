@@ -23,7 +23,9 @@ SHARED_BUILD = "first_build"  # tests/e2e/conftest.py: the session's one real bu
 # (not the shared build's): whichever worker is free takes it. On the other worker, its `first_build` waits for the
 # shared build (the key's build lock: one process makes a key with a cache), then finds the tree built (a build with
 # nothing to compile), so these builds still start after the cache is full.
-AFTER_SHARED = ("test_reproducible", "test_vulkan_bundle", "test_rpc_bundle")
+AFTER_SHARED = ("test_reproducible", "test_rpc_bundle", "test_vulkan_bundle")  # a worker takes the next group when it
+# has 2 tests left: the reproducibility check (2 tests, CI's longest build after the shared one) and the RPC bundle
+# go to one worker, so that the Vulkan build goes to the other
 
 
 def group_of(item: pytest.Item) -> str | None:
