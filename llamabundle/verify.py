@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
@@ -286,23 +287,20 @@ def check_load(root: Path, manifest: Manifest, report: VerifyReport, *, wine_pre
     platform, host = platforms.get(manifest.platform), platforms.host_name()
     keep = backends.run_keep(manifest)
     runner = platform.runner(host)
-    beside: list[Future[dict[str, str]]] = []
     with ThreadPoolExecutor() as pool:  # leaving the block waits for what runs beside, whatever happened
-        if runner == []:  # native: the clean environment the platform's check runs in (load.run_list_devices)
-            env = clean_env(root, keep)
-            beside = [pool.submit(b.check_loaded, root, manifest, platform=platform, runner=runner, env=env)
-                      for b in backends.of(manifest.backends)]
+
+        def start(env: Mapping[str, str]) -> list[Future[dict[str, str]]]:
+            return [pool.submit(b.check_loaded, root, manifest, platform=platform, runner=runner, env=env)
+                    for b in backends.of(manifest.backends)]
+
+        # native: beside the platform's check, in the clean environment it runs in (load.run_list_devices)
+        beside = start(clean_env(root, keep)) if runner == [] else []
         loaded = platform.check_load(root, manifest, host=host, wine_prefix=wine_prefix, keep=keep)
         _report_loaded(loaded, report)
         if loaded.level.startswith("skipped"):
             return
-        if runner == []:
-            for f in beside:
-                report.levels.update(f.result())
-            return
-    env = dict(loaded.env) or clean_env(root, keep)
-    for backend in backends.of(manifest.backends):  # what a backend runs of the bundle itself (RPC's server)
-        report.levels.update(backend.check_loaded(root, manifest, platform=platform, runner=runner, env=env))
+        for f in beside or start(dict(loaded.env) or clean_env(root, keep)):
+            report.levels.update(f.result())
 
 
 def _report_loaded(loaded: Loaded, report: VerifyReport) -> None:

@@ -56,8 +56,9 @@ def data_root(settings: Settings, dest: Path | None = None) -> Path:
     directory)."""
     if dest is not None:
         return dest.expanduser().resolve()
-    errors.own(settings.data_dir, "the install root, LLAMABUNDLE_DATA_DIR")  # a disk error under it says whose it is
-    return settings.data_dir
+    root = settings.data_dir
+    errors.own(root, "the install root, LLAMABUNDLE_DATA_DIR")  # a disk error under it says whose it is
+    return root
 
 
 @dataclass(frozen=True, kw_only=True)
