@@ -12,11 +12,12 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 E2E = Path(__file__).resolve().parent / "e2e"
-SHARED_BUILD = "first_build"  # tests/e2e/conftest.py: the session's one real build of the CPU recipe
+SHARED_BUILD = "first_build"  # tests/e2e/conftest.py: the session's one real build of the CPU recipe (3 variants)
 
 
 # e2e modules whose builds take their compiles from the compiler cache the shared build filled, each a group of its own
@@ -73,19 +74,65 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 SLOW_PHASE = float(os.environ.get("LLAMABUNDLE_TEST_SLOW_PHASE", "60"))  # seconds
 _STARTED = time.monotonic()
+_CPU_KEY = pytest.StashKey[dict[str, float]]()
+_CPU_BY_GROUP: dict[str, float] = {}
+
+
+def _cpu_seconds() -> float:
+    """User and system seconds of this process and of the children it has waited for (a build's compilers too)."""
+    import resource
+
+    return sum(u.ru_utime + u.ru_stime for u in (resource.getrusage(resource.RUSAGE_SELF),
+                                                 resource.getrusage(resource.RUSAGE_CHILDREN)))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """Each phase's report carries the CPU seconds the phase took (user_properties: cpu_seconds), counted where it
+    ran, so that the end of the run can say which groups the cores went to (a wall time on a busy machine cannot)."""
+    report = yield
+    spent = item.stash.get(_CPU_KEY, {})
+    before = spent.pop("mark", None)
+    now = _cpu_seconds()
+    if before is not None:
+        report.user_properties += [("cpu_seconds", round(now - before, 2)), ("test_group", group_of(item) or "unit")]
+    if call.when != "teardown":
+        item.stash[_CPU_KEY] = {"mark": now}  # the next phase starts about here
+    return report
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    item.stash[_CPU_KEY] = {"mark": _cpu_seconds()}
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     """A test phase that took SLOW_PHASE seconds or more (a fixture's setup: a real build) is said when it ends,
-    with the time since the session started and the worker: `--durations` prints only at the end, which a run
-    stopped by CI's time limit never reaches. Said by xdist's controller (or the one process of -n 0)."""
-    if report.duration < SLOW_PHASE or os.environ.get("PYTEST_XDIST_WORKER"):
+    with the time since the session started, the worker and the CPU seconds it took: `--durations` prints only at
+    the end, which a run stopped by CI's time limit never reaches. Said by xdist's controller (or the one process of
+    -n 0), which also adds up each group's CPU seconds for the end of the run."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    said = dict(report.user_properties)
+    cpu, group = said.get("cpu_seconds", 0.0), str(said.get("test_group", "unit"))
+    assert isinstance(cpu, float | int)
+    _CPU_BY_GROUP[group] = _CPU_BY_GROUP.get(group, 0.0) + cpu
+    if report.duration < SLOW_PHASE:
         return
     worker = getattr(getattr(report, "node", None), "gateway", None)
     where = f" {worker.id}" if worker is not None else ""
     sys.stderr.write(f"\n[{time.monotonic() - _STARTED:5.0f} s{where}] {report.when} {report.outcome} in "
-                     f"{report.duration:.0f} s: {report.nodeid}\n")
+                     f"{report.duration:.0f} s ({cpu:.0f} s of CPU): {report.nodeid}\n")
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """CPU seconds by test group (builds count their compilers): where CI's two cores went."""
+    if os.environ.get("PYTEST_XDIST_WORKER") or sum(_CPU_BY_GROUP.values()) < SLOW_PHASE:
+        return
+    terminalreporter.write_sep("=", f"CPU seconds by group ({sum(_CPU_BY_GROUP.values()):.0f} in all)")
+    for group, cpu in sorted(_CPU_BY_GROUP.items(), key=lambda kv: -kv[1]):
+        terminalreporter.write_line(f"{cpu:9.0f}  {group}")
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -31,10 +31,10 @@ def rpc_bundle(first_build: dict[str, Any], e2e_env: dict[str, str], store: Path
                tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path]:
     tmp = tmp_path_factory.mktemp("rpc")
     text = RECIPE.read_text(encoding="utf-8")
-    assert text.count("backends: [cpu]\n") == 1 and text.count("name: linux-x86_64-cpu\n") == 1
-    recipe = tmp / "linux-x86_64-cpu-rpc.yaml"
+    assert text.count("backends: [cpu]\n") == 1 and text.count("name: linux-x86_64-cpu-e2e\n") == 1
+    recipe = tmp / "linux-x86_64-cpu-rpc.yaml"  # the shared build's recipe (its CPU variants cut) with RPC
     recipe.write_text(text.replace("backends: [cpu]\n", "backends: [cpu, rpc]\n")
-                      .replace("name: linux-x86_64-cpu\n", "name: linux-x86_64-cpu-rpc\n"), encoding="utf-8")
+                      .replace("name: linux-x86_64-cpu-e2e\n", "name: linux-x86_64-cpu-rpc\n"), encoding="utf-8")
     out = tmp / "bundle"
     return build_recipe(recipe, store=store, env=e2e_env, what="the CPU+RPC bundle",
                         more=("--out", out, "--ops-tool")), out

@@ -1,5 +1,5 @@
 """The Vulkan bundle, built for real here: the shipped recipe with the CPU variants cut to two (x64 and
-haswell: the Vulkan backend is what is under test; the 14 variants are the CPU e2e's), the pinned Debian
+haswell: the Vulkan backend is what is under test; the CPU variants are the shared build's), the pinned Debian
 headers downloaded by llamabundle, the shaders compiled by the glslc on PATH; after the session's shared CPU
 build, whose compiler cache gives it every compile but ggml-vulkan's. Lavapipe (mesa-vulkan-drivers)
 is the Vulkan device: `verify --level load` passes with it, `--level gpu` is skipped with its reason (a CPU
