@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
 SERVER = "ggml-rpc-server"
 LISTEN_TIMEOUT = 60.0  # seconds the server may take to listen (under an emulator too)
+LISTEN_POLL = 0.01  # seconds between two tries to connect (a refused connection on loopback costs microseconds)
 LOOPBACK = "127.0.0.1"
 PRELOAD_SOURCE = "rpc_preload.c"  # in data/: adds the RPC servers of SERVERS_ENV to test-backend-ops
 SERVERS_ENV = "LLAMABUNDLE_RPC_SERVERS"
@@ -60,7 +61,7 @@ def wait_listening(port: int, exited: Callable[[], int | None], *, log_path: Pat
             if time.monotonic() > deadline:
                 raise VerifyError(f"the bundle's {SERVER} did not listen on {LOOPBACK}:{port} in {timeout:.0f}s",
                                   details=_tail(log_path)) from None
-            time.sleep(0.05)
+            time.sleep(LISTEN_POLL)
 
 
 @contextmanager
@@ -128,13 +129,18 @@ class Rpc(NoExtras):
     def check_loaded(self, root: Path, manifest: Manifest, *, platform: Platform, runner: Sequence[str] | None,
                      env: Mapping[str, str]) -> dict[str, str]:
         """The bundle's ggml-rpc-server on 127.0.0.1 and a free port, and the bundle's llama-server listing the
-        device it serves through `--rpc`; the server is stopped after, whatever happened."""
+        device it serves through `--rpc`; the server is stopped after, whatever happened. The client's own GPUs are
+        hidden (each GPU backend's variable set and empty): the platform's check lists them, and starting their
+        driver again here doubled the client's time (0.31 s against 0.11 s on an H100 machine)."""
         if runner is None:
             return {"rpc": f"skipped: this machine does not run {manifest.platform} programs as plain processes"}
+        from . import of
+
         llama = root / platform.program_file("llama-server")
+        client = {**env, **{b.hide_env: "" for b in of(manifest.backends) if b.gpu and b.hide_env}}
         with served(root, platform=platform, runner=runner, env=env) as (endpoint, _):
             out = load.checked_run([*runner, str(llama), "--rpc", endpoint, "--list-devices"], cwd=root.parent,
-                                   env=env, timeout=load.LOAD_TIMEOUT, what=f"llama-server --rpc {endpoint}",
+                                   env=client, timeout=load.LOAD_TIMEOUT, what=f"llama-server --rpc {endpoint}",
                                    failed="llama-server could not use the bundle's own RPC server")
             lines = (out.stderr + out.stdout).splitlines()
             listed = [line.strip() for line in load.device_lines(lines) if line.strip().startswith("RPC")]

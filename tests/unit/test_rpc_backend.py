@@ -43,6 +43,7 @@ import os, socket, sys
 args = sys.argv[1:]
 host, port = args[args.index("-H") + 1], int(args[args.index("-p") + 1])
 open(os.path.join(os.path.dirname(__file__), "server.pid"), "w").write(str(os.getpid()))
+open(os.path.join(os.path.dirname(__file__), "server.env"), "w").write(repr(os.environ.get("CUDA_VISIBLE_DEVICES")))
 if os.environ.get("FAKE_SERVER_FAILS"):
     print("bind: address in use", flush=True)
     sys.exit(1)
@@ -58,6 +59,8 @@ args = sys.argv[1:]
 endpoint = args[args.index("--rpc") + 1]
 host, port = endpoint.rsplit(":", 1)
 socket.create_connection((host, int(port)), timeout=5).close()
+with open(os.path.join(os.path.dirname(__file__), "client.env"), "w") as f:
+    f.write(repr({{k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "GGML_VK_VISIBLE_DEVICES")}}))
 print("Available devices:")
 if not os.environ.get("FAKE_LISTS_NOTHING"):
     print(f"  RPC0: {{endpoint}} (24105 MiB, 24105 MiB free)")
@@ -109,6 +112,21 @@ def test_the_load_check_serves_on_loopback_lists_the_device_and_stops_the_server
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", port), timeout=1)
     assert not list(root.parent.glob(f".{SERVER}-*.log")), "its log goes with it"
+
+
+def test_the_client_runs_with_the_bundles_gpus_hidden_and_the_server_with_what_it_was_given(tmp_path: Path) -> None:
+    """The platform's check lists the GPUs; the RPC client starting their drivers again only cost time. The server
+    serves what it would (the caller's CUDA_VISIBLE_DEVICES reaches it)."""
+    import ast
+    import dataclasses
+
+    root, m = bundle(tmp_path)
+    gpus = dataclasses.replace(m, backends=("cpu", "cuda", "vulkan", "rpc"))
+    assert RPC.check_loaded(root, gpus, platform=LINUX, runner=[], env=env(CUDA_VISIBLE_DEVICES="1"))["rpc"].startswith("passed")
+    assert ast.literal_eval((root / "client.env").read_text()) == {"CUDA_VISIBLE_DEVICES": "", "GGML_VK_VISIBLE_DEVICES": ""}
+    assert ast.literal_eval((root / "server.env").read_text()) == "1"
+    RPC.check_loaded(root, m, platform=LINUX, runner=[], env=env(CUDA_VISIBLE_DEVICES="1"))  # no GPU backend: nothing hidden
+    assert ast.literal_eval((root / "client.env").read_text()) == {"CUDA_VISIBLE_DEVICES": "1", "GGML_VK_VISIBLE_DEVICES": None}
 
 
 def test_a_server_that_exits_says_so_with_its_words(tmp_path: Path) -> None:
