@@ -114,6 +114,32 @@ class _Reader:
         return table[offset:stop if stop >= 0 else len(table)].decode("utf-8", "replace")
 
 
+_SHT_PROGBITS, _SHF_ALLOC, _SHF_EXECINSTR = 1, 0x2, 0x4
+# The sections a program's constant and initialised data lie in (a string it passes to dlopen), as GCC, Clang and
+# NVCC's host compiler name them: .rodata.str1.1 and the like too, and the large-model .lrodata and .ldata
+DATA_SECTIONS = (".rodata", ".lrodata", ".data", ".ldata")
+
+
+def data_ranges(path: Path) -> list[tuple[int, int]] | None:
+    """Where in an ELF file its data sections lie (DATA_SECTIONS: loaded, not code, with bytes in the file), as
+    (offset, size) in file order; None for a file that is not ELF or whose section headers cannot be read (the
+    caller reads all of it). What lies outside them is code and GPU code (.text, .nv_fatbin: most of cuBLASLt's
+    540 MB)."""
+    try:
+        with open(path, "rb") as f:
+            if f.read(4) != ELF_MAGIC:
+                return None
+            r = _Reader(f, os.fstat(f.fileno()).st_size)
+            if not r.sections:
+                return None
+            names = r.content(r.unpack("H", 0x3E if r.elfclass == 64 else 0x32)[0])  # e_shstrndx
+            return sorted((sh[4], sh[5]) for sh in r.sections
+                          if sh[1] == _SHT_PROGBITS and sh[2] & _SHF_ALLOC and not sh[2] & _SHF_EXECINSTR
+                          and r.string(names, sh[0]).startswith(DATA_SECTIONS))
+    except (_Malformed, OSError, struct.error):
+        return None
+
+
 def read_elf(path: Path) -> ElfInfo:
     """The machine, class, SONAME, DT_NEEDED, RUNPATH/RPATH and GLIBC_ version needs of one ELF file, read from its
     dynamic and version-needs sections (the same sections pyelftools reads, at a fraction of its cost: the static

@@ -79,6 +79,38 @@ def test_names_in_finds_ascii_and_utf16_names_each_once_sorted(tmp_path: Path) -
     assert companions.names_in(f, rule) == ["nvrtc64_120_0.dll", "nvrtc64_121_1.dll", "nvrtc64_130_0.dll"]
 
 
+ELF_LIB = r"""
+const char *lazy_name(void) { return "libnvrtc.so.13"; }   /* .rodata: what the library passes to dlopen */
+__asm__(".section .text\n.asciz \"libnvrtc.so.99\"\n");   /* in code: never a name it loads */
+__asm__(".section .nv_fatbin,\"a\"\n.asciz \"libnvrtc.so.98\"\n");  /* GPU code: nor is this */
+"""
+
+
+def test_names_in_an_elf_library_reads_its_data_sections_only(tmp_path: Path) -> None:
+    """A real shared library (gcc): the name in .rodata is found, the ones in .text and .nv_fatbin are not read (most
+    of cuBLASLt's 540 MB is code and GPU code); a file whose section headers cannot be read is read whole."""
+    import shutil
+    import subprocess
+
+    from llamabundle.deps import elf
+
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc is not installed")
+    (src := tmp_path / "lt.c").write_text(ELF_LIB)
+    so = tmp_path / "libcublasLt.so.13"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", so, src], check=True)
+    rule = only_rule(so.name)
+    assert companions.names_in(so, rule) == ["libnvrtc.so.13"]
+    ranges = elf.data_ranges(so)
+    assert ranges and sum(n for _, n in ranges) < so.stat().st_size
+    data = bytearray(so.read_bytes())
+    data[0x28:0x30] = (len(data) * 2).to_bytes(8, "little")  # e_shoff past the end: no section table to read
+    (cut := tmp_path / "cut" / so.name).parent.mkdir()
+    cut.write_bytes(bytes(data))
+    assert elf.data_ranges(cut) is None
+    assert companions.names_in(cut, rule) == ["libnvrtc.so.13", "libnvrtc.so.98", "libnvrtc.so.99"]
+
+
 def test_names_in_a_name_at_the_very_start_or_end_of_the_file(tmp_path: Path) -> None:
     rule = only_rule("cublasLt64_12.dll")
     (tmp_path / "a").write_bytes(b"nvrtc64_120_0.dll")

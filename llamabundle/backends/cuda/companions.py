@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Literal
 
 from ... import data
+from ...deps import elf
 
 Kind = Literal["required", "latent"]
 
@@ -101,12 +102,18 @@ def _names_in(path: str, size: int, mtime_ns: int, rule: Rule) -> tuple[str, ...
     narrow, wide = rule.patterns
     head = rule.names.split("#", 1)[0].encode("ascii")  # the literal the name starts with (rules() checks a '#')
     with open(path, "rb") as f:
-        if f.seek(0, 2) == 0:
+        if (size := f.seek(0, 2)) == 0:
             return ()
+        # an ELF library's data sections only (its code and GPU code are most of it: 180 of cuBLASLt's 540 MB are
+        # read); a DLL, or an ELF file whose section headers cannot be read, whole
+        ranges = elf.data_ranges(Path(path)) or [(0, size)]
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-            found.update(x.group(0).decode("ascii") for x in _matches(m, head, narrow) if _starts_name(m, x.start(), 1))
-            found.update(x.group(0)[::2].decode("ascii") for x in _matches(m, _wide(head), wide)
-                         if _starts_name(m, x.start(), 2))
+            for start, length in ranges:
+                end = min(start + length, size)
+                found.update(x.group(0).decode("ascii") for x in _matches(m, head, narrow, start, end)
+                             if _starts_name(m, x.start(), 1))
+                found.update(x.group(0)[::2].decode("ascii") for x in _matches(m, _wide(head), wide, start, end)
+                             if _starts_name(m, x.start(), 2))
     return tuple(sorted(found))
 
 
@@ -114,18 +121,18 @@ def _wide(text: bytes) -> bytes:
     return b"".join(bytes([c, 0]) for c in text)
 
 
-def _matches(m: mmap.mmap, head: bytes, pattern: re.Pattern[bytes]) -> Iterator[re.Match[bytes]]:
-    """pattern's matches in m, tried only where its literal head is (mmap.find skips the rest at memory speed:
-    a regex scan of cuBLASLt's 540 MB took 1.1 s on an H100 machine)."""
+def _matches(m: mmap.mmap, head: bytes, pattern: re.Pattern[bytes], start: int, end: int) -> Iterator[re.Match[bytes]]:
+    """pattern's matches that start in m[start:end], tried only where its literal head is (mmap.find skips the rest
+    at memory speed: a regex scan of cuBLASLt's 540 MB took 1.1 s on an H100 machine)."""
     if not head:
-        yield from pattern.finditer(m)
+        yield from pattern.finditer(m, start, end)  # (a name that runs past `end` is cut there)
         return
-    at = m.find(head)
+    at = m.find(head, start, end)
     while at >= 0:
         x = pattern.match(m, at)
         if x is not None:
             yield x
-        at = m.find(head, at + 1)
+        at = m.find(head, at + 1, end)
 
 
 def named_by(files: Mapping[str, Path], *, latent: bool) -> list[Named]:
