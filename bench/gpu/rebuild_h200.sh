@@ -9,7 +9,8 @@
 # FA=OFF narrows the build further (GGML_CUDA_FA off). AFTER_COLD=1 runs the hit (and with RPC=1 rpc_h200.sh; carry
 # .rpc) on the cold row's zip, before the cache rows; RPC_AFTER=ccache runs rpc_h200.sh after ccache's rows instead.
 # TOUCH='' leaves the touch row out. NEW_DIR=1 adds ccache's warm row in a new build directory. COLD_AGAIN=1 adds a
-# second cold row after the first cache's rows (bench.rebuild --cold-again).
+# second cold row after the first cache's rows (bench.rebuild --cold-again). PARTS=1 adds, after the hit, the load
+# check's programs one by one, the largest file's unpack and, with .before, the hit of the code before a change (parts).
 #
 #   bash bench/gpu/rebuild_h200.sh start   # set up, start in the background, poll
 #   bash bench/gpu/rebuild_h200.sh poll    # wait (at most POLL_S seconds); results in $OUT/results.tgz
@@ -58,6 +59,26 @@ hit() {  # a hit at the speed of the disk on 16 cores: ZIP against cp + sha256su
   [ -n "$1" ] && [ "${HIT:-1}" = 1 ] && python3 -m bench.hit_speed "$1" --recipe $W/cuda.yaml --repeat 2 \
     --json-out $R/hit-speed.json --profile $R/profile > $R/hit-speed.txt 2>&1
   say "hit-speed: $(tail -8 $R/hit-speed.txt 2> /dev/null | tr '\n' '|')"
+  parts "$1"
+}
+
+parts() {  # PARTS=1, after the hit on the same zip: the load check's programs one by one (bench.verify_parts) and
+  # the largest file's unpack (bench.unpack_speed); with .before (a tree's llamabundle/ and a link to bench/: the
+  # code before a change) the hit again with that code, in the same session (the A/B)
+  [ -n "$1" ] && [ "${PARTS:-0}" = 1 ] || return 0
+  local d=$W/parts
+  rm -rf $d && mkdir -p $d && python3 -m zipfile -e "$1" $d/b && chmod +x $d/b/*
+  python3 -m bench.verify_parts $d/b --repeat 3 --json-out $R/verify-parts.json > $R/verify-parts.txt 2>&1
+  say "verify-parts: $(tr '\n' '|' < $R/verify-parts.txt)"
+  python3 -m bench.unpack_speed "$(ls -S $d/b/* | head -1)" --repeat 3 --json-out $R/unpack-speed.json > $R/unpack-speed.txt 2>&1
+  say "unpack-speed: $(tr '\n' '|' < $R/unpack-speed.txt)"
+  rm -rf $d
+  [ -d .before/llamabundle ] || return 0
+  (cd .before && python3 -m bench.hit_speed "$1" --recipe $W/cuda.yaml --repeat 2 --json-out $R/hit-speed-before.json \
+     > $R/hit-speed-before.txt 2>&1)
+  say "hit-speed before: $(tail -8 $R/hit-speed-before.txt 2> /dev/null | tr '\n' '|')"
+  python3 -m bench.hit_speed "$1" --recipe $W/cuda.yaml --repeat 2 --json-out $R/hit-speed-after.json > $R/hit-speed-after.txt 2>&1
+  say "hit-speed after: $(tail -8 $R/hit-speed-after.txt 2> /dev/null | tr '\n' '|')"
 }
 
 case "${1:-}" in
@@ -66,7 +87,7 @@ case "${1:-}" in
          python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
          # bytecode, as a pip install has it (the H100 session of 2026-12-05 compiled 259 modules in every command:
          # 0.6 s of each hit path's time there)
-         python3 -m compileall -q -j 0 /tmp/site llamabundle bench > /dev/null
+         python3 -m compileall -q -j 0 /tmp/site llamabundle bench $([ -d .before ] && echo .before/llamabundle) > /dev/null
          nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > $R/gpu.txt; nproc >> $R/gpu.txt
          setsid nohup bash bench/gpu/rebuild_h200.sh orchestrate > $R/orchestrate.out 2>&1 < /dev/null &
          sleep 5; POLL_S=${POLL_S:-540} poll ;;
