@@ -214,6 +214,8 @@ def siblings(zip_path: Path) -> tuple[Path, ...]:
 
 @dataclass(frozen=True)
 class Entry:
+    """One item of the cache, with its size and when it was last used."""
+
     area: str
     path: Path
     size: int

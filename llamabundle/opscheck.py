@@ -31,6 +31,8 @@ DEVICE_ENV = ("GGML_VK_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")
 
 @dataclass(kw_only=True)
 class DeviceOps:
+    """test-backend-ops' result for one device."""
+
     device: str
     serves: str | None = None  # an RPC device: the device of this machine its server serves
     passed: int = 0

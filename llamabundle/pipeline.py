@@ -287,6 +287,8 @@ def web_ui(recipe: Recipe, src: Path, *, settings: Settings, log: Log, env: Mapp
 
 @dataclass(frozen=True, kw_only=True)
 class PackedUi:
+    """A web UI archive made by `ui pack`."""
+
     assets: webui.Assets
     commit: str
     path: Path

@@ -31,6 +31,8 @@ class Level(StrEnum):
 
 @dataclass(kw_only=True)
 class VerifyReport:
+    """What verify found, level by level (`verify --json`)."""
+
     path: str
     key: str
     platform: str

@@ -45,6 +45,8 @@ class ManifestError(VerifyError):
 
 @dataclass(frozen=True, kw_only=True)
 class FileEntry:
+    """One file of a bundle, as bundle.json lists it."""
+
     path: str
     sha256: str
     size: int
@@ -55,6 +57,8 @@ class FileEntry:
 
 @dataclass(frozen=True, kw_only=True)
 class LlamaCpp:
+    """bundle.json's `llama_cpp`: the commit built and where it came from."""
+
     commit: str
     version: str | None = None
     source: str | None = None
@@ -62,6 +66,8 @@ class LlamaCpp:
 
 @dataclass(frozen=True, kw_only=True)
 class Manifest:
+    """A bundle.json, read and checked field by field (docs/bundle-format.md)."""
+
     name: str
     key: str
     inputs: Mapping[str, Any]  # read-only view; the canonical key inputs
@@ -439,6 +445,8 @@ def check_consistent(m: Manifest, expect: Expect = ANYTHING) -> None:
 
 @dataclass(frozen=True, kw_only=True)
 class ContentCheck:
+    """What a bundle's content check counted: its files and their bytes."""
+
     files: int
     bytes: int
 

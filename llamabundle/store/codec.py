@@ -52,6 +52,8 @@ class CodecError(ValueError):
 
 @dataclass(frozen=True)
 class Packed:
+    """What packing a file into a blob saw."""
+
     sha256: str  # of the raw bytes read
     size: int  # raw bytes read
     packed_size: int  # bytes written

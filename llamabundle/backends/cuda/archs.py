@@ -13,6 +13,8 @@ _ARCH = re.compile(ARCH_PATTERN)
 
 @dataclass(frozen=True, kw_only=True)
 class Arch:
+    """One CUDA architecture of a recipe's list."""
+
     name: str  # "86", "120a"
     sass: bool  # real: machine code for this arch
     ptx: bool  # virtual: PTX that the driver can JIT for newer GPUs

@@ -22,6 +22,8 @@ Kind = Literal["required", "latent"]
 
 @dataclass(frozen=True, kw_only=True)
 class Rule:
+    """A companion rule of data/cuda_runtime.json: which library loads which names."""
+
     library: str  # file-name pattern of the library that loads (cublasLt64_*.dll)
     names: str  # what it names: '#' is one or more digits (nvrtc64_#_#.dll)
     kind: Kind  # required: whenever the library is used; latent: it may

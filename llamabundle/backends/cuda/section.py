@@ -25,6 +25,8 @@ NAME = "cuda"
 
 @dataclass(frozen=True, kw_only=True)
 class CudaInfo:
+    """bundle.json's `cuda` section, typed."""
+
     toolkit: str
     sass: tuple[str, ...]
     ptx: tuple[str, ...]
