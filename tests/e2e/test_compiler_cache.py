@@ -40,7 +40,8 @@ def test_a_new_build_directory_compiles_from_the_warm_cache_and_gives_the_same_z
     out = json.loads(res.stdout)
     stats = out["compiler_cache"]
     assert stats["tool"] == "ccache" and stats["misses"] == 0, stats
-    assert stats["hits"] == stats["hits_without_preprocessor"] >= 300, stats  # every compile, from the cache
+    # every compile, from the cache (231 with the shared build's 3 CPU variants)
+    assert stats["hits"] == stats["hits_without_preprocessor"] >= 200, stats
     assert set(stats["by_language"]) >= {"C", "C++"}
     assert f"compiler cache: ccache {stats['version']}: {stats['hits']} hits, 0 misses" in res.stderr
     (first_zip,) = (store / recipe_key).glob("*.zip")

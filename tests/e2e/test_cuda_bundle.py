@@ -29,7 +29,7 @@ from llamabundle.digest import canonical_json
 from llamabundle.errors import VerifyError
 from llamabundle.verify import Level, verify_bundle
 from tests.clicontract import valid
-from tests.e2e.conftest import CUDA_RECIPE, run_cli
+from tests.e2e.conftest import CUDA_RECIPE, SHARED_KEEP, cut_variants, run_cli
 
 BUNDLE_TIMEOUT = 30 * 60
 KERNEL = r"""
@@ -45,14 +45,15 @@ REQUIRED_BUILTINS = "loaded by libnvrtc.so.13 at run time (required companion)"
 
 
 def _without_rpc(work: Path) -> Path:
-    """The CUDA recipe without its rpc backend: `bundle` reads the shared CPU build's tree, which has no ggml-rpc
-    (tests/e2e/test_rpc_bundle.py builds RPC for real)."""
+    """The CUDA recipe without its rpc backend and with the shared CPU build's variants (SHARED_KEEP): `bundle` reads
+    that build's tree, which has no ggml-rpc (tests/e2e/test_rpc_bundle.py builds RPC for real) and 3 of the 14 CPU
+    variants."""
     text = CUDA_RECIPE.read_text()
     changed, n = re.subn(r"^backends: \[cpu, cuda, rpc\]", "backends: [cpu, cuda]", text, count=1, flags=re.M)
     assert n == 1, "the CUDA recipe carries rpc"
     recipe = work / CUDA_RECIPE.name
     recipe.write_text(changed)
-    return recipe
+    return cut_variants(recipe, recipe, keep=SHARED_KEEP)
 
 
 def _files(manifest: dict[str, Any]) -> dict[str, dict[str, Any]]:

@@ -14,14 +14,14 @@ from typing import Any
 
 from llamabundle.digest import sha256_file
 
-from .conftest import BUILD_TIMEOUT, RECIPE, cut_variants, run_cli
+from .conftest import BUILD_TIMEOUT, SHIPPED, cut_variants, run_cli
 
 KEEP = ("x64",)
 
 
 def test_two_builds_in_different_places_give_the_same_zip(first_build: dict[str, Any], e2e_env: dict[str, str],
                                                           store: Path, recipe_key: str, tmp_path: Path) -> None:
-    recipe = cut_variants(RECIPE, tmp_path / "cpu-baseline-variant.yaml", keep=KEEP)
+    recipe = cut_variants(SHIPPED, tmp_path / "cpu-baseline-variant.yaml", keep=KEEP)
     res = run_cli("build", recipe, "--store", tmp_path / "store", "--check-reproducible", "--json", env=e2e_env,
                   timeout=2 * BUILD_TIMEOUT)
     assert res.returncode == 0, res.stderr[-6000:]
