@@ -81,8 +81,9 @@ def test_the_cpu_part_comes_from_the_shared_builds_cache(first_build: dict[str, 
     stats = vulkan_build["result"]["compiler_cache"]
     if shared is None:
         pytest.skip("the shared build compiled without a compiler cache (no ccache or sccache on PATH)")
-    if vulkan_build["result"]["compiled"] == 0:
-        pytest.skip("the Vulkan build tree of an earlier run was up to date: nothing was compiled")
+    if vulkan_build["result"]["compiled"] < 200:  # a new tree (CI's always is) runs more steps than that
+        pytest.skip(f"the Vulkan build tree of an earlier run was partly up to date: {vulkan_build['result']['compiled']} "
+                    "steps ran")
     assert stats is not None and stats["tool"] == shared["tool"], stats
 
     def tree(result: dict[str, Any]) -> Path:
