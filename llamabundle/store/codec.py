@@ -13,7 +13,7 @@ import hashlib
 import os
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Protocol
@@ -99,13 +99,10 @@ def unpack(src: Reader, out: BinaryIO, *, limit: int) -> Unpacked:
                                                             read_across_frames=False)
         with reader:
             if limit >= PIPELINED and (os.cpu_count() or 1) > 1:
-                sha256, raw = _pipelined(reader, out, limit=limit)
+                sha256, raw = _pipelined(_chunks(reader, limit, PIPE_CHUNK), out)
             else:
                 h, raw = hashlib.sha256(), 0
-                while raw <= limit:
-                    chunk = reader.read(min(CHUNK, limit + 1 - raw))
-                    if not chunk:
-                        break
+                for chunk in _chunks(reader, limit, CHUNK):
                     h.update(chunk)
                     raw += len(chunk)
                     out.write(chunk)
@@ -120,10 +117,18 @@ PIPE_CHUNK = 4 << 20
 PIPE_DEPTH = 4  # chunks waiting for each of the hashing and the writing thread at most (16 MiB)
 
 
-def _pipelined(reader: Reader, out: BinaryIO, *, limit: int) -> tuple[str, int]:
-    """reader's bytes (at most limit + 1) into out and sha256, three stages at once: this thread reads (zstd
-    decompresses), one thread hashes, one writes; each gets every chunk in order. A write that fails stops the
-    reading and is raised here; whatever this thread raises (an interrupt too) stops both others first."""
+def _chunks(reader: Reader, limit: int, size: int) -> Iterator[bytes]:
+    """reader's bytes in pieces of at most `size`, limit + 1 of them at most."""
+    raw = 0
+    while raw <= limit and (chunk := reader.read(min(size, limit + 1 - raw))):
+        raw += len(chunk)
+        yield chunk
+
+
+def _pipelined(chunks: Iterator[bytes], out: BinaryIO) -> tuple[str, int]:
+    """The chunks into out and sha256, three stages at once: this thread reads them (zstd decompresses), one thread
+    hashes, one writes; each gets every chunk in order. A write that fails stops the reading and is raised here;
+    whatever this thread raises (an interrupt too) stops both others first."""
     h, raw = hashlib.sha256(), 0
     failed: list[BaseException] = []
 
@@ -144,9 +149,8 @@ def _pipelined(reader: Reader, out: BinaryIO, *, limit: int) -> tuple[str, int]:
     for t in threads:
         t.start()
     try:
-        while raw <= limit and not failed:
-            chunk = reader.read(min(PIPE_CHUNK, limit + 1 - raw))
-            if not chunk:
+        for chunk in chunks:
+            if failed:
                 break
             raw += len(chunk)
             for q, _ in stages:
