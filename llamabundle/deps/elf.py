@@ -69,6 +69,7 @@ class _Reader:
         word = "Q" if self.elfclass == 64 else "I"
         head = self.unpack(f"HHI{word}{word}{word}IHHHHHH", 16)
         self.machine = MACHINES.get(head[1], f"EM_{head[1]}")
+        self.shstrndx = head[12]  # the section of the section names
         shoff, shentsize, shnum = head[5], head[10], head[11]
         self.shdr = f"II{word}{word}{word}{word}II{word}{word}"
         self.sections: list[tuple[int, ...]] = []
@@ -134,7 +135,7 @@ def data_ranges(path: Path) -> list[tuple[int, int]] | None:
             r = _Reader(f, os.fstat(f.fileno()).st_size)
             if not r.sections:
                 return None
-            names = r.content(r.unpack("H", 0x3E if r.elfclass == 64 else 0x32)[0])  # e_shstrndx
+            names = r.content(r.shstrndx)
             return sorted((sh[4], sh[5]) for sh in r.sections
                           if sh[1] == _SHT_PROGBITS and sh[2] & _SHF_ALLOC and not sh[2] & _SHF_EXECINSTR
                           and r.string(names, sh[0]).startswith(DATA_SECTIONS))
