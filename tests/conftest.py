@@ -74,7 +74,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 SLOW_PHASE = float(os.environ.get("LLAMABUNDLE_TEST_SLOW_PHASE", "60"))  # seconds
 _STARTED = time.monotonic()
-_CPU_KEY = pytest.StashKey[dict[str, float]]()
+_CPU_KEY = pytest.StashKey[float]()  # CPU seconds when the phase began
 _CPU_BY_GROUP: dict[str, float] = {}
 
 
@@ -91,19 +91,16 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     """Each phase's report carries the CPU seconds the phase took (user_properties: cpu_seconds), counted where it
     ran, so that the end of the run can say which groups the cores went to (a wall time on a busy machine cannot)."""
     report = yield
-    spent = item.stash.get(_CPU_KEY, {})
-    before = spent.pop("mark", None)
     now = _cpu_seconds()
-    if before is not None:
+    if (before := item.stash.get(_CPU_KEY, None)) is not None:
         report.user_properties += [("cpu_seconds", round(now - before, 2)), ("test_group", group_of(item) or "unit")]
-    if call.when != "teardown":
-        item.stash[_CPU_KEY] = {"mark": now}  # the next phase starts about here
+    item.stash[_CPU_KEY] = now  # the next phase starts about here
     return report
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    item.stash[_CPU_KEY] = {"mark": _cpu_seconds()}
+    item.stash[_CPU_KEY] = _cpu_seconds()
 
 
 @pytest.hookimpl(trylast=True)
